@@ -1,0 +1,56 @@
+# Two commands do all set-up on a fresh machine: `make lab` and `make test`.
+SHELL := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
+VENV := .venv
+PY := $(VENV)/bin/python
+JLPM := $(VENV)/bin/jlpm
+TS_SOURCES := $(shell find labextension/src labextension/style labextension/schema -type f 2>/dev/null)
+PY_SOURCES := pyproject.toml $(shell find pathways_kernel kernelspecs -name '*.py' -o -name '*.json' 2>/dev/null | grep -v labextension)
+LAB_BUNDLE := pathways_kernel/labextension/package.json
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+
+.PHONY: all lab test test-ts test-py bench clean
+
+all: $(VENV)/.installed
+
+$(PY):
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+# Build tools first: the extension is built here, then installed without
+# build isolation so pip does not re-download JupyterLab for every install.
+$(VENV)/.build-tools: $(PY)
+	$(PY) -m pip install -q "jupyterlab>=4.4,<5" "jupyter_builder>=1.3" "hatch-jupyter-builder>=0.9" "hatchling>=1.21" editables
+	touch $@
+
+node_modules/.installed: package.json $(VENV)/.build-tools
+	$(JLPM) install
+	touch $@
+
+$(LAB_BUNDLE): node_modules/.installed $(TS_SOURCES) tsconfig.json
+	$(JLPM) build:prod
+
+$(VENV)/.installed: $(VENV)/.build-tools $(LAB_BUNDLE) $(PY_SOURCES)
+	$(PY) -m pip install -q --no-build-isolation -e ".[test]"
+	touch $@
+
+# Debian's Chromium for the browser tests (Playwright drives it; it never downloads a browser).
+/usr/bin/chromium:
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+
+lab: $(VENV)/.installed
+	$(VENV)/bin/jupyter lab notebooks/quickstart.ipynb --LabApp.news_url=None $(if $(filter 0,$(shell id -u)),--allow-root,)
+
+test-ts: $(VENV)/.installed
+	$(JLPM) test
+
+test-py: $(VENV)/.installed /usr/bin/chromium
+	$(VENV)/bin/pytest -q
+
+test: test-ts test-py
+
+bench: $(VENV)/.installed
+	@for script in bench/*.py; do echo "== $$script"; $(PY) $$script; done
+
+clean:
+	rm -rf $(VENV) node_modules labextension/lib pathways_kernel/labextension tsconfig.tsbuildinfo

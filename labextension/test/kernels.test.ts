@@ -1,0 +1,12 @@
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+
+import { isPathwaysKernel } from '../src/kernels';
+
+test('pathways kernelspecs are recognised, others are not', () => {
+  assert.equal(isPathwaysKernel('pathways'), true);
+  assert.equal(isPathwaysKernel('pathways-4x2'), true);
+  assert.equal(isPathwaysKernel('python3'), false);
+  assert.equal(isPathwaysKernel('pathwaysish'), false);
+  assert.equal(isPathwaysKernel(undefined), false);
+});

@@ -1,0 +1,34 @@
+"""pathways-kernel: drive multi-slice JAX (Pathways) interactively from Jupyter.
+
+    import pathways_kernel as pw
+    pw.status(); pw.topology(); m = pw.mesh()
+
+``%load_ext pathways_kernel`` adds the ``%pathways`` magics to any IPython.
+"""
+
+from __future__ import annotations
+
+from pathways_kernel.api import connect, devices, events, mesh, session, status, topology
+from pathways_kernel.errors import PathwaysError
+
+__version__ = "0.1.0"
+
+
+def load_ipython_extension(ipython) -> None:
+    """``%load_ext pathways_kernel``: the magics and one-line errors."""
+    from pathways_kernel.magics import register
+
+    register(ipython)
+
+
+__all__ = [
+    "PathwaysError",
+    "connect",
+    "devices",
+    "events",
+    "mesh",
+    "session",
+    "status",
+    "topology",
+    "load_ipython_extension",
+]

@@ -1,0 +1,13 @@
+"""``python -m pathways_kernel -f CONNECTION_FILE`` runs the kernel;
+``python -m pathways_kernel install [...]`` installs a kernelspec."""
+
+import sys
+
+if len(sys.argv) > 1 and sys.argv[1] == "install":
+    from pathways_kernel.kernelspec import main as install_main
+
+    sys.exit(install_main(sys.argv[2:]))
+else:
+    from pathways_kernel.kernel import main
+
+    main()

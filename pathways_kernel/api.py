@@ -1,0 +1,68 @@
+"""The public Python API: one function for each ``%pathways`` subcommand.
+
+Re-exported from ``pathways_kernel``; magics call these and only render.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from pathways_kernel import namespace
+from pathways_kernel.events import Event, EventTable
+from pathways_kernel.session import Session, Status, connect, session
+from pathways_kernel.topology import Topology
+
+
+def status() -> Status:
+    """Backend, platform, JAX version, slices up/total, chips and devices."""
+    return session().status()
+
+
+def topology() -> Topology:
+    """The session's slices and chips, with their state."""
+    return session().topology
+
+
+def devices() -> list[Any]:
+    """The session's JAX devices in topology order (slice by slice)."""
+    return session().devices()
+
+
+def mesh(
+    axes: Sequence[str] | None = None,
+    dcn: Sequence[int] | None = None,
+    ici: Sequence[int] | None = None,
+    name: str | None = None,
+    overwrite: bool = False,
+):
+    """A multi-slice mesh over the live slices: DCN across slices, ICI within.
+
+    Args:
+      axes: axis names, default ``("data", "model")``.
+      dcn: per-axis sizes across slices; product = live slices. Default puts
+        all slices on the first axis.
+      ici: per-axis sizes within a slice; product = chips per slice. Default
+        puts all chips on the last axis.
+      name: also bind the mesh to this name in the notebook's namespace.
+      overwrite: allow ``name`` to replace a value of another type.
+
+    Raises:
+      MeshError: shapes that do not fit the live devices.
+      NamespaceError: ``name`` clashes with an existing value.
+    """
+    m = session().mesh(axes, dcn, ici)
+    if name:
+        namespace.bind(name, m, overwrite=overwrite)
+    return m
+
+
+def events(last: int | None = None, kind: str | None = None) -> list[Event]:
+    """The session's event log, oldest first."""
+    return session().events.last(last, kind)
+
+
+def events_table(last: int | None = None, kind: str | None = None) -> EventTable:
+    return EventTable(events(last, kind))
+
+
+__all__ = ["Session", "Status", "Topology", "connect", "session", "status", "topology", "devices", "mesh", "events"]

@@ -1,0 +1,71 @@
+"""The interface every backend implements: where devices come from.
+
+A backend configures JAX so that ``jax.devices()`` returns its devices, and
+says where each device sits (which slice, which chip coordinates). Everything
+above it (session, mesh, elastic, telemetry, views) sees only that interface.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any, ClassVar, Sequence
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where one device sits in the cluster.
+
+    Attributes:
+      slice_index: the ICI-connected slice the device belongs to.
+      coords: the chip's coordinates within its slice (x, y, z).
+      core_on_chip: the core index when a chip exposes several devices.
+      kind: the device kind, e.g. ``"TPU v5p"`` or ``"cpu"``.
+    """
+
+    slice_index: int
+    coords: tuple[int, ...]
+    core_on_chip: int = 0
+    kind: str = ""
+
+
+class Backend(abc.ABC):
+    """One source of devices for the session's single JAX client."""
+
+    #: short name used in specs and status, e.g. ``"local"`` or ``"proxy"``.
+    name: ClassVar[str]
+    #: whether ``fail_slice``/``restore_slice`` may be injected (emulators only).
+    supports_fault_injection: ClassVar[bool] = False
+
+    @property
+    @abc.abstractmethod
+    def spec(self) -> str:
+        """The canonical spec string, e.g. ``local:2x4``."""
+
+    @property
+    def target(self) -> str:
+        """Where the client connects (``embedded`` for in-process backends)."""
+        return "embedded"
+
+    @abc.abstractmethod
+    def activate(self) -> None:
+        """Configure JAX so that ``jax.devices()`` returns this backend's devices.
+
+        Called before the first JAX computation of the session; must not leave
+        JAX half-configured when it raises a ``PathwaysError``.
+        """
+
+    @abc.abstractmethod
+    def devices(self) -> Sequence[Any]:
+        """The backend's JAX devices, in a stable order."""
+
+    @abc.abstractmethod
+    def placements(self, devices: Sequence[Any]) -> list[Placement]:
+        """Where each of ``devices`` sits, in the same order."""
+
+    def ici_shape(self) -> tuple[int, ...] | None:
+        """Physical chip grid of one slice, when the backend knows it."""
+        return None
+
+    def close(self) -> None:
+        """Release what ``activate`` acquired; the default holds nothing."""

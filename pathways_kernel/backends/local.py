@@ -1,0 +1,83 @@
+"""The embedded backend: S slices of C chips made of CPU devices.
+
+``local:2x4`` asks XLA's CPU client for 8 devices (``jax_num_cpu_devices``)
+and groups them, in id order, into 2 slices of 4 chips. CPU devices carry no
+``slice_index`` or ``coords``, so the placement lives here, in our topology
+model, not on the devices. Chips of a slice are laid out on the most square
+2D grid that holds them, like a TPU slice's ICI torus.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar, Sequence
+
+from pathways_kernel.backends.base import Backend, Placement
+
+
+def grid_shape(chips: int) -> tuple[int, int, int]:
+    """The most square ``(x, y, 1)`` grid holding ``chips`` chips."""
+    y = int(math.isqrt(chips))
+    while chips % y:
+        y -= 1
+    return (chips // y, y, 1)
+
+
+def _backends_initialized() -> bool:
+    from jax._src import xla_bridge
+
+    return bool(xla_bridge._backends)
+
+
+class LocalBackend(Backend):
+    """Slices emulated with the CPU devices of this process."""
+
+    name: ClassVar[str] = "local"
+    supports_fault_injection: ClassVar[bool] = True
+
+    def __init__(self, num_slices: int, chips_per_slice: int):
+        self.num_slices = num_slices
+        self.chips_per_slice = chips_per_slice
+
+    @property
+    def spec(self) -> str:
+        return f"local:{self.num_slices}x{self.chips_per_slice}"
+
+    @property
+    def num_devices(self) -> int:
+        return self.num_slices * self.chips_per_slice
+
+    def activate(self) -> None:
+        import jax
+
+        if _backends_initialized():
+            if jax.config.jax_num_cpu_devices == self.num_devices and _cpu_count() == self.num_devices:
+                return
+            # Safe only because the session refuses to switch once arrays
+            # exist; clearing costs ~3 ms.
+            jax.extend.backend.clear_backends()
+            jax.clear_caches()
+        jax.config.update("jax_platforms", "cpu")
+        jax.config.update("jax_num_cpu_devices", self.num_devices)
+
+    def devices(self) -> Sequence[Any]:
+        import jax
+
+        return sorted(jax.devices("cpu"), key=lambda d: d.id)[: self.num_devices]
+
+    def placements(self, devices: Sequence[Any]) -> list[Placement]:
+        x, _, _ = self.ici_shape()
+        placements = []
+        for position, _device in enumerate(devices):
+            slice_index, chip = divmod(position, self.chips_per_slice)
+            placements.append(Placement(slice_index, (chip % x, chip // x, 0), 0, "cpu"))
+        return placements
+
+    def ici_shape(self) -> tuple[int, int, int]:
+        return grid_shape(self.chips_per_slice)
+
+
+def _cpu_count() -> int:
+    import jax
+
+    return len(jax.devices("cpu"))

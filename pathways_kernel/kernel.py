@@ -1,0 +1,34 @@
+"""The Pathways kernel: an ipykernel that hosts the session's single JAX client.
+
+It loads the ``%pathways`` magics and activates the kernelspec's backend at
+start, so that a plain ``jax.devices()`` in the first cell already sees the
+session's slices.
+"""
+
+from __future__ import annotations
+
+from ipykernel.ipkernel import IPythonKernel
+
+from pathways_kernel import __version__
+
+
+class PathwaysKernel(IPythonKernel):
+    implementation = "pathways_kernel"
+    implementation_version = __version__
+    banner = "Pathways (JAX): one JAX client over every slice. %pathways --help to start."
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        import pathways_kernel
+        from pathways_kernel.session import session
+
+        pathways_kernel.load_ipython_extension(self.shell)
+        self.shell.user_ns.setdefault("pw", pathways_kernel)
+        # Activate (configure JAX for) the backend now; devices start lazily.
+        session()
+
+
+def main(argv: list[str] | None = None) -> None:
+    from ipykernel.kernelapp import IPKernelApp
+
+    IPKernelApp.launch_instance(argv=argv, kernel_class=PathwaysKernel)

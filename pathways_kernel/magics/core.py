@@ -1,0 +1,73 @@
+"""Core subcommands: status, topology, devices, mesh, connect, events."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from IPython.core.magic_arguments import argument, magic_arguments
+
+from pathways_kernel import api, meshes
+from pathways_kernel.magics import Text, subcommand
+from pathways_kernel.topology import DeviceTable
+
+
+@subcommand("status")
+@magic_arguments(name="pathways status")
+def status(shell: Any, args: Any, cell: str | None):
+    """Backend, platform, JAX version, slices up/total, chips and devices."""
+    return api.status()
+
+
+@subcommand("topology")
+@magic_arguments(name="pathways topology")
+def topology(shell: Any, args: Any, cell: str | None):
+    """Slices and their chips (coordinates, state): HTML in notebooks, text elsewhere."""
+    return api.topology()
+
+
+@subcommand("devices")
+@magic_arguments(name="pathways devices")
+def devices(shell: Any, args: Any, cell: str | None):
+    """Every device with its slice, chip coordinates, kind and state."""
+    return DeviceTable(api.topology())
+
+
+@subcommand("mesh")
+@magic_arguments(name="pathways mesh")
+@argument("--axes", default=None, help="comma-separated axis names (default: data,model)")
+@argument("--dcn", default=None, help="sizes across slices per axis, e.g. 2,1 (product = live slices)")
+@argument("--ici", default=None, help="sizes within a slice per axis, e.g. 1,4 (product = chips per slice)")
+@argument("--name", default="mesh", help="bind the mesh to this name in the namespace (default: mesh)")
+@argument("--no-bind", action="store_true", help="do not bind the mesh into the namespace")
+@argument("--overwrite", action="store_true", help="let --name replace a value of another type")
+def mesh(shell: Any, args: Any, cell: str | None):
+    """Build a multi-slice mesh over the live slices: a DCN axis across slices, ICI axes within."""
+    axes = [a.strip() for a in args.axes.split(",") if a.strip()] if args.axes else None
+    m = api.mesh(
+        axes,
+        meshes.parse_shape(args.dcn) if args.dcn else None,
+        meshes.parse_shape(args.ici) if args.ici else None,
+        name=None if args.no_bind else args.name,
+        overwrite=args.overwrite,
+    )
+    bound = "" if args.no_bind else f" -> bound to '{args.name}'"
+    return Text(meshes.describe(m) + bound)
+
+
+@subcommand("connect")
+@magic_arguments(name="pathways connect")
+@argument("spec", help="local:SxC (embedded, e.g. local:2x4) or grpc://HOST:PORT (Pathways proxy)")
+@argument("--force", action="store_true", help="switch even if device arrays would be discarded")
+def connect(shell: Any, args: Any, cell: str | None):
+    """Switch the session's backend (before the first computation, or with --force)."""
+    api.connect(args.spec, force=args.force)
+    return api.status()
+
+
+@subcommand("events")
+@magic_arguments(name="pathways events")
+@argument("--last", type=int, default=20, help="show the last N events (default 20)")
+@argument("--kind", default=None, help="only events of this kind, e.g. slice_down")
+def events(shell: Any, args: Any, cell: str | None):
+    """The session's event log: slice up/down, reshards, snapshots, transfers, ..."""
+    return api.events_table(args.last, args.kind)

@@ -1,0 +1,237 @@
+"""The session: the one owner of the JAX client, its topology and event log.
+
+A process has at most one session at a time (the single controller). It is
+created on first use from the kernelspec's backend (``PATHWAYS_BACKEND``), the
+Pathways environment (``JAX_PLATFORMS=proxy``) or ``local:2x4``, and replaced
+by ``connect``, which refuses to discard live device arrays unless forced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import threading
+from typing import Any, Callable, Sequence
+
+from pathways_kernel import backends, meshes
+from pathways_kernel.backends.base import Backend
+from pathways_kernel.errors import BackendError, NotSupportedError, PathwaysError
+from pathways_kernel.events import EventLog, format_bytes
+from pathways_kernel.topology import SliceState, Topology
+
+#: One log for the process, so a backend switch shows in the same timeline.
+EVENTS = EventLog()
+
+
+@dataclasses.dataclass(frozen=True)
+class Status:
+    """What ``%pathways status`` shows."""
+
+    backend: str
+    target: str
+    platform: str
+    jax_version: str
+    slices_up: int
+    slices_total: int
+    chips: int
+    devices: int
+
+    def to_text(self) -> str:
+        return (
+            f"backend   {self.backend}\n"
+            f"target    {self.target}\n"
+            f"platform  {self.platform}\n"
+            f"jax       {self.jax_version}\n"
+            f"slices    {self.slices_up}/{self.slices_total} up\n"
+            f"chips     {self.chips}\n"
+            f"devices   {self.devices}"
+        )
+
+    def __str__(self) -> str:
+        return self.to_text()
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(self.to_text())
+
+    def _repr_html_(self) -> str:
+        rows = "".join(
+            f"<tr><th style='text-align:left'>{k}</th><td style='text-align:left'>{html.escape(str(v))}</td></tr>"
+            for k, v in (
+                ("backend", self.backend),
+                ("target", self.target),
+                ("platform", self.platform),
+                ("jax", self.jax_version),
+                ("slices", f"{self.slices_up}/{self.slices_total} up"),
+                ("chips", self.chips),
+                ("devices", self.devices),
+            )
+        )
+        return f'<table class="pathways-status">{rows}</table>'
+
+
+class Session:
+    """The single JAX client of this process and what it knows of the cluster."""
+
+    def __init__(self, backend: Backend, events: EventLog = EVENTS):
+        self.backend = backend
+        self.events = events
+        self._lock = threading.RLock()
+        self._base: Topology | None = None
+        self._states: dict[int, SliceState] = {}
+        self._closers: list[Callable[[], None]] = []
+        self._extensions: dict[str, Any] = {}
+
+    # -- topology -------------------------------------------------------------
+    @property
+    def topology(self) -> Topology:
+        """Slices, chips and their state, as of now."""
+        with self._lock:
+            if self._base is None:
+                devices = list(self.backend.devices())
+                platform = devices[0].platform if devices else ""
+                self._base = Topology.from_placements(devices, self.backend.placements(devices), platform)
+            topology = self._base
+            for index, state in self._states.items():
+                topology = topology.with_slice_state(index, state)
+            return topology
+
+    def devices(self) -> list[Any]:
+        """All devices of the session, live or not, in topology order."""
+        return self.topology.devices
+
+    def live_devices(self) -> list[Any]:
+        return [d for s in self.topology.up_slices for d in s.devices]
+
+    def set_slice_state(self, index: int, state: SliceState, detail: str = "") -> bool:
+        """Mark slice ``index`` up or down; emits ``slice_up``/``slice_down``.
+
+        Returns whether the state changed. Raises ``PathwaysError`` for an
+        unknown slice index.
+        """
+        with self._lock:
+            topology = self.topology
+            try:
+                current = topology.slice(index).state
+            except KeyError:
+                raise PathwaysError(
+                    f"no slice {index}: this session has slices 0..{len(topology.slices) - 1}"
+                ) from None
+            if current == state:
+                return False
+            before = tuple(s.index for s in topology.up_slices)
+            self._states[index] = state
+            after = tuple(s.index for s in self.topology.up_slices)
+        self.events.emit("slice_up" if state == "up" else "slice_down", slices_before=before, slices_after=after, detail=detail)
+        return True
+
+    # -- what users ask for ---------------------------------------------------
+    def status(self) -> Status:
+        import jax
+
+        topology = self.topology
+        return Status(
+            backend=self.backend.spec,
+            target=self.backend.target,
+            platform=topology.platform,
+            jax_version=jax.__version__,
+            slices_up=len(topology.up_slices),
+            slices_total=len(topology.slices),
+            chips=len(topology.chips),
+            devices=len(topology.devices),
+        )
+
+    def mesh(self, axes: Sequence[str] | None = None, dcn: Sequence[int] | None = None, ici: Sequence[int] | None = None):
+        """A multi-slice ``jax.sharding.Mesh`` over the slices that are up."""
+        return meshes.build(self.topology.up_slices, axes, dcn, ici)
+
+    def require_fault_injection(self, what: str) -> None:
+        if not self.backend.supports_fault_injection:
+            raise NotSupportedError(
+                f"{what} is only for the embedded local backend; this session runs {self.backend.spec}"
+            )
+
+    # -- lifecycle ------------------------------------------------------------
+    def extension(self, key: str, factory: Callable[["Session"], Any]) -> Any:
+        """A per-session singleton (telemetry hub, snapshot store, ...)."""
+        with self._lock:
+            if key not in self._extensions:
+                self._extensions[key] = factory(self)
+            return self._extensions[key]
+
+    def on_close(self, closer: Callable[[], None]) -> None:
+        self._closers.append(closer)
+
+    def close(self) -> None:
+        for closer in reversed(self._closers):
+            closer()
+        self._closers.clear()
+        self._extensions.clear()
+        self.backend.close()
+
+
+_current: Session | None = None
+_current_lock = threading.RLock()
+
+
+def session() -> Session:
+    """The process's session, created from the default spec on first use."""
+    global _current
+    with _current_lock:
+        if _current is None:
+            _current = _start(backends.from_spec(backends.default_spec()))
+        return _current
+
+
+def _start(backend: Backend) -> Session:
+    backend.activate()
+    s = Session(backend)
+    EVENTS.emit("connect", detail=f"{backend.spec} ({backend.target})")
+    return s
+
+
+def live_array_summary() -> tuple[int, int]:
+    """Number and total bytes of live device arrays in the process."""
+    import jax
+
+    arrays = [a for a in jax.live_arrays() if not a.is_deleted()]
+    return len(arrays), sum(a.nbytes for a in arrays)
+
+
+def connect(spec: str, force: bool = False) -> Session:
+    """Switch the session to the backend ``spec`` names.
+
+    Allowed freely before the first computation. Once device arrays exist,
+    switching would discard them and every compiled function, so it is
+    refused unless ``force=True``.
+
+    Raises:
+      SpecError: the spec is malformed.
+      BackendError: arrays would be discarded and ``force`` is false, or the
+        backend cannot be reached (the previous session is kept).
+    """
+    global _current
+    backend = backends.from_spec(spec)
+    with _current_lock:
+        old = _current
+        if old is not None and old.backend.spec == backend.spec and not force:
+            return old
+        if old is not None and not force:
+            count, nbytes = live_array_summary()
+            if count:
+                raise BackendError(
+                    f"this session holds {count} device arrays ({format_bytes(nbytes)}) on {old.backend.spec}; "
+                    f"switching to {backend.spec} would discard them and every compiled function. "
+                    f"Snapshot or checkpoint what you need, then run `%pathways connect {spec} --force` "
+                    f"(or pw.connect('{spec}', force=True)), or restart the kernel"
+                )
+        if old is not None:
+            old.close()
+            _current = None
+        try:
+            _current = _start(backend)
+        except PathwaysError:
+            if old is not None:
+                # Give the user back a working session on the previous backend.
+                _current = _start(backends.from_spec(old.backend.spec))
+            raise
+        return _current

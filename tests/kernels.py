@@ -1,0 +1,64 @@
+"""Real kernels through jupyter_client, for tests: run code, collect what a user sees."""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import re
+import time
+from typing import Any
+
+from jupyter_client.manager import KernelManager
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@dataclasses.dataclass
+class Reply:
+    status: str
+    text: str  # stdout, stderr and text/plain results, in order
+    error: str  # the error lines a user sees, ANSI stripped ("" if none)
+    data: list[dict[str, Any]]  # display_data / execute_result bundles
+    messages: list[dict[str, Any]]
+
+
+class Kernel:
+    """A started kernel and a blocking client."""
+
+    def __init__(self, name: str = "pathways", env: dict[str, str] | None = None):
+        self.km = KernelManager(kernel_name=name)
+        self.km.start_kernel(env=env)
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=60)
+
+    def run(self, code: str, timeout: float = 120) -> Reply:
+        messages: list[dict[str, Any]] = []
+        reply = self.kc.execute_interactive(code, output_hook=messages.append, timeout=timeout, allow_stdin=False)
+        text, errors, data = [], [], []
+        for msg in messages:
+            kind, content = msg["header"]["msg_type"], msg["content"]
+            if kind == "stream":
+                text.append(content["text"])
+            elif kind in ("execute_result", "display_data"):
+                data.append(content["data"])
+                text.append(content["data"].get("text/plain", "") + "\n")
+            elif kind == "error":
+                errors.append("\n".join(_ANSI.sub("", line) for line in content["traceback"]))
+        return Reply(reply["content"]["status"], "".join(text), "\n".join(errors), data, messages)
+
+    def iopub(self, timeout: float) -> dict[str, Any] | None:
+        try:
+            return self.kc.get_iopub_msg(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def shutdown(self) -> int | None:
+        """Stop the kernel; returns its exit code."""
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=False)
+        proc = getattr(self.km.provisioner, "process", None)
+        deadline = time.time() + 10
+        while proc is not None and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        return None if proc is None else proc.poll()
