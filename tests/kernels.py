@@ -17,7 +17,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 class Reply:
     status: str
     text: str  # stdout, stderr and text/plain results, in order
-    error: str  # the error lines a user sees, ANSI stripped ("" if none)
+    error: str  # the error lines a user sees (error tracebacks and stderr), ANSI stripped
     data: list[dict[str, Any]]  # display_data / execute_result bundles
     messages: list[dict[str, Any]]
 
@@ -25,9 +25,15 @@ class Reply:
 class Kernel:
     """A started kernel and a blocking client."""
 
-    def __init__(self, name: str = "pathways", env: dict[str, str] | None = None):
+    def __init__(self, name: str = "pathways", env: dict[str, str] | None = None, jupyter_path: str | None = None):
         self.km = KernelManager(kernel_name=name)
-        self.km.start_kernel(env=env)
+        if jupyter_path:
+            from jupyter_client.kernelspec import KernelSpecManager
+
+            self.km.kernel_spec_manager = KernelSpecManager(kernel_dirs=[jupyter_path + "/kernels"])
+        import os
+
+        self.km.start_kernel(env={**os.environ, **(env or {})})
         self.kc = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=60)
@@ -40,6 +46,8 @@ class Kernel:
             kind, content = msg["header"]["msg_type"], msg["content"]
             if kind == "stream":
                 text.append(content["text"])
+                if content["name"] == "stderr":
+                    errors.append(_ANSI.sub("", content["text"]))
             elif kind in ("execute_result", "display_data"):
                 data.append(content["data"])
                 text.append(content["data"].get("text/plain", "") + "\n")
@@ -54,11 +62,14 @@ class Kernel:
             return None
 
     def shutdown(self) -> int | None:
-        """Stop the kernel; returns its exit code."""
+        """Stop the kernel (once); returns its exit code."""
+        if getattr(self, "_exit_code", "running") != "running":
+            return self._exit_code
+        proc = getattr(self.km.provisioner, "process", None)
         self.kc.stop_channels()
         self.km.shutdown_kernel(now=False)
-        proc = getattr(self.km.provisioner, "process", None)
         deadline = time.time() + 10
         while proc is not None and proc.poll() is None and time.time() < deadline:
             time.sleep(0.05)
-        return None if proc is None else proc.poll()
+        self._exit_code = None if proc is None else proc.poll()
+        return self._exit_code

@@ -96,7 +96,8 @@ def dispatch(shell: Any, line: str, cell: str | None) -> Any:
         known = ", ".join(sorted(SUBCOMMANDS))
         raise UsageError(f"%pathways: unknown subcommand '{name}'; choose one of: {known} (or --help)")
     if "-h" in rest or "--help" in rest:
-        return Text(sub.parser.format_help().rstrip())
+        # IPython's formatter starts usage with a reST "::" block; show plain "usage:".
+        return Text("usage: " + sub.parser.format_help().lstrip(": \n").rstrip())
     if cell is not None and not sub.cell:
         raise UsageError(f"%pathways {name} is a line magic; use %pathways {name}, not %%pathways")
     try:

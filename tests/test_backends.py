@@ -1,0 +1,69 @@
+"""Backend specs: what users type after `%pathways connect` and `install --backend`."""
+
+import pytest
+
+from pathways_kernel import backends
+from pathways_kernel.backends.local import LocalBackend, grid_shape
+from pathways_kernel.errors import PathwaysError, SpecError
+
+
+@pytest.mark.parametrize(
+    "spec, shape",
+    [("local", (2, 4)), ("local:2x4", (2, 4)), ("local:4x2", (4, 2)), ("local:1x1", (1, 1)), (" local:3X2 ", (3, 2))],
+)
+def test_local_specs_parse(spec, shape):
+    backend = backends.from_spec(spec)
+    assert isinstance(backend, LocalBackend)
+    assert (backend.num_slices, backend.chips_per_slice) == shape
+    assert backend.spec == f"local:{shape[0]}x{shape[1]}"
+
+
+@pytest.mark.parametrize(
+    "spec, fragment",
+    [
+        ("local:0x4", "at least 1"),
+        ("local:2x0", "at least 1"),
+        ("local:abc", "expected local:SxC"),
+        ("local:2x4x9", "expected local:SxC"),
+        ("local:-1x4", "expected local:SxC"),
+        ("local:100x100", "more than"),
+        ("tpu:v5e", "unknown backend spec"),
+        ("", "unknown backend spec"),
+    ],
+)
+def test_bad_specs_say_what_to_type(spec, fragment):
+    with pytest.raises(SpecError) as info:
+        backends.from_spec(spec)
+    message = str(info.value)
+    assert fragment in message
+    assert "\n" not in message
+    assert isinstance(info.value, PathwaysError)
+
+
+def test_default_spec_honours_kernelspec_then_pathways_env(monkeypatch):
+    monkeypatch.delenv(backends.BACKEND_ENV, raising=False)
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    assert backends.default_spec() == "local:2x4"
+    monkeypatch.setenv("JAX_PLATFORMS", "proxy")
+    monkeypatch.setenv("JAX_BACKEND_TARGET", "grpc://localhost:29000")
+    assert backends.default_spec() == "proxy:grpc://localhost:29000"
+    monkeypatch.setenv(backends.BACKEND_ENV, "local:4x2")
+    assert backends.default_spec() == "local:4x2"
+
+
+@pytest.mark.parametrize("chips, shape", [(4, (2, 2, 1)), (8, (4, 2, 1)), (6, (3, 2, 1)), (7, (7, 1, 1)), (16, (4, 4, 1))])
+def test_local_slices_are_near_square_grids(chips, shape):
+    assert grid_shape(chips) == shape
+
+
+def test_local_placements_group_devices_into_slices():
+    backend = LocalBackend(2, 4)
+
+    class Dev:
+        def __init__(self, i):
+            self.id = i
+
+    placements = backend.placements([Dev(i) for i in range(8)])
+    assert [p.slice_index for p in placements] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert [p.coords for p in placements[:4]] == [(0, 0, 0), (1, 0, 0), (0, 1, 0), (1, 1, 0)]
+    assert placements[4].coords == (0, 0, 0)

@@ -1,0 +1,162 @@
+"""The `pathways` kernel through jupyter_client: what a user sees in a notebook."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from kernels import Kernel
+
+pytestmark = pytest.mark.kernel
+
+
+def one_line(reply):
+    assert reply.status == "error", reply.text
+    lines = [line for line in reply.error.splitlines() if line.strip()]
+    assert len(lines) == 1, reply.error
+    assert "Traceback" not in reply.error and "File " not in reply.error
+    return lines[0]
+
+
+def test_plain_jax_sees_the_session_devices_and_pw_is_bound(kernel):
+    reply = kernel.run("import jax; print(len(jax.devices()), pw.status().slices_total)")
+    assert reply.status == "ok", reply.error
+    assert reply.text.split() == ["8", "2"]
+
+
+def test_status(kernel):
+    reply = kernel.run("%pathways status")
+    assert reply.status == "ok", reply.error
+    for expected in ("local:2x4", "cpu", "2/2 up", "chips     8", "devices   8", "jax       0."):
+        assert expected in reply.text
+    assert any("text/html" in bundle for bundle in reply.data)
+
+
+def test_topology_is_html_in_notebooks_and_text_elsewhere(kernel):
+    reply = kernel.run("%pathways topology")
+    bundle = reply.data[0]
+    assert "slice 0: up" in bundle["text/plain"] and "slice 1: up" in bundle["text/plain"]
+    assert "pathways-topology" in bundle["text/html"]
+
+
+def test_devices_lists_every_chip_with_its_slice(kernel):
+    reply = kernel.run("%pathways devices")
+    rows = reply.data[0]["text/plain"].splitlines()[1:]
+    assert len(rows) == 8
+    assert [row.split()[1] for row in rows] == ["0"] * 4 + ["1"] * 4
+
+
+def test_help_lists_subcommands_and_each_has_its_own(kernel):
+    reply = kernel.run("%pathways --help")
+    assert reply.status == "ok"
+    for sub in ("status", "topology", "devices", "mesh", "connect", "events"):
+        assert f"\n  {sub} " in reply.text
+    reply = kernel.run("%pathways mesh --help")
+    assert "--dcn" in reply.text and "--ici" in reply.text and "usage" in reply.text.lower()
+    reply = kernel.run("%pathways connect -h")
+    assert "local:SxC" in reply.text
+
+
+def test_mesh_is_bound_into_the_namespace(kernel):
+    reply = kernel.run("%pathways mesh --dcn 2,1 --ici 2,2 --name m22\nprint(dict(m22.shape))")
+    assert reply.status == "ok", reply.error
+    assert "Mesh(data=4, model=2) over 8 devices -> bound to 'm22'" in reply.text
+    assert "{'data': 4, 'model': 2}" in reply.text
+
+
+@pytest.mark.parametrize(
+    "code, fragment",
+    [
+        ("%pathways frobnicate", "unknown subcommand 'frobnicate'"),
+        ("%pathways connect local:0x4", "bad local spec 'local:0x4'"),
+        ("%pathways connect local:abc", "bad local spec 'local:abc'"),
+        ("%pathways connect local:2x4x9", "bad local spec 'local:2x4x9'"),
+        ("%pathways mesh --dcn 4,1", "DCN shape 4x1 needs 4 slices but 2 are up"),
+        ("%pathways mesh --ici 3,3", "needs 9 chips per slice"),
+        ("clash = 3\n%pathways mesh --name clash", "'clash' already holds a value of type int"),
+        ("%pathways mesh --bogus", "unrecognized arguments: --bogus"),
+        ("%pathways status extra", "unrecognized arguments: extra"),
+        ("pw.mesh(dcn=(5, 1))", "DCN shape 5x1 needs 5 slices"),
+    ],
+)
+def test_bad_input_is_one_clear_line_and_the_kernel_stays_healthy(kernel, code, fragment):
+    line = one_line(kernel.run(code))
+    assert fragment in line
+    assert kernel.run("print(pw.status().devices)").text.strip() == "8"
+
+
+def test_connect_before_first_computation_switches_the_backend(fresh_kernel):
+    reply = fresh_kernel.run("%pathways status")
+    assert "local:2x4" in reply.text
+    reply = fresh_kernel.run("%pathways connect local:4x2")
+    assert reply.status == "ok", reply.error
+    assert "local:4x2" in reply.text and "4/4 up" in reply.text
+    reply = fresh_kernel.run("import jax; print(len(jax.devices()), [len(s.chips) for s in pw.topology().slices])")
+    assert reply.text.strip() == "8 [2, 2, 2, 2]"
+
+
+def test_connect_after_computation_says_what_would_be_lost_and_how(fresh_kernel):
+    fresh_kernel.run("import jax.numpy as jnp\nx = jnp.ones((1024, 256))")
+    line = one_line(fresh_kernel.run("%pathways connect local:1x8"))
+    assert "holds 1 device arrays (1.0 MiB) on local:2x4" in line
+    assert "--force" in line and "restart the kernel" in line
+    # still on the old backend, array intact
+    assert fresh_kernel.run("print(float(x.sum()))").text.strip() == "262144.0"
+    reply = fresh_kernel.run("%pathways connect local:1x8 --force\nimport jax; print(len(pw.topology().slices))")
+    assert reply.status == "ok", reply.error
+    assert reply.text.strip().endswith("1")
+    kinds = fresh_kernel.run("print([e.kind for e in pw.events()])").text
+    assert kinds.count("connect") == 2
+
+
+def test_load_ext_in_a_stock_ipython_kernel():
+    k = Kernel("python3")
+    try:
+        reply = k.run("%load_ext pathways_kernel\n%pathways status")
+        assert reply.status == "ok", reply.error
+        assert "local:2x4" in reply.text
+        line = one_line(k.run("%pathways connect local:nope"))
+        assert line.startswith("SpecError: bad local spec")
+    finally:
+        assert k.shutdown() == 0
+
+
+def test_install_adds_a_kernelspec_with_its_backend(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "pathways_kernel", "install", "--prefix", str(tmp_path), "--name", "pathways-4x2",
+         "--backend", "local:4x2"],
+        capture_output=True, text=True, check=True,
+    )
+    assert "Installed kernelspec pathways-4x2" in result.stdout
+    spec = json.loads((tmp_path / "share/jupyter/kernels/pathways-4x2/kernel.json").read_text())
+    assert spec["env"] == {"PATHWAYS_BACKEND": "local:4x2"}
+    assert spec["display_name"] == "Pathways (JAX, local:4x2)"
+    assert spec["argv"][1:3] == ["-m", "pathways_kernel"]
+
+
+def test_install_refuses_a_bad_backend_in_one_line(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "pathways_kernel", "install", "--prefix", str(tmp_path), "--backend", "local:0x1"],
+        capture_output=True, text=True,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith("SpecError: bad local spec")
+    assert not (tmp_path / "share").exists()
+
+
+def test_installed_kernel_runs_on_its_backend(tmp_path):
+    subprocess.run(
+        [sys.executable, "-m", "pathways_kernel", "install", "--prefix", str(tmp_path), "--name", "pw42",
+         "--backend", "local:4x2"], check=True, capture_output=True,
+    )
+    k = Kernel("pw42", jupyter_path=str(tmp_path / "share/jupyter"))
+    try:
+        assert "4/4 up" in k.run("%pathways status").text
+    finally:
+        k.shutdown()
+
+
+def test_kernel_exits_cleanly(fresh_kernel):
+    fresh_kernel.run("%pathways status")
+    assert fresh_kernel.shutdown() == 0
