@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathways_kernel.api import connect, devices, events, mesh, session, status, topology
 from pathways_kernel.errors import PathwaysError
+from pathways_kernel.snapshots import Snapshot, SnapshotStore, snapshot
+from pathways_kernel.snapshots import restore as restore_snapshot
 
 __version__ = "0.1.0"
 
@@ -23,6 +25,10 @@ def load_ipython_extension(ipython) -> None:
 
 __all__ = [
     "PathwaysError",
+    "Snapshot",
+    "SnapshotStore",
+    "snapshot",
+    "restore_snapshot",
     "connect",
     "devices",
     "events",

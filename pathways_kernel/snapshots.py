@@ -1,0 +1,504 @@
+"""Host snapshots: a copy of a pytree of device arrays in host memory.
+
+A snapshot records, per leaf, the array's bytes (a real copy: on CPU,
+``np.asarray`` of a device array is a read-only view of the device buffer) and
+where it lived: its ``PartitionSpec`` and the axes of its mesh. ``restore``
+puts it back onto any mesh with the same specs, so state taken on two slices
+comes back on the one that survived.
+
+``snapshot`` starts device-to-host transfers (``copy_to_host_async``) and
+returns at once; a worker thread copies each shard into one preallocated host
+buffer per leaf (one memcpy per byte; numpy releases the GIL). ``wait()``
+blocks until the copy is complete and raises what the copy raised (e.g. a
+``JaxRuntimeError`` with ``DATA_LOSS`` if a slice was lost before the bytes
+were read).
+
+The session's ``SnapshotStore`` keeps the last ``keep`` completed snapshots per
+name (and, optionally, at most ``max_bytes`` in all): host memory stays
+bounded however long a training loop or a notebook runs.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import threading
+import time
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from pathways_kernel.errors import PathwaysError
+from pathways_kernel.events import format_bytes
+
+#: Completed snapshots kept per name unless configured otherwise.
+DEFAULT_KEEP = 2
+DEFAULT_NAME = "snapshot"
+
+MeshAxes = tuple[tuple[str, int], ...]
+
+# Two workers: one snapshot can copy while the next is being started.
+_COPIER = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="pathways-snapshot")
+
+
+@dataclasses.dataclass
+class Leaf:
+    """One leaf of a snapshot.
+
+    ``spec`` is the leaf's ``PartitionSpec`` (``None`` if it was not laid out
+    on a mesh), ``mesh_axes`` the ``(name, size)`` axes of its mesh, ``host``
+    the copied bytes (set once the snapshot is done). ``on_device`` is false
+    for leaves that were not device arrays (numpy arrays, Python scalars):
+    those are restored as they were.
+    """
+
+    path: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    spec: Any
+    mesh_axes: MeshAxes
+    host: Any = None
+    on_device: bool = True
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize if self.on_device else _nbytes(self.host)
+
+
+def _nbytes(value: Any) -> int:
+    return int(getattr(value, "nbytes", 0))
+
+
+class Snapshot:
+    """A host copy of a pytree, with each leaf's layout; see the module doc."""
+
+    def __init__(self, name: str, step: int | None, treedef: Any, leaves: list[Leaf], created: float | None = None):
+        self.name = name
+        self.step = step
+        self.created = time.time() if created is None else created
+        self.treedef = treedef
+        self.leaves = leaves
+        self.nbytes = sum(leaf.nbytes for leaf in leaves)
+        self.duration_s: float | None = None  # of the copy, once done
+        self._future: concurrent.futures.Future | None = None
+
+    # -- lifecycle ----------------------------------------------------------
+    def done(self) -> bool:
+        """Whether the copy has finished (successfully or not)."""
+        return self._future is None or self._future.done()
+
+    def ok(self) -> bool:
+        """Whether the copy has finished successfully."""
+        return self.done() and (self._future is None or self._future.exception() is None)
+
+    def wait(self, timeout: float | None = None) -> "Snapshot":
+        """Block until every byte is on the host; returns self.
+
+        Raises whatever the copy raised (``JaxRuntimeError`` on lost data).
+        """
+        if self._future is not None:
+            self._future.result(timeout)
+        return self
+
+    # -- contents -----------------------------------------------------------
+    def host_tree(self) -> Any:
+        """The snapshot as a pytree of host (numpy) arrays; waits."""
+        import jax
+
+        self.wait()
+        return jax.tree.unflatten(self.treedef, [leaf.host for leaf in self.leaves])
+
+    @property
+    def age_s(self) -> float:
+        return time.time() - self.created
+
+    @property
+    def mesh_axes(self) -> MeshAxes:
+        """The mesh axes of the first leaf that had a mesh (``()`` if none)."""
+        return next((leaf.mesh_axes for leaf in self.leaves if leaf.mesh_axes), ())
+
+    @classmethod
+    def from_host(
+        cls,
+        tree: Any,
+        specs: Any = None,
+        mesh_axes: MeshAxes | dict[str, int] = (),
+        name: str = DEFAULT_NAME,
+        step: int | None = None,
+        created: float | None = None,
+    ) -> "Snapshot":
+        """A done snapshot from host data (storage restore builds these).
+
+        Args:
+          tree: a pytree of numpy arrays (each becomes a device leaf).
+          specs: ``PartitionSpec``s (or ``None``) as a pytree matching ``tree``
+            or a flat list in leaf order; ``None`` for all means replicated.
+          mesh_axes: the ``(name, size)`` axes the specs refer to.
+        """
+        import jax
+        from jax.sharding import PartitionSpec
+
+        pairs, treedef = jax.tree_util.tree_flatten_with_path(tree)
+        if specs is None:
+            flat_specs: list[Any] = [None] * len(pairs)
+        elif isinstance(specs, (list, tuple)) and not isinstance(specs, PartitionSpec) and len(specs) == len(pairs):
+            flat_specs = list(specs)
+        else:
+            flat_specs = jax.tree.leaves(specs, is_leaf=lambda s: s is None or isinstance(s, PartitionSpec))
+        if len(flat_specs) != len(pairs):
+            raise PathwaysError(f"snapshot from host: {len(pairs)} leaves but {len(flat_specs)} specs; give one spec per leaf")
+        axes = tuple(mesh_axes.items()) if isinstance(mesh_axes, dict) else tuple(tuple(a) for a in mesh_axes)
+        leaves = []
+        for (path, value), spec in zip(pairs, flat_specs):
+            host = np.asarray(value)
+            leaves.append(Leaf(jax.tree_util.keystr(path), host.shape, host.dtype, spec, axes if spec is not None else (), host))
+        return cls(name, step, treedef, leaves, created)
+
+    # -- display ------------------------------------------------------------
+    def summary(self) -> str:
+        state = "copying" if not self.done() else "ok" if self.ok() else "failed"
+        step = "" if self.step is None else f" step {self.step}"
+        return f"snapshot '{self.name}'{step}: {len(self.leaves)} arrays, {format_bytes(self.nbytes)}, {state}"
+
+    def __repr__(self) -> str:
+        return f"<{self.summary()}>"
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(self.summary())
+
+
+# -- taking snapshots ---------------------------------------------------------
+def _layout(value: Any) -> tuple[Any, MeshAxes]:
+    from jax.sharding import NamedSharding
+
+    sharding = value.sharding
+    if isinstance(sharding, NamedSharding):
+        return sharding.spec, tuple((str(k), int(v)) for k, v in sharding.mesh.shape.items())
+    return None, ()
+
+
+def _is_device_array(value: Any) -> bool:
+    import jax
+
+    return isinstance(value, jax.Array) and not isinstance(value, jax.core.Tracer)
+
+
+def _copy_array(array: Any, out: np.ndarray) -> None:
+    """Copy the distinct shards of ``array`` into ``out`` (one memcpy each)."""
+    if out.ndim == 0 or array.is_fully_replicated:
+        shard = array.addressable_shards[0]
+        np.copyto(out, np.asarray(shard.data))
+        return
+    for shard in array.addressable_shards:
+        if shard.replica_id == 0:
+            out[shard.index] = np.asarray(shard.data)
+
+
+def _copy_all(snap: Snapshot, arrays: list[Any], on_done: Callable[[Snapshot], None] | None) -> None:
+    start = time.perf_counter()
+    for leaf, array in zip(snap.leaves, arrays):
+        if leaf.on_device:
+            out = np.empty(leaf.shape, leaf.dtype)
+            _copy_array(array, out)
+            leaf.host = out
+    snap.duration_s = time.perf_counter() - start
+    if on_done is not None:
+        on_done(snap)
+
+
+def take(tree: Any, name: str = DEFAULT_NAME, step: int | None = None, on_done: Callable[[Snapshot], None] | None = None) -> Snapshot:
+    """Start copying ``tree`` to the host and return its pending ``Snapshot``.
+
+    The store-free core of ``snapshot``; ``on_done(snap)`` runs on the copy
+    thread after a successful copy.
+    """
+    import jax
+
+    pairs, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    leaves, arrays = [], []
+    for path, value in pairs:
+        key = jax.tree_util.keystr(path)
+        if _is_device_array(value):
+            value.copy_to_host_async()
+            spec, axes = _layout(value)
+            leaves.append(Leaf(key, tuple(value.shape), np.dtype(value.dtype), spec, axes))
+        elif isinstance(value, jax.core.Tracer):
+            raise PathwaysError(f"cannot snapshot {key or 'a value'} inside a traced function (jit/grad); snapshot outside it")
+        else:
+            host = np.array(value, copy=True) if isinstance(value, np.ndarray) else value
+            leaves.append(Leaf(key, tuple(np.shape(value)), np.result_type(value) if _numeric(value) else np.dtype(object), None, (), host, on_device=False))
+        arrays.append(value)
+    snap = Snapshot(name, step, treedef, leaves)
+    snap._future = _COPIER.submit(_copy_all, snap, arrays, on_done)
+    return snap
+
+
+def _numeric(value: Any) -> bool:
+    try:
+        return np.result_type(value) != np.dtype(object)
+    except TypeError:
+        return False
+
+
+def snapshot(tree: Any, name: str | None = None, step: int | None = None) -> Snapshot:
+    """Copy a pytree of jax arrays to host memory, asynchronously.
+
+    Returns at once with a pending ``Snapshot`` (``.wait()`` to block); it is
+    added to the session's store, which keeps the last K per name, and a
+    ``snapshot`` event (bytes, copy duration, step) is emitted when done.
+
+    Args:
+      tree: any pytree whose leaves are jax arrays (others are kept as-is).
+      name: what the store files it under (default ``"snapshot"``).
+      step: the training step the state belongs to, if any.
+    """
+    return store().snap(tree, name or DEFAULT_NAME, step)
+
+
+# -- restoring ----------------------------------------------------------------
+def fit_spec(spec: Any, shape: tuple[int, ...], mesh: Any) -> Any:
+    """``spec`` adjusted to ``mesh``: axes the mesh lacks are dropped, and a
+    dimension the remaining axes do not divide is replicated."""
+    from jax.sharding import PartitionSpec
+
+    sizes = dict(mesh.shape)
+    entries = []
+    for dim, entry in enumerate(tuple(spec) + (None,) * (len(shape) - len(tuple(spec)))):
+        names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        kept = tuple(n for n in names if n in sizes)
+        parts = int(np.prod([sizes[n] for n in kept], dtype=np.int64))
+        if not kept or shape[dim] % parts:
+            entries.append(None)
+        else:
+            entries.append(kept[0] if len(kept) == 1 else kept)
+    return PartitionSpec(*entries[: len(shape)])
+
+
+def shardings_for(snap: Snapshot, mesh: Any) -> list[Any]:
+    """The sharding each device leaf of ``snap`` gets on ``mesh``."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    first = mesh.devices.flat[0]
+    out = []
+    for leaf in snap.leaves:
+        if not leaf.on_device:
+            out.append(None)
+        elif leaf.spec is None:
+            out.append(jax.sharding.SingleDeviceSharding(first))
+        else:
+            out.append(NamedSharding(mesh, fit_spec(leaf.spec, leaf.shape, mesh) if leaf.shape else PartitionSpec()))
+    return out
+
+
+def default_mesh(snap: Snapshot) -> Any:
+    """A mesh over the live slices with the snapshot's axis names."""
+    from pathways_kernel.session import session
+
+    names = [name for name, _ in snap.mesh_axes]
+    return session().mesh(names or None)
+
+
+def restore(snap: Snapshot, mesh: Any = None, *, emit: bool = True) -> Any:
+    """Put ``snap`` back on devices: a pytree of jax arrays on ``mesh``.
+
+    Each leaf gets its recorded ``PartitionSpec`` on ``mesh`` (default: the
+    live slices' mesh with the snapshot's axis names); axes ``mesh`` lacks,
+    or that no longer divide a dimension, become replicated on that
+    dimension. Leaves that were not on a mesh go to ``mesh``'s first device.
+    Emits a ``restore`` event (bytes, duration, step).
+    """
+    import jax
+
+    from pathways_kernel.session import session
+
+    snap.wait()
+    if mesh is None:
+        mesh = default_mesh(snap)
+    start = time.perf_counter()
+    shardings = shardings_for(snap, mesh)
+    device_idx = [i for i, leaf in enumerate(snap.leaves) if leaf.on_device]
+    placed = jax.device_put([snap.leaves[i].host for i in device_idx], [shardings[i] for i in device_idx])
+    values = [leaf.host for leaf in snap.leaves]
+    for i, array in zip(device_idx, placed):
+        values[i] = array
+    jax.block_until_ready(placed)
+    duration = time.perf_counter() - start
+    if emit:
+        session().events.emit(
+            "restore", bytes=snap.nbytes, duration_s=duration, step=snap.step,
+            slices_after=_slices_of(mesh), detail=f"'{snap.name}' from {snap.age_s:.1f} s ago",
+        )
+    return jax.tree.unflatten(snap.treedef, values)
+
+
+def _slices_of(mesh: Any) -> tuple[int, ...]:
+    from pathways_kernel.session import session
+
+    ids = {d.id for d in mesh.devices.flat}
+    return tuple(s.index for s in session().topology.slices if any(c.device.id in ids for c in s.chips))
+
+
+# -- the store ----------------------------------------------------------------
+class SnapshotStore:
+    """The session's snapshots: last ``keep`` completed per name, at most
+    ``max_bytes`` in all (oldest dropped first; ``None`` = no total bound)."""
+
+    def __init__(self, events: Any = None, keep: int = DEFAULT_KEEP, max_bytes: int | None = None):
+        self.events = events
+        self._lock = threading.Lock()
+        self._done: dict[str, collections.deque[Snapshot]] = {}
+        self._pending: list[Snapshot] = []
+        self.keep = keep
+        self.max_bytes = max_bytes
+
+    def configure(self, keep: int | None = None, max_bytes: int | None | str = "unchanged") -> None:
+        if keep is not None:
+            if keep < 1:
+                raise PathwaysError(f"keep must be at least 1, got {keep}")
+            self.keep = keep
+        if max_bytes != "unchanged":
+            self.max_bytes = max_bytes  # type: ignore[assignment]
+        with self._lock:
+            self._evict()
+
+    def snap(self, tree: Any, name: str, step: int | None = None) -> Snapshot:
+        """Take a snapshot of ``tree`` and add it; returns it pending."""
+        snap = take(tree, name, step, on_done=self._completed)
+        with self._lock:
+            self._pending.append(snap)
+        snap._future.add_done_callback(lambda _f, s=snap: self._forget_pending(s))  # type: ignore[union-attr]
+        return snap
+
+    def add(self, snap: Snapshot) -> Snapshot:
+        """File a snapshot made elsewhere (e.g. ``Snapshot.from_host``)."""
+        if snap.done():
+            self._file(snap)
+        else:
+            with self._lock:
+                self._pending.append(snap)
+            snap._future.add_done_callback(lambda _f, s=snap: (self._forget_pending(s), s.ok() and self._file(s)))  # type: ignore[union-attr]
+        return snap
+
+    def _completed(self, snap: Snapshot) -> None:
+        self._file(snap)
+        if self.events is not None:
+            self.events.emit(
+                "snapshot", bytes=snap.nbytes, duration_s=snap.duration_s, step=snap.step,
+                detail=f"'{snap.name}' {len(snap.leaves)} arrays, {_throughput(snap)}",
+            )
+
+    def _file(self, snap: Snapshot) -> None:
+        with self._lock:
+            self._done.setdefault(snap.name, collections.deque()).append(snap)
+            self._evict()
+
+    def _forget_pending(self, snap: Snapshot) -> None:
+        with self._lock:
+            if snap in self._pending:
+                self._pending.remove(snap)
+
+    def _evict(self) -> None:
+        # Completed snapshots only: a pending one may still fail (its slice
+        # lost mid-copy), and then the older one is what we restore.
+        for queue in self._done.values():
+            while len(queue) > self.keep:
+                queue.popleft()
+        if self.max_bytes is not None:
+            while self._total() > self.max_bytes:
+                oldest = min((q[0] for q in self._done.values() if q), key=lambda s: s.created, default=None)
+                if oldest is None:
+                    break
+                self._done[oldest.name].popleft()
+        for name in [n for n, q in self._done.items() if not q]:
+            del self._done[name]
+
+    def _total(self) -> int:
+        return sum(s.nbytes for q in self._done.values() for s in q)
+
+    # -- queries ------------------------------------------------------------
+    def latest(self, name: str = DEFAULT_NAME, wait: bool = True) -> Snapshot | None:
+        """The newest good snapshot of ``name`` (``None`` if none).
+
+        With ``wait``, pending snapshots of that name are waited for first;
+        ones whose copy failed are skipped.
+        """
+        if wait:
+            with self._lock:
+                pending = [s for s in self._pending if s.name == name]
+            concurrent.futures.wait([s._future for s in pending if s._future is not None])
+        with self._lock:
+            queue = self._done.get(name)
+            return queue[-1] if queue else None
+
+    def list(self) -> list[Snapshot]:
+        """Every kept and pending snapshot, oldest first."""
+        with self._lock:
+            return sorted([s for q in self._done.values() for s in q] + list(self._pending), key=lambda s: s.created)
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return sorted(self._done)
+
+    @property
+    def nbytes(self) -> int:
+        """Host bytes held by kept snapshots."""
+        with self._lock:
+            return self._total()
+
+    def drop(self, name: str) -> None:
+        with self._lock:
+            self._done.pop(name, None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._done.clear()
+
+
+def _throughput(snap: Snapshot) -> str:
+    if not snap.duration_s:
+        return ""
+    return f"{format_bytes(snap.nbytes / snap.duration_s)}/s"
+
+
+def store(session: Any = None) -> SnapshotStore:
+    """The session's ``SnapshotStore`` (session extension ``"snapshots"``)."""
+    if session is None:
+        from pathways_kernel.session import session as current
+
+        session = current()
+    return session.extension("snapshots", lambda s: SnapshotStore(s.events))
+
+
+class SnapshotTable:
+    """Kept snapshots rendered as text (``%pathways snapshots``)."""
+
+    def __init__(self, snaps: Sequence[Snapshot]):
+        self.snaps = list(snaps)
+
+    def __repr__(self) -> str:
+        if not self.snaps:
+            return "no snapshots"
+        return "\n".join(f"{s.summary()}, {s.age_s:.0f} s ago" for s in self.snaps)
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(repr(self))
+
+
+def device_values(namespace: dict[str, Any], names: Iterable[str] | None = None) -> dict[str, Any]:
+    """Names in ``namespace`` whose value is a pytree holding jax arrays."""
+    import jax
+
+    out = {}
+    for name in names if names is not None else list(namespace):
+        if name.startswith("_") and names is None:
+            continue
+        value = namespace.get(name)
+        try:
+            leaves = jax.tree.leaves(value)
+        except Exception:  # an object whose flattening fails is not state we can snapshot
+            continue
+        if leaves and any(_is_device_array(leaf) for leaf in leaves):
+            out[name] = value
+    return out
