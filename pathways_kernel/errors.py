@@ -33,6 +33,10 @@ class NotSupportedError(PathwaysError):
     """The operation exists, but not on the current backend."""
 
 
+class StorageError(PathwaysError, OSError):
+    """Cloud Storage or a local path refused, lost or could not hold the data."""
+
+
 def one_line(exc: BaseException) -> str:
     """Render ``exc`` as the single line a user sees."""
     message = " ".join(str(exc).split())
