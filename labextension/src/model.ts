@@ -1,0 +1,224 @@
+/**
+ * The monitor's state for one kernel: topology, the latest metrics, each
+ * slice's utilization over the last five minutes, and the event log.
+ *
+ * Fed decoded protocol messages; views read it and redraw on `changed`.
+ * Pure: no JupyterLab imports, unit-tested.
+ */
+import { SliceGrid, sliceGrid } from './layout';
+import {
+  MEMORY_SATURATED,
+  KernelMessage,
+  MetricsMessage,
+  MonitorEvent,
+  TopologyMessage,
+  TopologySlice
+} from './protocol';
+
+/** Seconds of per-slice utilization history kept. */
+export const HISTORY_S = 300;
+/** Events kept (newest first). */
+export const MAX_EVENTS = 500;
+
+export type Change = 'topology' | 'metrics' | 'events' | 'reset';
+
+/** One point of a slice's utilization history. */
+export interface Series {
+  /** Kernel wall clock (s since the epoch), ascending. */
+  times: number[];
+  /** Utilization in [0, 1]. */
+  values: number[];
+}
+
+export interface ChipInfo {
+  position: number;
+  id: number;
+  slice: number;
+  coords: [number, number, number];
+  /** In [0, 1]; null before the first metrics. */
+  utilization: number | null;
+  /** Bytes; null before the first metrics. */
+  memoryBytes: number | null;
+  /** True when the memory counter saturated: the chip holds at least memoryBytes. */
+  memoryAtLeast: boolean;
+  state: 'up' | 'down';
+}
+
+export interface Summary {
+  slicesUp: number;
+  slicesTotal: number;
+  chips: number;
+  /** Mean utilization over up chips; null before the first metrics. */
+  utilization: number | null;
+}
+
+export class MonitorModel {
+  topology: TopologyMessage | null = null;
+  /** The latest metrics that belong to `topology`. */
+  metrics: MetricsMessage | null = null;
+  /** One chip grid per slice, in topology order. */
+  grids: SliceGrid[] = [];
+  /** Newest first. */
+  events: MonitorEvent[] = [];
+  /** Metrics frames dropped because they did not match the topology. */
+  dropped = 0;
+
+  private _history = new Map<number, Series>();
+  private _listeners = new Set<(change: Change) => void>();
+
+  /** Call `listener` after every change; returns a function that stops it. */
+  subscribe(listener: (change: Change) => void): () => void {
+    this._listeners.add(listener);
+    return () => this._listeners.delete(listener);
+  }
+
+  /** Apply one decoded kernel message. Replies are the connection's business and ignored here. */
+  handle(message: KernelMessage): void {
+    switch (message.type) {
+      case 'topology':
+        this.setTopology(message);
+        break;
+      case 'metrics':
+        this.addMetrics(message);
+        break;
+      case 'event':
+        this.addEvents([message.event]);
+        break;
+    }
+  }
+
+  setTopology(topology: TopologyMessage): void {
+    const previous = this.topology;
+    if (previous && previous.backend !== topology.backend) {
+      this._history.clear();
+    }
+    this.topology = topology;
+    this.grids = topology.slices.map(s =>
+      sliceGrid(s.index, range(s.chip_offset, s.chip_count), topology.chip_coords, 3)
+    );
+    if (this.metrics && !this._matches(this.metrics)) {
+      this.metrics = null;
+    }
+    this._emit('topology');
+  }
+
+  /** Take a metrics frame; frames for another topology or chip count are dropped (returns false). */
+  addMetrics(metrics: MetricsMessage): boolean {
+    if (!this._matches(metrics)) {
+      this.dropped++;
+      return false;
+    }
+    this.metrics = metrics;
+    const horizon = metrics.time - HISTORY_S;
+    for (const s of metrics.slices) {
+      let series = this._history.get(s.index);
+      if (!series) {
+        series = { times: [], values: [] };
+        this._history.set(s.index, series);
+      }
+      const last = series.times.length ? series.times[series.times.length - 1] : -Infinity;
+      if (metrics.time < last) {
+        // The kernel clock went back (a new kernel, a clock step): start over.
+        series.times.length = 0;
+        series.values.length = 0;
+      }
+      series.times.push(metrics.time);
+      series.values.push(s.state === 'up' ? s.utilization : 0);
+      let old = 0;
+      while (old < series.times.length && series.times[old] < horizon) {
+        old++;
+      }
+      if (old) {
+        series.times.splice(0, old);
+        series.values.splice(0, old);
+      }
+    }
+    this._emit('metrics');
+    return true;
+  }
+
+  /** Add events (any order), ignoring ones already seen; keeps newest first. */
+  addEvents(events: MonitorEvent[]): void {
+    const seen = new Set(this.events.map(e => e.seq));
+    const fresh = events.filter(e => !seen.has(e.seq));
+    if (!fresh.length) {
+      return;
+    }
+    this.events = [...fresh, ...this.events].sort((a, b) => b.seq - a.seq).slice(0, MAX_EVENTS);
+    this._emit('events');
+  }
+
+  /** Forget everything (the panel follows another kernel, or the kernel restarted). */
+  reset(): void {
+    this.topology = null;
+    this.metrics = null;
+    this.grids = [];
+    this.events = [];
+    this.dropped = 0;
+    this._history.clear();
+    this._emit('reset');
+  }
+
+  /** Utilization of slice `index` over the last HISTORY_S seconds of kernel time. */
+  history(index: number): Series {
+    return this._history.get(index) ?? { times: [], values: [] };
+  }
+
+  slice(position: number): TopologySlice | null {
+    return this.topology?.slices[position] ?? null;
+  }
+
+  summary(): Summary | null {
+    const t = this.topology;
+    if (!t) {
+      return null;
+    }
+    return {
+      slicesUp: t.slices.filter(s => s.state === 'up').length,
+      slicesTotal: t.slices.length,
+      chips: t.chips,
+      utilization: this.metrics ? this.metrics.utilization : null
+    };
+  }
+
+  /** What the tooltip shows for chip `position` (index into the per-chip buffers). */
+  chip(position: number): ChipInfo | null {
+    const t = this.topology;
+    if (!t || position < 0 || position >= t.chips) {
+      return null;
+    }
+    const m = this.metrics;
+    const slice = t.chip_slice[position];
+    const raw = m ? m.memory_buffer[position] : null;
+    const state = t.slices.find(s => s.index === slice)?.state ?? 'up';
+    return {
+      position,
+      id: t.chip_id[position],
+      slice,
+      coords: [t.chip_coords[3 * position], t.chip_coords[3 * position + 1], t.chip_coords[3 * position + 2]],
+      utilization: m ? m.utilization_buffer[position] / 255 : null,
+      memoryBytes: m && raw !== null ? raw * m.memory_unit : null,
+      memoryAtLeast: raw === MEMORY_SATURATED,
+      state
+    };
+  }
+
+  private _matches(metrics: MetricsMessage): boolean {
+    const t = this.topology;
+    return !!t && metrics.topology_seq === t.topology_seq && metrics.chips === t.chips;
+  }
+
+  private _emit(change: Change): void {
+    for (const listener of [...this._listeners]) {
+      listener(change);
+    }
+  }
+}
+
+function range(start: number, count: number): Int32Array {
+  const out = new Int32Array(count);
+  for (let i = 0; i < count; i++) {
+    out[i] = start + i;
+  }
+  return out;
+}

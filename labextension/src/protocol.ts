@@ -1,0 +1,402 @@
+/**
+ * Monitor protocol v1, the TypeScript side (comm target `pathways.monitor`).
+ *
+ * Mirrors docs/protocol.md (the contract) and
+ * pathways_kernel/monitor/protocol.py field for field: the same names, the
+ * same validation rules. Pure: no JupyterLab imports, unit-tested.
+ * Kernel messages are decoded into typed objects with per-chip buffers as
+ * typed arrays; anything that breaks the contract throws `ProtocolError`
+ * and the caller drops the message.
+ */
+
+export const VERSION = 1;
+export const TARGET = 'pathways.monitor';
+/** Highest metrics rate a frontend may ask for (Hz). */
+export const MAX_RATE = 10;
+/** How often a frontend must ping so the kernel keeps its comm (s). */
+export const PING_INTERVAL_S = 15;
+
+export type SliceState = 'up' | 'down';
+
+export class ProtocolError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'ProtocolError';
+  }
+}
+
+// ---- kernel -> frontend -------------------------------------------------
+
+export interface TopologySlice {
+  index: number;
+  state: SliceState;
+  kind: string;
+  shape: number[];
+  chip_offset: number;
+  chip_count: number;
+}
+
+export interface TopologyMessage {
+  v: 1;
+  type: 'topology';
+  topology_seq: number;
+  backend: string;
+  target: string;
+  platform: string;
+  supports_fault_injection: boolean;
+  chips: number;
+  slices: TopologySlice[];
+  /** Buffer 0: JAX device id of chip p. */
+  chip_id: Int32Array;
+  /** Buffer 1: slice index of chip p. */
+  chip_slice: Uint16Array;
+  /** Buffer 2: (x, y, z) of chip p at [3p, 3p + 3). */
+  chip_coords: Uint16Array;
+}
+
+export interface SliceMetrics {
+  index: number;
+  state: SliceState;
+  utilization: number;
+  memory_bytes: number;
+  memory_limit_bytes: number | null;
+}
+
+export interface MetricsMessage {
+  v: 1;
+  type: 'metrics';
+  seq: number;
+  time: number;
+  topology_seq: number;
+  chips: number;
+  source: string;
+  window_s: number;
+  memory_unit: number;
+  slices: SliceMetrics[];
+  utilization: number;
+  memory_bytes: number;
+  /** Buffer 0: chip utilization, value / 255. */
+  utilization_buffer: Uint8Array;
+  /** Buffer 1: chip memory in `memory_unit`s; MEMORY_SATURATED = at least that. */
+  memory_buffer: Uint16Array;
+}
+
+export const MEMORY_SATURATED = 65535;
+
+export interface MonitorEvent {
+  seq: number;
+  time: number;
+  kind: string;
+  slices_before: number[] | null;
+  slices_after: number[] | null;
+  bytes: number | null;
+  duration_s: number | null;
+  step: number | null;
+  detail: string;
+}
+
+export interface EventMessage {
+  v: 1;
+  type: 'event';
+  event: MonitorEvent;
+}
+
+export interface ReplyMessage {
+  v: 1;
+  type: 'reply';
+  request_id: string | null;
+  ok: boolean;
+  error: string | null;
+  result: Record<string, unknown> | null;
+}
+
+export type KernelMessage = TopologyMessage | MetricsMessage | EventMessage | ReplyMessage;
+
+/** What a comm message's buffers may arrive as (JupyterLab hands DataViews). */
+export type Buffer = ArrayBuffer | ArrayBufferView;
+
+/**
+ * Decode and validate one kernel -> frontend message.
+ *
+ * @param data the comm message's `data`.
+ * @param buffers the comm message's binary buffers, in order.
+ * @throws ProtocolError when the message breaks the contract.
+ */
+export function decodeMessage(data: unknown, buffers: readonly Buffer[] = []): KernelMessage {
+  const msg = object(data, 'message');
+  if (msg.v !== VERSION) {
+    throw new ProtocolError(`unsupported protocol version ${JSON.stringify(msg.v)}; expected ${VERSION}`);
+  }
+  switch (msg.type) {
+    case 'topology':
+      return decodeTopology(msg, buffers);
+    case 'metrics':
+      return decodeMetrics(msg, buffers);
+    case 'event':
+      noBuffers('event', buffers);
+      return { v: 1, type: 'event', event: decodeEvent(object(msg.event, 'event.event')) };
+    case 'reply':
+      noBuffers('reply', buffers);
+      return decodeReply(msg);
+    default:
+      throw new ProtocolError(`unknown message type ${JSON.stringify(msg.type)}`);
+  }
+}
+
+function decodeTopology(msg: Record<string, unknown>, buffers: readonly Buffer[]): TopologyMessage {
+  const chips = integer(msg.chips, 'topology.chips');
+  const slicesRaw = array(msg.slices, 'topology.slices');
+  const slices = slicesRaw.map((s, i): TopologySlice => {
+    const o = object(s, `topology.slices[${i}]`);
+    const at = `topology.slices[${i}]`;
+    return {
+      index: integer(o.index, `${at}.index`),
+      state: sliceState(o.state, `${at}.state`),
+      kind: string(o.kind, `${at}.kind`),
+      shape: array(o.shape, `${at}.shape`).map((d, k) => integer(d, `${at}.shape[${k}]`)),
+      chip_offset: integer(o.chip_offset, `${at}.chip_offset`),
+      chip_count: integer(o.chip_count, `${at}.chip_count`)
+    };
+  });
+  let expected = 0;
+  slices.forEach((s, i) => {
+    if (i > 0 && s.index <= slices[i - 1].index) {
+      throw new ProtocolError('topology.slices must be in ascending index order');
+    }
+    if (s.chip_offset !== expected) {
+      throw new ProtocolError(`topology.slices[${i}].chip_offset is ${s.chip_offset}, expected ${expected}`);
+    }
+    expected += s.chip_count;
+  });
+  if (expected !== chips) {
+    throw new ProtocolError(`topology slices hold ${expected} chips but chips is ${chips}`);
+  }
+  if (buffers.length !== 3) {
+    throw new ProtocolError(`topology carries ${buffers.length} buffers, expected 3`);
+  }
+  return {
+    v: 1,
+    type: 'topology',
+    topology_seq: integer(msg.topology_seq, 'topology.topology_seq', 1),
+    backend: string(msg.backend, 'topology.backend'),
+    target: string(msg.target, 'topology.target'),
+    platform: string(msg.platform, 'topology.platform'),
+    supports_fault_injection: boolean(msg.supports_fault_injection, 'topology.supports_fault_injection'),
+    chips,
+    slices,
+    chip_id: typed(buffers[0], Int32Array, chips, 'chip_id'),
+    chip_slice: typed(buffers[1], Uint16Array, chips, 'chip_slice'),
+    chip_coords: typed(buffers[2], Uint16Array, 3 * chips, 'chip_coords')
+  };
+}
+
+function decodeMetrics(msg: Record<string, unknown>, buffers: readonly Buffer[]): MetricsMessage {
+  const chips = integer(msg.chips, 'metrics.chips');
+  const memoryUnit = integer(msg.memory_unit, 'metrics.memory_unit', 1);
+  if (!Number.isInteger(Math.log2(memoryUnit))) {
+    throw new ProtocolError(`metrics.memory_unit ${memoryUnit} is not a power of two`);
+  }
+  const windowS = number(msg.window_s, 'metrics.window_s');
+  if (windowS <= 0) {
+    throw new ProtocolError('metrics.window_s must be > 0');
+  }
+  const slices = array(msg.slices, 'metrics.slices').map((s, i): SliceMetrics => {
+    const o = object(s, `metrics.slices[${i}]`);
+    const at = `metrics.slices[${i}]`;
+    return {
+      index: integer(o.index, `${at}.index`),
+      state: sliceState(o.state, `${at}.state`),
+      utilization: fraction(o.utilization, `${at}.utilization`),
+      memory_bytes: integer(o.memory_bytes, `${at}.memory_bytes`),
+      memory_limit_bytes: nullable(o.memory_limit_bytes, v => integer(v, `${at}.memory_limit_bytes`))
+    };
+  });
+  if (buffers.length !== 2) {
+    throw new ProtocolError(`metrics carries ${buffers.length} buffers, expected 2`);
+  }
+  return {
+    v: 1,
+    type: 'metrics',
+    seq: integer(msg.seq, 'metrics.seq', 1),
+    time: number(msg.time, 'metrics.time'),
+    topology_seq: integer(msg.topology_seq, 'metrics.topology_seq'),
+    chips,
+    source: string(msg.source, 'metrics.source'),
+    window_s: windowS,
+    memory_unit: memoryUnit,
+    slices,
+    utilization: fraction(msg.utilization, 'metrics.utilization'),
+    memory_bytes: integer(msg.memory_bytes, 'metrics.memory_bytes'),
+    utilization_buffer: typed(buffers[0], Uint8Array, chips, 'utilization'),
+    memory_buffer: typed(buffers[1], Uint16Array, chips, 'memory')
+  };
+}
+
+/** Decode one event-log entry (the `event` field of an `event` message). */
+export function decodeEvent(o: Record<string, unknown>): MonitorEvent {
+  const ints = (v: unknown, at: string) =>
+    nullable(v, x => array(x, at).map((i, k) => integer(i, `${at}[${k}]`)));
+  return {
+    seq: integer(o.seq, 'event.seq', 1),
+    time: number(o.time, 'event.time'),
+    kind: string(o.kind, 'event.kind'),
+    slices_before: ints(o.slices_before, 'event.slices_before'),
+    slices_after: ints(o.slices_after, 'event.slices_after'),
+    bytes: nullable(o.bytes, v => integer(v, 'event.bytes')),
+    duration_s: nullable(o.duration_s, v => number(v, 'event.duration_s')),
+    step: nullable(o.step, v => integer(v, 'event.step', -Infinity)),
+    detail: string(o.detail ?? '', 'event.detail')
+  };
+}
+
+function decodeReply(msg: Record<string, unknown>): ReplyMessage {
+  return {
+    v: 1,
+    type: 'reply',
+    request_id: nullable(msg.request_id, v => string(v, 'reply.request_id')),
+    ok: boolean(msg.ok, 'reply.ok'),
+    error: nullable(msg.error, v => string(v, 'reply.error')),
+    result: nullable(msg.result, v => object(v, 'reply.result'))
+  };
+}
+
+// ---- frontend -> kernel -------------------------------------------------
+
+export type Request =
+  | { v: 1; type: 'subscribe'; request_id: string; rate: number }
+  | { v: 1; type: 'ping'; request_id: string }
+  | { v: 1; type: 'fail_slice'; request_id: string; slice: number }
+  | { v: 1; type: 'restore_slice'; request_id: string; slice: number }
+  | { v: 1; type: 'snapshot'; request_id: string };
+
+export type RequestType = Request['type'];
+
+/** The request body (without `v` and `request_id`) a caller asks to send. */
+export type RequestBody =
+  | { type: 'subscribe'; rate: number }
+  | { type: 'ping' }
+  | { type: 'fail_slice'; slice: number }
+  | { type: 'restore_slice'; slice: number }
+  | { type: 'snapshot' };
+
+/**
+ * The comm `data` for a request, validated by the kernel's rules so that a
+ * bad value fails here, loudly, rather than as an error reply.
+ */
+export function encodeRequest(body: RequestBody, requestId: string): Request {
+  if (!requestId || requestId.length > 128) {
+    throw new ProtocolError('request_id must be a non-empty string of at most 128 characters');
+  }
+  switch (body.type) {
+    case 'subscribe':
+      if (!Number.isFinite(body.rate) || body.rate < 0 || body.rate > MAX_RATE) {
+        throw new ProtocolError(`rate must be a number in [0, ${MAX_RATE}] Hz, got ${body.rate}`);
+      }
+      return { v: 1, type: 'subscribe', request_id: requestId, rate: body.rate };
+    case 'fail_slice':
+    case 'restore_slice':
+      if (!Number.isInteger(body.slice) || body.slice < 0) {
+        throw new ProtocolError(`slice must be an integer >= 0, got ${body.slice}`);
+      }
+      return { v: 1, type: body.type, request_id: requestId, slice: body.slice };
+    case 'ping':
+    case 'snapshot':
+      return { v: 1, type: body.type, request_id: requestId };
+  }
+}
+
+// ---- validation helpers -------------------------------------------------
+
+function object(v: unknown, at: string): Record<string, unknown> {
+  if (typeof v !== 'object' || v === null || Array.isArray(v)) {
+    throw new ProtocolError(`${at} must be an object`);
+  }
+  return v as Record<string, unknown>;
+}
+
+function array(v: unknown, at: string): unknown[] {
+  if (!Array.isArray(v)) {
+    throw new ProtocolError(`${at} must be an array`);
+  }
+  return v;
+}
+
+function string(v: unknown, at: string): string {
+  if (typeof v !== 'string') {
+    throw new ProtocolError(`${at} must be a string`);
+  }
+  return v;
+}
+
+function boolean(v: unknown, at: string): boolean {
+  if (typeof v !== 'boolean') {
+    throw new ProtocolError(`${at} must be a boolean`);
+  }
+  return v;
+}
+
+function number(v: unknown, at: string): number {
+  if (typeof v !== 'number' || !Number.isFinite(v)) {
+    throw new ProtocolError(`${at} must be a finite number`);
+  }
+  return v;
+}
+
+function integer(v: unknown, at: string, min = 0): number {
+  if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < min) {
+    throw new ProtocolError(`${at} must be an integer >= ${min}`);
+  }
+  return v;
+}
+
+function fraction(v: unknown, at: string): number {
+  const x = number(v, at);
+  if (x < 0 || x > 1) {
+    throw new ProtocolError(`${at} must be in [0, 1]`);
+  }
+  return x;
+}
+
+function sliceState(v: unknown, at: string): SliceState {
+  if (v !== 'up' && v !== 'down') {
+    throw new ProtocolError(`${at} must be "up" or "down"`);
+  }
+  return v;
+}
+
+function nullable<T>(v: unknown, parse: (v: unknown) => T): T | null {
+  return v === null || v === undefined ? null : parse(v);
+}
+
+function noBuffers(type: string, buffers: readonly Buffer[]): void {
+  if (buffers.length) {
+    throw new ProtocolError(`${type} carries no buffers, got ${buffers.length}`);
+  }
+}
+
+type TypedArrayType<T> = {
+  new (buffer: ArrayBufferLike, byteOffset: number, length: number): T;
+  new (length: number): T;
+  BYTES_PER_ELEMENT: number;
+};
+
+/**
+ * View `buffer` as `count` little-endian elements of `Type`, copying only
+ * when the bytes are misaligned for it. Typed arrays use the host's byte
+ * order, little-endian in every browser JupyterLab supports.
+ */
+function typed<T extends ArrayBufferView>(buffer: Buffer, Type: TypedArrayType<T>, count: number, name: string): T {
+  const bytes = ArrayBuffer.isView(buffer)
+    ? new Uint8Array(buffer.buffer, buffer.byteOffset, buffer.byteLength)
+    : new Uint8Array(buffer);
+  const size = Type.BYTES_PER_ELEMENT;
+  if (bytes.byteLength !== count * size) {
+    throw new ProtocolError(`buffer ${name} has ${bytes.byteLength} bytes, expected ${count * size}`);
+  }
+  if (bytes.byteOffset % size === 0) {
+    return new Type(bytes.buffer, bytes.byteOffset, count);
+  }
+  const copy = new Type(count);
+  new Uint8Array(copy.buffer).set(bytes);
+  return copy;
+}
