@@ -1,0 +1,470 @@
+"""Colocated data loading: each slice's shard of a global batch from its own sidecar.
+
+    def make_batches(step, shard, num_shards):
+        # rows [shard * B/num_shards, (shard + 1) * B/num_shards) of global batch `step`
+        ...
+        return {"x": x, "y": y}              # numpy arrays (any pytree)
+
+    batches = pw.loader(make_batches, mesh=mesh, spec=P("data"), prefetch=2)
+    for step, batch in zip(range(100), batches):
+        state = train_step(state, batch)
+
+A batch is a pure function of ``(step, shard, num_shards)``: ``make_batches``
+returns shard ``shard`` of ``num_shards`` equal blocks of the batch dimension
+(dimension 0) of global batch ``step``. Each slice's block is produced by a
+sidecar colocated with that slice (``jax.experimental.colocated_python``),
+on one worker thread per slice, ``prefetch`` steps ahead of the step being
+consumed; the blocks are joined into one ``jax.Array`` on ``mesh`` with
+``spec`` without copying.
+
+Because a batch depends only on its step, the loader is exactly elastic:
+when a reshard or rollback calls ``reset(step, mesh)`` (registered with
+``elastic.on_restore``), prefetched work is dropped, the loader lays the
+batch out over the new mesh (fewer slices -> fewer, larger shards) and
+replays from ``step``. The samples seen by committed steps are those of a
+fault-free run: none skipped, none doubled.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import weakref
+from concurrent.futures import Future
+from typing import Any, Callable
+
+from pathways_kernel import sidecar
+from pathways_kernel.errors import MeshError, PathwaysError
+from pathways_kernel.events import format_bytes
+
+#: Seconds between the loader's periodic ``sidecar`` summary events.
+SUMMARY_EVERY_S = 5.0
+
+MakeBatches = Callable[[int, int, int], Any]
+
+
+class Part:
+    """One slice's share of the mesh: its devices and its block of the batch."""
+
+    def __init__(self, slice_index: int, mesh: Any, shard: int, num_shards: int):
+        self.slice_index = slice_index
+        self.mesh = mesh
+        self.host_mesh = sidecar.colocated_mesh(mesh.devices, mesh.axis_names)
+        self.shard = shard
+        self.num_shards = num_shards
+
+
+class Layout:
+    """How ``spec`` on ``mesh`` splits a batch among the mesh's slices.
+
+    Each slice must hold a block of the mesh (as ``pw.mesh()`` builds them:
+    DCN axes across slices) and only the batch dimension may be split across
+    slices; other dimensions may be split over a slice's own (ICI) axes.
+    """
+
+    def __init__(self, mesh: Any, spec: Any, topology: Any):
+        import numpy as np
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+        self.mesh = mesh
+        self.spec = spec
+        self.sharding = NamedSharding(mesh, spec)
+        devices = mesh.devices
+        owner = np.vectorize(topology.slice_of, otypes=[int])(devices)
+        batch_axes = _axes(spec[0] if len(spec) else None)
+        parts_total = math.prod(mesh.shape[a] for a in batch_axes)
+        rows = NamedSharding(mesh, PartitionSpec(spec[0] if len(spec) else None)).devices_indices_map((parts_total,))
+        blocks = {}
+        meshes = {}
+        for index in sorted({int(i) for i in owner.flat}):
+            where = np.argwhere(owner == index)
+            box = tuple(slice(lo, hi + 1) for lo, hi in zip(where.min(0), where.max(0)))
+            if (owner[box] != index).any():
+                raise MeshError(
+                    f"slice {index}'s devices are not one block of the mesh; build the mesh with pw.mesh() "
+                    f"(DCN axes across slices, ICI axes within)"
+                )
+            local = Mesh(devices[box], mesh.axis_names)
+            for axis in _axes_of(spec[1:]):
+                if local.shape[axis] != mesh.shape[axis]:
+                    raise MeshError(
+                        f"spec {spec} splits a non-batch dimension over axis '{axis}', which spans slices; "
+                        f"only the batch dimension (first) may be split across slices"
+                    )
+            spans = {(r[0].start or 0, parts_total if r[0].stop is None else r[0].stop) for d in local.devices.flat for r in [rows[d]]}
+            lo, hi = min(s for s, _ in spans), max(e for _, e in spans)
+            blocks[index] = (lo, hi)
+            meshes[index] = local
+        widths = {hi - lo for lo, hi in blocks.values()}
+        starts = sorted({lo for lo, _ in blocks.values()})
+        width = widths.pop()
+        if widths or starts != list(range(0, parts_total, width)):
+            raise MeshError(f"spec {spec} does not split the batch into equal per-slice blocks on this mesh")
+        num_shards = parts_total // width
+        self.parts = [Part(index, meshes[index], blocks[index][0] // width, num_shards) for index in sorted(blocks)]
+        self.num_shards = num_shards
+
+    @property
+    def slices(self) -> tuple[int, ...]:
+        return tuple(p.slice_index for p in self.parts)
+
+    def assemble(self, trees: dict[int, Any]) -> Any:
+        """One global array per leaf from each slice's local arrays (no copy)."""
+        import jax
+
+        flat = {index: jax.tree.flatten(tree) for index, tree in trees.items()}
+        (first, (leaves0, treedef0)), *rest = flat.items()
+        for index, (leaves, treedef) in rest:
+            shapes0 = [leaf.shape for leaf in leaves0]
+            if treedef != treedef0 or [leaf.shape for leaf in leaves] != shapes0:
+                raise sidecar.SidecarError(
+                    f"make_batches returned {[leaf.shape for leaf in leaves]} on slice {index} but {shapes0} on "
+                    f"slice {first}: every shard of a batch must have the same structure and shapes"
+                )
+        order = self.sharding._addressable_device_assignment
+        out = []
+        for position, leaf0 in enumerate(leaves0):
+            shape = (leaf0.shape[0] * self.num_shards,) + tuple(leaf0.shape[1:]) if leaf0.ndim else ()
+            if not leaf0.ndim:
+                raise sidecar.SidecarError("make_batches must return arrays with a batch dimension, got a scalar")
+            by_device = {s.device: s.data for _index, (leaves, _) in flat.items() for s in leaves[position].addressable_shards}
+            out.append(jax.make_array_from_single_device_arrays(shape, self.sharding, [by_device[d] for d in order]))
+        return jax.tree.unflatten(treedef0, out)
+
+
+def _axes(entry: Any) -> tuple[str, ...]:
+    if entry is None:
+        return ()
+    return tuple(entry) if isinstance(entry, (tuple, list)) else (entry,)
+
+
+def _axes_of(entries: Any) -> list[str]:
+    return [a for entry in entries for a in _axes(entry)]
+
+
+def _remote_producer(make_batches: MakeBatches, spec: Any, name: str) -> Callable[[Any], Any]:
+    """What each slice's sidecar runs: one block of one batch, laid out on the slice."""
+
+    def produce(request):
+        import jax
+        import numpy as np
+        from jax.sharding import NamedSharding
+
+        step, shard, num_shards = (int(v) for v in np.asarray(request.addressable_shards[0].data))
+        block = make_batches(step, shard, num_shards)
+        sharding = NamedSharding(request.sharding.mesh, spec)
+
+        def place(leaf):
+            host = np.asarray(leaf)
+            return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+        return jax.tree.map(place, block)
+
+    produce.__name__ = produce.__qualname__ = name
+    return produce
+
+
+def _parse_spec(spec: Any, mesh: Any) -> Any:
+    from jax.sharding import PartitionSpec
+
+    if spec is None:
+        return PartitionSpec(mesh.axis_names[0])
+    if isinstance(spec, PartitionSpec):
+        return spec
+    if isinstance(spec, str):
+        return PartitionSpec(spec)
+    return PartitionSpec(*spec)
+
+
+class Loader:
+    """An iterator of globally sharded batches, produced by per-slice sidecars.
+
+    ``next(loader)`` returns batch ``loader.step`` and advances; ``batch(step)``
+    returns any step's batch (a rollback replays by asking for old steps);
+    ``reset(step, mesh)`` follows a new mesh from ``step``.
+    """
+
+    def __init__(
+        self,
+        make_batches: MakeBatches,
+        mesh: Any = None,
+        spec: Any = None,
+        prefetch: int = 2,
+        start: int = 0,
+        timeout: float = sidecar.DEFAULT_TIMEOUT_S,
+        name: str | None = None,
+    ):
+        from jax.experimental.colocated_python import colocated_python
+
+        from pathways_kernel.session import session
+
+        if not callable(make_batches):
+            raise PathwaysError(f"pw.loader needs make_batches(step, shard, num_shards), got {type(make_batches).__name__}")
+        if prefetch < 0:
+            raise PathwaysError(f"prefetch must be >= 0 steps, got {prefetch}")
+        if timeout <= 0:
+            raise PathwaysError(f"loader timeout must be positive, got {timeout:g} s")
+        self._session = session()
+        mesh = self._session.mesh() if mesh is None else mesh
+        self.spec = _parse_spec(spec, mesh)
+        self.name = name or getattr(make_batches, "__name__", "loader")
+        self.prefetch = prefetch
+        self.timeout = timeout
+        self.step = start
+        self._make_batches = make_batches
+        self._lock = threading.RLock()
+        self._layout = Layout(mesh, self.spec, self._session.topology)
+        self._colocated = colocated_python(_remote_producer(make_batches, self.spec, self.name))
+        self._pending: dict[int, dict[int, Future]] = {}
+        self._workers: dict[int, sidecar.Worker] = {}
+        self._closed = False
+        self._counters = {"batches": 0, "waits": 0, "wait_s": 0.0, "bytes": 0}
+        self._summary = {"time": time.monotonic(), "batches": 0, "bytes": 0, "busy_s": 0.0}
+        self._unwatch = sidecar.activity(self._session).watch_queue(f"{self.name}#{id(self):x}", self.state)
+        self._unhook = _follow_elastic(self)
+        self._session.events.emit(
+            "sidecar",
+            slices_after=self._layout.slices,
+            step=start,
+            detail=f"loader {self.name}: {self._layout.num_shards} shards, prefetch {prefetch}",
+        )
+        self._schedule(start)
+
+    # -- consuming ----------------------------------------------------------------
+    @property
+    def mesh(self) -> Any:
+        return self._layout.mesh
+
+    def __iter__(self) -> "Loader":
+        return self
+
+    def __next__(self) -> Any:
+        with self._lock:
+            step = self.step
+            self.step += 1
+        return self.batch(step)
+
+    def batch(self, step: int) -> Any:
+        """The global batch of ``step`` on the loader's mesh; prefetches the next ones.
+
+        Raises:
+          SidecarError: ``make_batches`` raised on a slice (named).
+          SidecarTimeout: a slice's sidecar did not answer within ``timeout``.
+        """
+        if self._closed:
+            raise PathwaysError(f"loader {self.name} is closed; create a new pw.loader")
+        with self._lock:
+            self._schedule(step)
+            futures = self._pending.pop(step)
+            layout = self._layout
+            self._schedule(step + 1)
+        waiting = not all(f.done() for f in futures.values())
+        started = time.perf_counter()
+        try:
+            results = sidecar.wait(futures, self.name, self.timeout)
+        except sidecar.SidecarError as exc:
+            self._failed(futures, exc)
+            raise
+        trees = {index: tree for index, (tree, _busy) in results.items()}
+        batch = layout.assemble(trees)
+        log = sidecar.activity(self._session)
+        produced = 0
+        for index, (tree, busy) in results.items():
+            size = sidecar.nbytes(tree)
+            produced += size
+            log.record(index, size, busy)
+            self._summary["busy_s"] += busy
+        with self._lock:
+            c = self._counters
+            c["batches"] += 1
+            c["bytes"] += produced
+            if waiting:
+                c["waits"] += 1
+                c["wait_s"] += time.perf_counter() - started
+        self._maybe_summarize(step)
+        return batch
+
+    def reset(self, step: int, mesh: Any = None) -> None:
+        """Follow ``mesh`` (default: a mesh over the live slices, same axes) and continue from ``step``."""
+        with self._lock:
+            before = self._layout.slices
+            self._drop_pending()
+            if mesh is None:
+                mesh = self._session.mesh(self._layout.mesh.axis_names)
+            self._layout = Layout(mesh, self.spec, self._session.topology)
+            self.step = step
+            self._schedule(step)
+        self._session.events.emit(
+            "sidecar",
+            slices_before=before,
+            slices_after=self._layout.slices,
+            step=step,
+            detail=f"loader {self.name}: replay from step {step} on {self._layout.num_shards} shards",
+        )
+
+    def close(self) -> None:
+        """Stop prefetching and release the worker threads."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._drop_pending()
+            for worker in self._workers.values():
+                worker.retire()
+            self._workers.clear()
+        self._unwatch()
+        if self._unhook is not None:
+            self._unhook()
+
+    def __enter__(self) -> "Loader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def state(self) -> dict[str, Any]:
+        """Step, prefetch, queue depth (batches ready ahead), batches, waits and bytes so far."""
+        with self._lock:
+            ready = sum(1 for futures in self._pending.values() if all(f.done() for f in futures.values()))
+            return {
+                "step": self.step,
+                "slices": list(self._layout.slices),
+                "prefetch": self.prefetch,
+                "queue_depth": ready,
+                **self._counters,
+            }
+
+    def __repr__(self) -> str:
+        s = self.state()
+        return (
+            f"<loader {self.name}: step {s['step']}, slices {s['slices']}, prefetch {self.prefetch}, "
+            f"{s['queue_depth']} ready, {s['batches']} batches ({format_bytes(s['bytes'])}), {s['waits']} waits>"
+        )
+
+    # -- producing ----------------------------------------------------------------
+    def _schedule(self, step: int) -> None:
+        """Have steps ``step .. step + prefetch`` submitted; drop any others (caller holds the lock)."""
+        wanted = range(step, step + self.prefetch + 1)
+        for stale in [s for s in self._pending if s not in wanted]:
+            for future in self._pending.pop(stale).values():
+                future.cancel()
+        for s in wanted:
+            if s not in self._pending:
+                self._pending[s] = {
+                    part.slice_index: self._worker(part.slice_index).submit(self._job(s, part)) for part in self._layout.parts
+                }
+
+    def _job(self, step: int, part: Part) -> Callable[[], Any]:
+        colocated = self._colocated
+        spec = self.spec
+
+        def job():
+            import jax
+            import numpy as np
+            from jax.sharding import NamedSharding, PartitionSpec
+
+            started = time.perf_counter()
+            request = jax.device_put(
+                np.array([step, part.shard, part.num_shards], np.int64), NamedSharding(part.host_mesh, PartitionSpec())
+            )
+            tree = colocated(request)
+            if part.host_mesh.devices.tolist() != part.mesh.devices.tolist():
+                # Pathways: the block is on the sidecar's CPU devices; move it to the slice's chips.
+                tree = jax.device_put(tree, NamedSharding(part.mesh, spec))
+            jax.block_until_ready(tree)
+            return tree, time.perf_counter() - started
+
+        return job
+
+    def _worker(self, index: int) -> sidecar.Worker:
+        if index not in self._workers:
+            self._workers[index] = sidecar.Worker(f"loader-{self.name}-slice{index}")
+        return self._workers[index]
+
+    def _drop_pending(self) -> None:
+        for futures in self._pending.values():
+            for future in futures.values():
+                future.cancel()
+        self._pending.clear()
+
+    def _failed(self, futures: dict[int, Future], exc: sidecar.SidecarError) -> None:
+        log = sidecar.activity(self._session)
+        timeout = isinstance(exc, sidecar.SidecarTimeout)
+        for index, future in futures.items():
+            if not future.done():
+                log.record(index, timeout=True)
+            elif future.exception() is not None:
+                log.record(index, error=True)
+        with self._lock:
+            self._drop_pending()
+            if timeout:
+                # The hung thread cannot be stopped; later steps get fresh workers.
+                for worker in self._workers.values():
+                    worker.retire()
+                self._workers.clear()
+        self._session.events.emit("sidecar", detail=f"loader {self.name}: {exc}")
+
+    def _maybe_summarize(self, step: int) -> None:
+        now = time.monotonic()
+        s = self._summary
+        if now - s["time"] < SUMMARY_EVERY_S:
+            return
+        with self._lock:
+            c = dict(self._counters)
+        depth = self.state()["queue_depth"]
+        self._session.events.emit(
+            "sidecar",
+            bytes=c["bytes"] - s["bytes"],
+            duration_s=s["busy_s"],
+            step=step,
+            detail=f"loader {self.name}: {c['batches'] - s['batches']} batches, queue depth {depth}, {c['waits']} waits",
+        )
+        self._summary = {"time": now, "batches": c["batches"], "bytes": c["bytes"], "busy_s": 0.0}
+
+
+def _follow_elastic(loader: Loader) -> Callable[[], None] | None:
+    """Register ``loader.reset`` with elastic's restore hooks, weakly (a dropped loader unhooks itself)."""
+    try:
+        from pathways_kernel import elastic
+    except ImportError:
+        return None
+    ref = weakref.ref(loader)
+
+    def follow(step: int, mesh: Any) -> None:
+        target = ref()
+        if target is not None and not target._closed:
+            target.reset(step, mesh)
+
+    unhook = elastic.on_restore(follow)
+    return unhook if callable(unhook) else None
+
+
+def loader(
+    make_batches: MakeBatches,
+    mesh: Any = None,
+    spec: Any = None,
+    prefetch: int = 2,
+    start: int = 0,
+    timeout: float | None = None,
+    name: str | None = None,
+) -> Loader:
+    """Globally sharded batches, each slice's block produced by a sidecar colocated with it.
+
+    Args:
+      make_batches: ``make_batches(step, shard, num_shards)`` -> pytree of
+        numpy arrays: block ``shard`` of ``num_shards`` equal blocks of the
+        batch dimension of global batch ``step``. Must be pure (same inputs,
+        same data) and return the same shapes every step.
+      mesh: the mesh to lay batches out on (default: ``pw.mesh()`` over live slices).
+      spec: ``PartitionSpec`` of every leaf (default: batch dimension over the
+        mesh's first axis).
+      prefetch: steps produced ahead of the one being consumed.
+      start: the first step ``next()`` returns.
+      timeout: seconds a slice's sidecar may take for one block (default 60).
+      name: shown in events and stats (default: ``make_batches.__name__``).
+
+    Raises:
+      MeshError: the mesh/spec does not split batches into per-slice blocks.
+    """
+    return Loader(make_batches, mesh, spec, prefetch, start, sidecar.DEFAULT_TIMEOUT_S if timeout is None else timeout, name)

@@ -1,0 +1,518 @@
+"""Colocated Python sidecars: functions that run next to a slice's hosts.
+
+A sidecar is a plain Python function that ``jax.experimental.colocated_python``
+runs on the CPU devices colocated with a slice's chips: on Pathways in the
+sidecar containers of that slice's TPU hosts, on the embedded ``local``
+backend in this process (the slice's chips are CPU devices already). Results
+come back as ``jax.Array``s placed on the slice, replicated over its chips.
+
+    @pw.sidecar(slices="all", timeout=30)
+    def shard_stats(slice_index):
+        return np.arange(4) * slice_index
+
+    shard_stats()            # {0: Array([0, 0, 0, 0]), 1: Array([0, 1, 2, 3])}
+
+Arguments travel pickled inside a small uint8 array, so one compiled sidecar
+program serves every call; a function that declares a ``slice_index``
+parameter receives the slice it runs for. What runs remotely is built from
+nested functions that cloudpickle ships by value, so a sidecar image needs
+jax, jaxlib, numpy and cloudpickle (matching the controller), not this
+package.
+
+Every call is recorded in the session's sidecar ``Activity`` (calls, bytes
+produced, busy time, errors, timeouts, loader queue depth) and as a
+``sidecar`` event. A call that raises comes back as ``SidecarError`` naming
+the slice; one that does not finish within its timeout raises
+``SidecarTimeout`` while the kernel stays usable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import inspect
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any, Callable, Iterator, Sequence
+
+from pathways_kernel.errors import PathwaysError, one_line
+from pathways_kernel.events import format_bytes
+
+#: Seconds a sidecar call may run before it is reported as hung.
+DEFAULT_TIMEOUT_S = 60.0
+
+
+class SidecarError(PathwaysError):
+    """Code running in a sidecar raised; the message names the slice."""
+
+
+class SidecarTimeout(SidecarError):
+    """A sidecar did not answer within its timeout (it may still be running)."""
+
+
+# -- activity: what the monitor and %pathways sidecar show ---------------------
+
+
+@dataclasses.dataclass
+class SliceActivity:
+    calls: int = 0
+    bytes: int = 0
+    busy_s: float = 0.0
+    errors: int = 0
+    timeouts: int = 0
+
+
+class Activity:
+    """Per-session counters of sidecar work (session extension ``"sidecar"``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._slices: dict[int, SliceActivity] = {}
+        self._queues: dict[str, Callable[[], dict[str, Any]]] = {}
+
+    def record(self, slice_index: int, nbytes: int = 0, busy_s: float = 0.0, error: bool = False, timeout: bool = False) -> None:
+        with self._lock:
+            s = self._slices.setdefault(slice_index, SliceActivity())
+            s.calls += 1
+            s.bytes += nbytes
+            s.busy_s += busy_s
+            s.errors += int(error)
+            s.timeouts += int(timeout)
+
+    def watch_queue(self, name: str, probe: Callable[[], dict[str, Any]]) -> Callable[[], None]:
+        """Report a loader's state (``probe()`` -> dict with ``queue_depth``); returns unwatch."""
+        with self._lock:
+            self._queues[name] = probe
+
+        def unwatch() -> None:
+            with self._lock:
+                if self._queues.get(name) is probe:
+                    del self._queues[name]
+
+        return unwatch
+
+    def stats(self) -> dict[str, Any]:
+        """Totals, per-slice counters and per-loader state, as plain JSON-able data."""
+        with self._lock:
+            slices = {i: dataclasses.asdict(s) for i, s in sorted(self._slices.items())}
+            probes = dict(self._queues)
+        loaders = {name: probe() for name, probe in probes.items()}
+        totals = {key: sum(s[key] for s in slices.values()) for key in ("calls", "bytes", "busy_s", "errors", "timeouts")}
+        totals["queue_depth"] = sum(state.get("queue_depth", 0) for state in loaders.values())
+        return {**totals, "slices": slices, "loaders": loaders}
+
+
+def activity(session: Any = None) -> Activity:
+    """The session's sidecar ``Activity``."""
+    from pathways_kernel.session import session as current
+
+    return (session or current()).extension("sidecar", lambda _s: Activity())
+
+
+def stats() -> dict[str, Any]:
+    """Sidecar counters for the monitor: calls, bytes, busy_s, errors, timeouts, queue_depth, slices, loaders."""
+    return activity().stats()
+
+
+class ActivityTable:
+    """``stats()`` rendered for ``%pathways sidecar`` (text)."""
+
+    def __init__(self, data: dict[str, Any]):
+        self.data = data
+
+    def __repr__(self) -> str:
+        d = self.data
+        lines = [
+            f"sidecar calls {d['calls']}  produced {format_bytes(d['bytes'])}  busy {d['busy_s']:.2f} s  "
+            f"errors {d['errors']}  timeouts {d['timeouts']}  queue depth {d['queue_depth']}"
+        ]
+        for index, s in d["slices"].items():
+            lines.append(
+                f"  slice {index}: {s['calls']} calls, {format_bytes(s['bytes'])}, {s['busy_s']:.2f} s busy, "
+                f"{s['errors']} errors, {s['timeouts']} timeouts"
+            )
+        for name, state in d["loaders"].items():
+            lines.append("  loader " + name + ": " + ", ".join(f"{k} {v}" for k, v in state.items()))
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(repr(self))
+
+
+# -- where a sidecar runs --------------------------------------------------------
+
+
+def parse_slices(slices: str | int | Sequence[int] | None) -> tuple[int, ...] | None:
+    """``"all"``/``None`` -> ``None`` (every live slice); ``"0,1"``/``1``/``[0, 1]`` -> indices.
+
+    Raises:
+      PathwaysError: not ``all`` nor a list of non-negative integers.
+    """
+    if slices is None or (isinstance(slices, str) and slices.strip() == "all"):
+        return None
+    if isinstance(slices, int):
+        return (slices,)
+    parts = [p.strip() for p in slices.split(",")] if isinstance(slices, str) else list(slices)
+    try:
+        indices = tuple(int(p) for p in parts if str(p) != "")
+    except ValueError:
+        raise PathwaysError(f"bad --slices '{slices}': use all or comma-separated slice indices, e.g. 0,1") from None
+    if not indices or any(i < 0 for i in indices):
+        raise PathwaysError(f"bad --slices '{slices}': use all or comma-separated slice indices, e.g. 0,1")
+    return indices
+
+
+def live_slices(chosen: tuple[int, ...] | None, session: Any = None) -> list[Any]:
+    """The topology ``Slice``s a sidecar runs on: the chosen ones, all up.
+
+    Raises:
+      PathwaysError: a chosen slice does not exist or is down.
+    """
+    from pathways_kernel.session import session as current
+
+    topology = (session or current()).topology
+    if chosen is None:
+        return list(topology.up_slices)
+    picked = []
+    for index in chosen:
+        try:
+            s = topology.slice(index)
+        except KeyError:
+            raise PathwaysError(f"no slice {index}: this session has slices 0..{len(topology.slices) - 1}") from None
+        if not s.up:
+            raise PathwaysError(f"slice {index} is down: restore it or run the sidecar on live slices only")
+        picked.append(s)
+    return picked
+
+
+def colocated_mesh(devices: Any, axis_names: Sequence[str]) -> Any:
+    """A mesh of the CPU devices colocated with ``devices`` (an ndarray), same shape and axes."""
+    import numpy as np
+    from jax.experimental.colocated_python import colocated_cpu_devices
+    from jax.sharding import Mesh
+
+    cpu = colocated_cpu_devices(tuple(devices.flat))
+    return Mesh(np.array(cpu, dtype=object).reshape(devices.shape), tuple(axis_names))
+
+
+def slice_mesh(s: Any) -> Any:
+    """A 1-D mesh (axis ``chips``) over slice ``s``'s devices."""
+    import numpy as np
+    from jax.sharding import Mesh
+
+    return Mesh(np.array(s.devices, dtype=object), ("chips",))
+
+
+# -- running work off the main thread, with a deadline -----------------------
+
+
+class Worker:
+    """One daemon thread running submitted jobs in order.
+
+    Daemon, so a hung sidecar never blocks interpreter exit; a worker whose
+    job hung is retired (``retire``) and replaced rather than waited for.
+    """
+
+    def __init__(self, name: str):
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._retired = False
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Callable[[], Any]) -> Future:
+        future: Future = Future()
+        self._jobs.put((job, future, contextvars.copy_context()))
+        return future
+
+    def retire(self) -> None:
+        self._retired = True
+        self._jobs.put(None)
+
+    def _loop(self) -> None:
+        while True:
+            item = self._jobs.get()
+            if item is None or self._retired:
+                if item is not None:
+                    item[1].cancel()
+                if self._retired:
+                    return
+                continue
+            job, future, context = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(context.run(job))
+            except BaseException as exc:  # handed to the waiter, which re-raises it
+                future.set_exception(exc)
+
+
+def failure(name: str, slice_index: int, exc: BaseException) -> SidecarError:
+    """The one-line error for a sidecar ``name`` that raised ``exc`` on ``slice_index``."""
+    return SidecarError(f"sidecar '{name}' failed on slice {slice_index}: {one_line(exc)}")
+
+
+def timed_out(name: str, slice_index: int, timeout: float) -> SidecarTimeout:
+    return SidecarTimeout(
+        f"sidecar '{name}' on slice {slice_index} did not finish within {timeout:g} s; it was abandoned "
+        f"(the kernel stays usable): fix the function or raise its timeout"
+    )
+
+
+def wait(futures: dict[int, Future], name: str, timeout: float) -> dict[int, Any]:
+    """Each slice's result, in slice order.
+
+    Raises:
+      SidecarTimeout: some slice had not answered when ``timeout`` elapsed.
+      SidecarError: a slice's sidecar raised (the first slice, by index).
+    """
+    deadline = time.monotonic() + timeout
+    results: dict[int, Any] = {}
+    for index, future in sorted(futures.items()):
+        try:
+            results[index] = future.result(timeout=max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            raise timed_out(name, index, timeout) from None
+        except SidecarError:
+            raise
+        except Exception as exc:
+            raise failure(name, index, exc) from exc
+    return results
+
+
+def nbytes(tree: Any) -> int:
+    import jax
+
+    return sum(getattr(leaf, "nbytes", 0) for leaf in jax.tree.leaves(tree))
+
+
+# -- the remote side: nested so that cloudpickle ships it by value ----------------
+
+
+def _remote_call(fn: Callable[..., Any], name: str) -> Callable[[Any], Any]:
+    """The function colocated_python runs: unpickle arguments, call ``fn``, place results."""
+
+    def sidecar_call(request):
+        import pickle
+
+        import jax
+        import numpy as np
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        raw = np.asarray(request.addressable_shards[0].data)
+        size = int.from_bytes(raw[:8].tobytes(), "little")
+        args, kwargs = pickle.loads(raw[8 : 8 + size].tobytes())
+        result = fn(*args, **kwargs)
+        replicated = NamedSharding(request.sharding.mesh, PartitionSpec())
+
+        def place(leaf):
+            host = np.asarray(leaf)
+            if host.dtype == object:
+                raise TypeError(f"sidecar results must be numbers or arrays, got {type(leaf).__name__}")
+            return jax.make_array_from_callback(host.shape, replicated, lambda index: host[index])
+
+        return jax.tree.map(place, result)
+
+    sidecar_call.__name__ = sidecar_call.__qualname__ = name
+    return sidecar_call
+
+
+def _request(args: tuple, kwargs: dict, sharding: Any) -> Any:
+    """Arguments as a uint8 array (length-prefixed pickle, padded to a power of two)."""
+    import cloudpickle
+    import jax
+    import numpy as np
+
+    payload = cloudpickle.dumps((args, kwargs))
+    size = 64
+    while size < len(payload) + 8:
+        size *= 2
+    buffer = np.zeros(size, np.uint8)
+    buffer[:8] = np.frombuffer(len(payload).to_bytes(8, "little"), np.uint8)
+    buffer[8 : 8 + len(payload)] = np.frombuffer(payload, np.uint8)
+    return jax.device_put(buffer, sharding)
+
+
+# -- the user-facing object ----------------------------------------------------
+
+
+class SidecarResults(dict):
+    """``{slice_index: result}``, each result a pytree of arrays on that slice."""
+
+    def __repr__(self) -> str:
+        import jax
+
+        lines = []
+        for index, tree in self.items():
+            leaves = jax.tree.leaves(tree)
+            if len(leaves) == 1 and getattr(leaves[0], "size", 0) <= 8:
+                shown = repr(leaves[0])
+            else:
+                shown = ", ".join(f"{leaf.dtype}{list(leaf.shape)}" for leaf in leaves)
+            lines.append(f"slice {index}: {shown}")
+        return "\n".join(lines) if lines else "no slices"
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(repr(self))
+
+
+@dataclasses.dataclass
+class _Defaults:
+    slices: tuple[int, ...] | None = None
+    timeout: float = DEFAULT_TIMEOUT_S
+
+
+_defaults: contextvars.ContextVar[_Defaults] = contextvars.ContextVar("sidecar_defaults", default=_Defaults())
+
+
+@contextlib.contextmanager
+def defaults(slices: str | Sequence[int] | None = None, timeout: float | None = None) -> Iterator[None]:
+    """Within the block, a bare ``@pw.sidecar`` runs on ``slices`` with ``timeout`` (``%%pathways sidecar``)."""
+    token = _defaults.set(_Defaults(parse_slices(slices), DEFAULT_TIMEOUT_S if timeout is None else float(timeout)))
+    try:
+        yield
+    finally:
+        _defaults.reset(token)
+
+
+class Sidecar:
+    """A Python function bound to run colocated with chosen slices.
+
+    Call it like the function: it runs once per chosen live slice, in
+    parallel, and returns ``SidecarResults``. ``.on(i, ...)`` runs it on slice
+    ``i`` only and returns that slice's result.
+    """
+
+    def __init__(self, fn: Callable[..., Any], slices: tuple[int, ...] | None, timeout: float):
+        if not callable(fn):
+            raise PathwaysError(f"pw.sidecar needs a function, got {type(fn).__name__}")
+        if timeout <= 0:
+            raise PathwaysError(f"sidecar timeout must be positive, got {timeout:g} s")
+        self.fn = fn
+        self.name = getattr(fn, "__name__", "sidecar")
+        self.slices = slices
+        self.timeout = timeout
+        self._takes_slice = "slice_index" in inspect.signature(fn).parameters
+        self._colocated: Any = None
+        self._workers: dict[int, Worker] = {}
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        where = "all live slices" if self.slices is None else "slices " + ",".join(map(str, self.slices))
+        return f"<sidecar {self.name} on {where}, timeout {self.timeout:g} s>"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> SidecarResults:
+        return self._run(live_slices(self.slices), args, kwargs)
+
+    def on(self, slice_index: int, *args: Any, **kwargs: Any) -> Any:
+        """Run on slice ``slice_index`` only; returns its result."""
+        return self._run(live_slices((slice_index,)), args, kwargs)[slice_index]
+
+    def _run(self, slices: list[Any], args: tuple, kwargs: dict) -> SidecarResults:
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        from pathways_kernel.session import session
+
+        with self._lock:
+            if self._colocated is None:
+                from jax.experimental.colocated_python import colocated_python
+
+                self._colocated = colocated_python(_remote_call(self.fn, self.name))
+            colocated = self._colocated
+        started = time.perf_counter()
+        futures = {}
+        for s in slices:
+            call_kwargs = {**kwargs, "slice_index": s.index} if self._takes_slice else kwargs
+            host_mesh = colocated_mesh(slice_mesh(s).devices, ("chips",))
+            request = _request(args, call_kwargs, NamedSharding(host_mesh, PartitionSpec()))
+            futures[s.index] = self._worker(s.index).submit(self._job(colocated, request, s))
+        log = activity()
+        try:
+            results = wait(futures, self.name, self.timeout)
+        except SidecarError as exc:
+            timeout = isinstance(exc, SidecarTimeout)
+            if timeout:
+                self._abandon()
+            for index, future in futures.items():
+                if not future.done():
+                    log.record(index, timeout=True)
+                elif future.exception() is not None:
+                    log.record(index, error=True)
+                else:
+                    tree, busy = future.result()
+                    log.record(index, nbytes(tree), busy)
+            session().events.emit("sidecar", duration_s=time.perf_counter() - started, detail=str(exc))
+            raise
+        total = 0
+        for index, (tree, busy) in results.items():
+            size = nbytes(tree)
+            total += size
+            log.record(index, size, busy)
+        session().events.emit(
+            "sidecar",
+            bytes=total,
+            duration_s=time.perf_counter() - started,
+            detail=f"{self.name} on slices [{','.join(map(str, results))}]",
+        )
+        return SidecarResults({index: tree for index, (tree, _busy) in results.items()})
+
+    @staticmethod
+    def _job(colocated: Callable[[Any], Any], request: Any, s: Any) -> Callable[[], Any]:
+        def job():
+            import jax
+            from jax.sharding import NamedSharding, PartitionSpec
+
+            started = time.perf_counter()
+            tree = colocated(request)
+            mesh = slice_mesh(s)
+            # On Pathways the result lives on the sidecar's CPU devices; move it to the slice's chips.
+            tree = jax.tree.map(
+                lambda leaf: leaf if set(leaf.devices()) == set(s.devices) else jax.device_put(leaf, NamedSharding(mesh, PartitionSpec())),
+                tree,
+            )
+            jax.block_until_ready(tree)
+            return tree, time.perf_counter() - started
+
+        return job
+
+    def _worker(self, index: int) -> Worker:
+        with self._lock:
+            if index not in self._workers:
+                self._workers[index] = Worker(f"sidecar-{self.name}-slice{index}")
+            return self._workers[index]
+
+    def _abandon(self) -> None:
+        """Drop hung workers and the colocated program (its first call may hold a lock)."""
+        with self._lock:
+            for worker in self._workers.values():
+                worker.retire()
+            self._workers.clear()
+            self._colocated = None
+
+
+def sidecar(fn: Callable[..., Any] | None = None, *, slices: str | Sequence[int] | None = None, timeout: float | None = None):
+    """Bind ``fn`` to run colocated with slices; usable bare (``@pw.sidecar``) or with options.
+
+    Args:
+      fn: the function. A ``slice_index`` parameter receives the slice it runs for.
+      slices: ``"all"`` (every live slice, the default), ``"0,1"`` or a list of indices.
+      timeout: seconds before a call is reported hung (default 60, or the
+        ``%%pathways sidecar --timeout`` of the cell).
+
+    Returns:
+      A ``Sidecar`` (or a decorator making one when ``fn`` is omitted).
+    """
+    current = _defaults.get()
+    chosen = current.slices if slices is None else parse_slices(slices)
+    limit = current.timeout if timeout is None else float(timeout)
+    if fn is None:
+        return lambda f: Sidecar(f, chosen, limit)
+    return Sidecar(fn, chosen, limit)
+
+
+def run_sidecar(fn: Callable[..., Any], *args: Any, slices: str | Sequence[int] | None = None, timeout: float | None = None, **kwargs: Any) -> SidecarResults:
+    """Run ``fn(*args, **kwargs)`` once colocated with each chosen slice; ``{slice: arrays}``."""
+    target = fn if isinstance(fn, Sidecar) else sidecar(fn, slices=slices, timeout=timeout)
+    return target(*args, **kwargs)
