@@ -1,0 +1,439 @@
+"""Elastic execution: a training loop that survives losing a slice.
+
+The programming model is a *step function* and a *state*::
+
+    @pw.elastic(snapshot_every=10)
+    def train(state, step, mesh):          # one training step
+        batch = make_batch(step, mesh)     # shard it with P("data", ...) on `mesh`
+        return update(state, batch)
+
+    state = train(state, steps=100)        # runs steps 0..99, returns the final state
+
+``%%pathways elastic --steps 100 --state params`` is the same loop with the
+cell as the step body: it runs once per step in the notebook's namespace with
+``step`` and ``mesh`` bound, and the ``--state`` variables are what is
+snapshotted and restored.
+
+The loop owns the step boundaries. Every ``snapshot_every`` steps it takes an
+asynchronous host snapshot of the state (``snapshots``). A slice going down
+is seen at once, from the session's ``slice_down`` event or from the step's
+``JaxRuntimeError`` (classified by ``pathwaysutils.elastic``); the loop then
+builds the mesh of the surviving slices, restores the latest snapshot onto it
+with the same ``PartitionSpec``s and resumes from the snapshot's step (state
+wholly on surviving slices is resharded instead, losing nothing). The mesh's
+``data`` axis (DCN) has one entry per live slice, so a batch sharded over it
+is split across whatever slices are up; keep the *global* batch fixed and the
+results do not depend on the number of slices. A ``slice_up`` event is acted
+on at the next step boundary: the live state is resharded onto the larger
+mesh (``ScaleUpSignalError``, as in pathwaysutils, interrupts the step loop).
+
+Callbacks registered with ``on_restore(callback)`` are called as
+``callback(step, mesh)`` after every reshard or rollback, so that data
+loaders follow the new mesh and replay from ``step``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+from pathwaysutils.elastic.elastic import is_error_due_to_slice_down
+from pathwaysutils.elastic.manager import ElasticRetryLimit, ScaleUpSignalError
+
+from pathways_kernel import snapshots
+from pathways_kernel.errors import PathwaysError, one_line
+from pathways_kernel.session import Session, session
+
+#: Consecutive failures (without a completed step in between) before giving up.
+DEFAULT_MAX_RETRIES = 10
+DEFAULT_SNAPSHOT_EVERY = 10
+#: How long to wait for a slice to come back when none is up.
+DEFAULT_WAIT_S = 600.0
+
+
+class ElasticError(PathwaysError, RuntimeError):
+    """The elastic loop cannot go on (retries exhausted, no slice came back)."""
+
+
+# -- restore callbacks (loaders follow the mesh) -------------------------------
+_callbacks: list[Callable[[int, Any], None]] = []
+_callbacks_lock = threading.Lock()
+
+
+def on_restore(callback: Callable[[int, Any], None]) -> Callable[[], None]:
+    """Call ``callback(step, mesh)`` after every reshard or rollback.
+
+    ``step`` is the next step the loop will run; ``mesh`` the mesh it runs
+    on. Returns a function that unregisters the callback.
+    """
+    with _callbacks_lock:
+        _callbacks.append(callback)
+
+    def unregister() -> None:
+        with _callbacks_lock:
+            if callback in _callbacks:
+                _callbacks.remove(callback)
+
+    return unregister
+
+
+def _notify(step: int, mesh: Any) -> None:
+    with _callbacks_lock:
+        callbacks = list(_callbacks)
+    for callback in callbacks:
+        callback(step, mesh)
+
+
+# -- what a run did ------------------------------------------------------------
+@dataclasses.dataclass
+class Rollback:
+    """One recovery: the loop was at ``failed_at`` and resumed at ``resumed_at``."""
+
+    failed_at: int
+    resumed_at: int
+    slices_before: tuple[int, ...]
+    slices_after: tuple[int, ...]
+    duration_s: float
+
+    @property
+    def steps_lost(self) -> int:
+        return self.failed_at - self.resumed_at
+
+
+@dataclasses.dataclass
+class RunReport:
+    """What an elastic run went through; ``elastic(...).last_run``."""
+
+    name: str
+    steps: int = 0
+    steps_executed: int = 0  # including steps redone after a rollback
+    recoveries: list[Rollback] = dataclasses.field(default_factory=list)
+    scale_ups: int = 0
+    snapshots: int = 0
+    duration_s: float = 0.0
+    slices: tuple[int, ...] = ()
+
+    @property
+    def retries(self) -> int:
+        return len(self.recoveries)
+
+    @property
+    def steps_lost(self) -> int:
+        return sum(r.steps_lost for r in self.recoveries)
+
+    def summary(self) -> str:
+        lost = f", {self.steps_lost} steps redone" if self.recoveries else ""
+        return (
+            f"elastic '{self.name}': {self.steps} steps in {self.duration_s:.1f} s on slices "
+            f"{list(self.slices)}; {self.retries} recoveries{lost}, {self.scale_ups} scale-ups, "
+            f"{self.snapshots} snapshots"
+        )
+
+    def __repr__(self) -> str:
+        return self.summary()
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(self.summary())
+
+
+# -- the loop -----------------------------------------------------------------
+class _SliceWatch:
+    """Event-driven view of slice changes: set by the session's event log."""
+
+    def __init__(self, s: Session):
+        self.down = threading.Event()
+        self.up = threading.Event()
+        self.changed = threading.Event()
+        # Slices that went down since the loop last rebuilt its mesh: their
+        # data is gone even if they are back by the next step boundary.
+        self.lost: set[int] = set()
+        self._unsubscribe = s.events.subscribe(self._on_event)
+
+    def _on_event(self, event: Any) -> None:
+        if event.kind == "slice_down":
+            self.lost.update(set(event.slices_before or ()) - set(event.slices_after or ()))
+            self.down.set()
+            self.changed.set()
+        elif event.kind == "slice_up":
+            self.up.set()
+            self.changed.set()
+
+    def close(self) -> None:
+        self._unsubscribe()
+
+
+class _SliceLost(Exception):
+    """Internal: the health state says a slice of the mesh is down."""
+
+
+def _mesh_slices(s: Session, mesh: Any) -> tuple[int, ...]:
+    ids = {d.id for d in mesh.devices.flat}
+    return tuple(sl.index for sl in s.topology.slices if any(c.device.id in ids for c in sl.chips))
+
+
+def _up_slices(s: Session) -> tuple[int, ...]:
+    return tuple(sl.index for sl in s.topology.up_slices)
+
+
+def _devices_of(tree: Any) -> set[int]:
+    import jax
+
+    ids: set[int] = set()
+    for leaf in jax.tree.leaves(tree):
+        if isinstance(leaf, jax.Array):
+            ids.update(d.id for d in leaf.sharding.device_set)
+    return ids
+
+
+def _tree_nbytes(tree: Any) -> int:
+    import jax
+
+    return sum(getattr(leaf, "nbytes", 0) for leaf in jax.tree.leaves(tree))
+
+
+def _reshard(tree: Any, mesh: Any) -> Any:
+    """Move live state onto ``mesh`` keeping each leaf's PartitionSpec."""
+    import jax
+    from jax.sharding import NamedSharding
+
+    def move(leaf: Any) -> Any:
+        if not isinstance(leaf, jax.Array):
+            return leaf
+        if isinstance(leaf.sharding, NamedSharding):
+            target = NamedSharding(mesh, snapshots.fit_spec(leaf.sharding.spec, leaf.shape, mesh))
+        else:
+            target = jax.sharding.SingleDeviceSharding(mesh.devices.flat[0])
+        return jax.device_put(leaf, target)
+
+    out = jax.tree.map(move, tree)
+    jax.block_until_ready(out)
+    return out
+
+
+class Elastic:
+    """A step function run as an elastic loop; see the module docstring."""
+
+    def __init__(
+        self,
+        step_fn: Callable[[Any, int, Any], Any],
+        snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
+        max_retries: int | None = DEFAULT_MAX_RETRIES,
+        axes: Sequence[str] | None = None,
+        name: str | None = None,
+        wait_s: float = DEFAULT_WAIT_S,
+    ):
+        if snapshot_every < 1:
+            raise PathwaysError(f"snapshot_every must be at least 1, got {snapshot_every}")
+        if max_retries is not None and max_retries < 1:
+            raise PathwaysError(f"max_retries must be at least 1, got {max_retries}")
+        self.step_fn = step_fn
+        self.snapshot_every = snapshot_every
+        self.retry_policy = ElasticRetryLimit(max_retries) if max_retries is not None else (lambda attempt, error: True)
+        self.axes = tuple(axes) if axes else None
+        self.name = name or getattr(step_fn, "__name__", "elastic")
+        self.wait_s = wait_s
+        self.last_run: RunReport | None = None
+        functools.update_wrapper(self, step_fn)
+
+    def __call__(self, state: Any, steps: int, start: int = 0) -> Any:
+        return self.run(state, steps, start)
+
+    def run(self, state: Any, steps: int, start: int = 0) -> Any:
+        """Run steps ``start..steps-1`` from ``state``; returns the final state.
+
+        Raises:
+          ElasticError: retries exhausted, or no slice came back in time.
+          Exception: anything the step raises that is not a slice loss.
+        """
+        s = session()
+        watch = _SliceWatch(s)
+        report = RunReport(self.name)
+        self.last_run = report
+        store = snapshots.store(s)
+        snap_name = f"elastic:{self.name}"
+        began = time.perf_counter()
+        try:
+            mesh = s.mesh(self.axes)
+            step = start
+            last_snap = store.snap(state, snap_name, step)
+            report.snapshots += 1
+            failures = 0
+            while True:
+                try:
+                    while step < steps:
+                        self._check_boundary(s, watch, mesh)
+                        state = self.step_fn(state, step, mesh)
+                        step += 1
+                        report.steps_executed += 1
+                        failures = 0
+                        if step % self.snapshot_every == 0 and step < steps:
+                            # Backpressure: one loop snapshot in flight bounds host memory.
+                            _wait_quietly(last_snap)
+                            last_snap = store.snap(state, snap_name, step)
+                            report.snapshots += 1
+                    self._check_boundary(s, watch, mesh)
+                    _block(state)
+                    self._check_boundary(s, watch, mesh)
+                    break
+                except ScaleUpSignalError:
+                    mesh, state = self._scale_up(s, watch, mesh, state, step, report)
+                except Exception as error:
+                    if not _is_slice_loss(error):
+                        raise
+                    failures += 1
+                    s.events.emit("retry", step=step, detail=f"attempt {failures}: {_reason(error)}")
+                    if not self.retry_policy(failures, error):
+                        raise ElasticError(
+                            f"elastic '{self.name}' gave up after {failures} consecutive slice losses at step {step}; "
+                            f"restore the slices (%pathways restore N) and run it again, or raise --max-retries"
+                        ) from error
+                    mesh, state, step = self._recover(s, watch, mesh, state, step, store, snap_name, report)
+            report.steps = step - start
+            report.slices = _mesh_slices(s, mesh)
+            return state
+        finally:
+            report.duration_s = time.perf_counter() - began
+            watch.close()
+
+    # -- boundaries -----------------------------------------------------------
+    def _check_boundary(self, s: Session, watch: _SliceWatch, mesh: Any) -> None:
+        if not watch.changed.is_set():
+            return
+        watch.changed.clear()
+        up, current = set(_up_slices(s)), set(_mesh_slices(s, mesh))
+        watch.down.clear()
+        lost = (current - up) | (current & watch.lost)
+        if lost:
+            raise _SliceLost(f"slice {', '.join(map(str, sorted(lost)))} went down")
+        watch.up.clear()
+        if up - current:
+            raise ScaleUpSignalError(f"slices {sorted(up - current)} came back")
+
+    def _scale_up(self, s: Session, watch: _SliceWatch, mesh: Any, state: Any, step: int, report: RunReport):
+        before = _mesh_slices(s, mesh)
+        start = time.perf_counter()
+        new_mesh = s.mesh(self.axes)
+        # Slices joining now hold nothing of ours: earlier losses on them do not matter.
+        watch.lost -= set(_mesh_slices(s, new_mesh)) - set(before)
+        state = _reshard(state, new_mesh)
+        after = _mesh_slices(s, new_mesh)
+        duration = time.perf_counter() - start
+        nbytes = _tree_nbytes(state)
+        s.events.emit("scale_up", slices_before=before, slices_after=after, step=step, duration_s=duration)
+        s.events.emit("reshard", slices_before=before, slices_after=after, bytes=nbytes, duration_s=duration, step=step, detail=f"'{self.name}' live state")
+        report.scale_ups += 1
+        _notify(step, new_mesh)
+        return new_mesh, state
+
+    def _recover(self, s: Session, watch: _SliceWatch, mesh: Any, state: Any, step: int, store: Any, snap_name: str, report: RunReport):
+        start = time.perf_counter()
+        before = _mesh_slices(s, mesh)
+        self._wait_for_a_slice(s, watch)
+        watch.changed.clear()
+        watch.down.clear()
+        watch.up.clear()
+        new_mesh = s.mesh(self.axes)
+        after = _mesh_slices(s, new_mesh)
+        lost_slices = watch.lost | {sl.index for sl in s.topology.slices if not sl.up}
+        watch.lost.clear()
+        lost_ids = {d.id for sl in s.topology.slices if sl.index in lost_slices for d in sl.devices}
+        if state is not None and not (_devices_of(state) & lost_ids):
+            # Nothing of the state lived on a lost slice: move it, lose nothing.
+            try:
+                state, resumed, how = _reshard(state, new_mesh), step, "live state"
+            except Exception as error:  # noqa: BLE001  (classified below)
+                if not _is_slice_loss(error):
+                    raise
+                state = None
+        else:
+            state = None
+        if state is None:
+            snap = store.latest(snap_name)
+            if snap is None:
+                raise ElasticError(
+                    f"elastic '{self.name}': a slice was lost and there is no snapshot to restore; "
+                    f"run it again from its initial state"
+                )
+            state, resumed, how = snapshots.restore(snap, new_mesh), snap.step, f"snapshot of step {snap.step}"
+        duration = time.perf_counter() - start
+        s.events.emit(
+            "reshard", slices_before=before, slices_after=after, bytes=_tree_nbytes(state),
+            duration_s=duration, step=resumed, detail=f"'{self.name}' from {how}",
+        )
+        report.recoveries.append(Rollback(step, resumed, before, after, duration))
+        _notify(resumed, new_mesh)
+        return new_mesh, state, resumed
+
+    def _wait_for_a_slice(self, s: Session, watch: _SliceWatch) -> None:
+        deadline = time.monotonic() + self.wait_s
+        while not s.topology.up_slices:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ElasticError(f"elastic '{self.name}': no slice came back within {self.wait_s:.0f} s; restore one and rerun")
+            watch.up.wait(left)
+            watch.up.clear()
+
+
+def _is_slice_loss(error: BaseException) -> bool:
+    import jax
+
+    if isinstance(error, _SliceLost):
+        return True
+    return isinstance(error, jax.errors.JaxRuntimeError) and is_error_due_to_slice_down(error)
+
+
+def _reason(error: BaseException) -> str:
+    text = one_line(error)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _block(state: Any) -> None:
+    import jax
+
+    jax.block_until_ready(state)
+
+
+def _wait_quietly(snap: snapshots.Snapshot) -> None:
+    """Wait for a snapshot; a failed copy only means an older one is used."""
+    try:
+        snap.wait()
+    except Exception as error:  # noqa: BLE001
+        if not _is_slice_loss(error):
+            raise
+
+
+def elastic(
+    fn: Callable | None = None,
+    *,
+    snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
+    max_retries: int | None = DEFAULT_MAX_RETRIES,
+    axes: Sequence[str] | None = None,
+    name: str | None = None,
+    wait_s: float = DEFAULT_WAIT_S,
+):
+    """Make ``fn(state, step, mesh) -> state`` an elastic training loop.
+
+    Use as ``@pw.elastic`` or ``@pw.elastic(snapshot_every=10)``; call the
+    result as ``train(state, steps=N)``. See the module docstring.
+
+    Args:
+      snapshot_every: steps between host snapshots (the most progress a loss
+        can cost, plus the steps a snapshot is still copying).
+      max_retries: consecutive slice losses without a completed step before
+        giving up (``None``: never).
+      axes: mesh axis names (default ``("data", "model")``: ``data`` across
+        slices, ``model`` within one).
+      name: name for events and snapshots (default: the function's).
+      wait_s: how long to wait for a slice when none is up.
+    """
+
+    def wrap(f: Callable) -> Elastic:
+        return Elastic(f, snapshot_every, max_retries, axes, name, wait_s)
+
+    return wrap(fn) if fn is not None else wrap
+
+
+__all__ = ["Elastic", "ElasticError", "RunReport", "Rollback", "elastic", "on_restore"]
