@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathways_kernel.api import connect, devices, events, mesh, session, status, topology
 from pathways_kernel.errors import PathwaysError
+from pathways_kernel.loader import Loader, loader
+from pathways_kernel.sidecar import Sidecar, SidecarError, SidecarTimeout, run_sidecar, sidecar
 from pathways_kernel.snapshots import Snapshot, SnapshotStore, snapshot
 from pathways_kernel.snapshots import restore as restore_snapshot
 
@@ -36,5 +38,12 @@ __all__ = [
     "session",
     "status",
     "topology",
+    "Loader",
+    "loader",
+    "Sidecar",
+    "SidecarError",
+    "SidecarTimeout",
+    "run_sidecar",
+    "sidecar",
     "load_ipython_extension",
 ]

@@ -34,7 +34,16 @@ import weakref
 from concurrent.futures import Future
 from typing import Any, Callable
 
-from pathways_kernel import sidecar
+from pathways_kernel.sidecar import (
+    DEFAULT_TIMEOUT_S,
+    SidecarError,
+    SidecarTimeout,
+    Worker,
+    activity,
+    colocated_mesh,
+    nbytes,
+    wait,
+)
 from pathways_kernel.errors import MeshError, PathwaysError
 from pathways_kernel.events import format_bytes
 
@@ -50,7 +59,7 @@ class Part:
     def __init__(self, slice_index: int, mesh: Any, shard: int, num_shards: int):
         self.slice_index = slice_index
         self.mesh = mesh
-        self.host_mesh = sidecar.colocated_mesh(mesh.devices, mesh.axis_names)
+        self.host_mesh = colocated_mesh(mesh.devices, mesh.axis_names)
         self.shard = shard
         self.num_shards = num_shards
 
@@ -118,7 +127,7 @@ class Layout:
         for index, (leaves, treedef) in rest:
             shapes0 = [leaf.shape for leaf in leaves0]
             if treedef != treedef0 or [leaf.shape for leaf in leaves] != shapes0:
-                raise sidecar.SidecarError(
+                raise SidecarError(
                     f"make_batches returned {[leaf.shape for leaf in leaves]} on slice {index} but {shapes0} on "
                     f"slice {first}: every shard of a batch must have the same structure and shapes"
                 )
@@ -127,7 +136,7 @@ class Layout:
         for position, leaf0 in enumerate(leaves0):
             shape = (leaf0.shape[0] * self.num_shards,) + tuple(leaf0.shape[1:]) if leaf0.ndim else ()
             if not leaf0.ndim:
-                raise sidecar.SidecarError("make_batches must return arrays with a batch dimension, got a scalar")
+                raise SidecarError("make_batches must return arrays with a batch dimension, got a scalar")
             by_device = {s.device: s.data for _index, (leaves, _) in flat.items() for s in leaves[position].addressable_shards}
             out.append(jax.make_array_from_single_device_arrays(shape, self.sharding, [by_device[d] for d in order]))
         return jax.tree.unflatten(treedef0, out)
@@ -192,7 +201,7 @@ class Loader:
         spec: Any = None,
         prefetch: int = 2,
         start: int = 0,
-        timeout: float = sidecar.DEFAULT_TIMEOUT_S,
+        timeout: float = DEFAULT_TIMEOUT_S,
         name: str | None = None,
     ):
         from jax.experimental.colocated_python import colocated_python
@@ -217,11 +226,11 @@ class Loader:
         self._layout = Layout(mesh, self.spec, self._session.topology)
         self._colocated = colocated_python(_remote_producer(make_batches, self.spec, self.name))
         self._pending: dict[int, dict[int, Future]] = {}
-        self._workers: dict[int, sidecar.Worker] = {}
+        self._workers: dict[int, Worker] = {}
         self._closed = False
         self._counters = {"batches": 0, "waits": 0, "wait_s": 0.0, "bytes": 0}
         self._summary = {"time": time.monotonic(), "batches": 0, "bytes": 0, "busy_s": 0.0}
-        self._unwatch = sidecar.activity(self._session).watch_queue(f"{self.name}#{id(self):x}", self.state)
+        self._unwatch = activity(self._session).watch_queue(f"{self.name}#{id(self):x}", self.state)
         self._unhook = _follow_elastic(self)
         self._session.events.emit(
             "sidecar",
@@ -245,8 +254,11 @@ class Loader:
             self.step += 1
         return self.batch(step)
 
-    def batch(self, step: int) -> Any:
+    def batch(self, step: int, mesh: Any = None) -> Any:
         """The global batch of ``step`` on the loader's mesh; prefetches the next ones.
+
+        ``mesh`` (e.g. the one an elastic step function receives) makes the
+        loader follow it first if it is not the loader's mesh already.
 
         Raises:
           SidecarError: ``make_batches`` raised on a slice (named).
@@ -254,6 +266,8 @@ class Loader:
         """
         if self._closed:
             raise PathwaysError(f"loader {self.name} is closed; create a new pw.loader")
+        if mesh is not None and mesh is not self._layout.mesh and mesh != self._layout.mesh:
+            self.reset(step, mesh)
         with self._lock:
             self._schedule(step)
             futures = self._pending.pop(step)
@@ -262,16 +276,16 @@ class Loader:
         waiting = not all(f.done() for f in futures.values())
         started = time.perf_counter()
         try:
-            results = sidecar.wait(futures, self.name, self.timeout)
-        except sidecar.SidecarError as exc:
+            results = wait(futures, self.name, self.timeout)
+        except SidecarError as exc:
             self._failed(futures, exc)
             raise
         trees = {index: tree for index, (tree, _busy) in results.items()}
         batch = layout.assemble(trees)
-        log = sidecar.activity(self._session)
+        log = activity(self._session)
         produced = 0
         for index, (tree, busy) in results.items():
-            size = sidecar.nbytes(tree)
+            size = nbytes(tree)
             produced += size
             log.record(index, size, busy)
             self._summary["busy_s"] += busy
@@ -377,9 +391,9 @@ class Loader:
 
         return job
 
-    def _worker(self, index: int) -> sidecar.Worker:
+    def _worker(self, index: int) -> Worker:
         if index not in self._workers:
-            self._workers[index] = sidecar.Worker(f"loader-{self.name}-slice{index}")
+            self._workers[index] = Worker(f"loader-{self.name}-slice{index}")
         return self._workers[index]
 
     def _drop_pending(self) -> None:
@@ -388,9 +402,9 @@ class Loader:
                 future.cancel()
         self._pending.clear()
 
-    def _failed(self, futures: dict[int, Future], exc: sidecar.SidecarError) -> None:
-        log = sidecar.activity(self._session)
-        timeout = isinstance(exc, sidecar.SidecarTimeout)
+    def _failed(self, futures: dict[int, Future], exc: SidecarError) -> None:
+        log = activity(self._session)
+        timeout = isinstance(exc, SidecarTimeout)
         for index, future in futures.items():
             if not future.done():
                 log.record(index, timeout=True)
@@ -467,4 +481,4 @@ def loader(
     Raises:
       MeshError: the mesh/spec does not split batches into per-slice blocks.
     """
-    return Loader(make_batches, mesh, spec, prefetch, start, sidecar.DEFAULT_TIMEOUT_S if timeout is None else timeout, name)
+    return Loader(make_batches, mesh, spec, prefetch, start, DEFAULT_TIMEOUT_S if timeout is None else timeout, name)

@@ -516,3 +516,18 @@ def run_sidecar(fn: Callable[..., Any], *args: Any, slices: str | Sequence[int] 
     """Run ``fn(*args, **kwargs)`` once colocated with each chosen slice; ``{slice: arrays}``."""
     target = fn if isinstance(fn, Sidecar) else sidecar(fn, slices=slices, timeout=timeout)
     return target(*args, **kwargs)
+
+
+def define(source: str, namespace: dict[str, Any], slices: str | Sequence[int] | None = None, timeout: float | None = None) -> list[Sidecar]:
+    """Run ``source`` (a cell) in ``namespace`` with ``@pw.sidecar`` defaulting to ``slices``/``timeout``.
+
+    Returns the ``Sidecar``s the cell bound, in the order of their names.
+    """
+    with defaults(slices, timeout):
+        before = {name: value for name, value in namespace.items() if isinstance(value, Sidecar)}
+        exec(compile(source, "<%%pathways sidecar>", "exec"), namespace)
+    return [value for name, value in namespace.items() if isinstance(value, Sidecar) and before.get(name) is not value]
+
+
+# ``pw.sidecar`` is this function; ``pw.sidecar.stats()`` is what the monitor reads.
+sidecar.stats = stats  # type: ignore[attr-defined]

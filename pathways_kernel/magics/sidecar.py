@@ -1,0 +1,24 @@
+"""``%%pathways sidecar``: define functions that run colocated with slices; ``%pathways sidecar``: their activity."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from IPython.core.magic_arguments import argument, magic_arguments
+
+from pathways_kernel.magics import Text, subcommand
+from pathways_kernel.sidecar import ActivityTable, define, stats
+
+
+@subcommand("sidecar", cell=True)
+@magic_arguments(name="pathways sidecar")
+@argument("--slices", default="all", help="slices the cell's @pw.sidecar functions run on: all (default) or e.g. 0,1")
+@argument("--timeout", type=float, default=None, help="seconds before a sidecar call is reported hung (default 60)")
+def sidecar(shell: Any, args: Any, cell: str | None):
+    """Cell: its @pw.sidecar functions run colocated with --slices; line: sidecar calls, bytes, time, queue depth."""
+    if cell is None:
+        return ActivityTable(stats())
+    defined = define(cell, shell.user_ns, args.slices, args.timeout)
+    if not defined:
+        return Text("no @pw.sidecar function defined in this cell")
+    return Text("\n".join(repr(s) for s in defined))
