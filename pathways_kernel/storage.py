@@ -1,0 +1,836 @@
+"""Durable snapshots: host snapshots persisted to Cloud Storage or a local path.
+
+Layout under a prefix (``gs://BUCKET/PREFIX`` or a directory)::
+
+    PREFIX/ID/manifest.json            written last, only if absent
+    PREFIX/ID/data.TOKEN/LLLL.CCCC     leaf L, chunk C: raw bytes, <= 8 MiB
+
+A snapshot exists once its manifest does. The manifest (checksums, sizes,
+dtypes, shapes, PartitionSpecs, object generations) is written last with
+``if_generation_match=0`` (locally: a hard link, which fails if the name is
+taken), so a crash or an outage mid-upload leaves only unreferenced data
+objects: never a listed or restorable partial snapshot, and never an
+overwritten one. Data objects carry a per-upload token so that two uploads of
+the same id cannot touch each other's bytes; the loser of the manifest race
+is refused as a duplicate.
+
+Bulk bytes go through tensorstore's kvstore (its C++ threads do not hold the
+GIL; see shared/NOTES.md); manifests and listings through
+google-cloud-storage. Restore reads the manifest, checks that the data fits
+in host memory, reads and verifies every chunk (CRC32C), and hands a host
+``Snapshot`` to ``snapshots.restore`` for the mesh.
+
+Pointing at an emulator: ``STORAGE_EMULATOR_HOST=http://HOST:PORT`` is enough;
+the tensorstore and gcsfs settings are derived from it (``emulator_env``).
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import os
+import re
+import secrets
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from pathways_kernel.errors import StorageError
+from pathways_kernel.events import format_bytes
+from pathways_kernel.transfers import Transfer
+
+FORMAT = "pathways-snapshot/1"
+MANIFEST = "manifest.json"
+#: Size of each data object; small enough that copying one into ``bytes``
+#: holds the GIL for ~1 ms, large enough for full-speed uploads.
+CHUNK_BYTES = 8 << 20
+#: Chunks in flight at once (bounds the extra host memory of an upload).
+WINDOW = 16
+#: Seconds of retries before an unreachable server is reported (env override).
+RETRY_ENV = "PATHWAYS_STORAGE_RETRY_S"
+DEFAULT_RETRY_S = 60.0
+
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]{0,199}$")
+
+
+# -- URLs ---------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Location:
+    """A parsed ``gs://BUCKET/PREFIX`` or local directory."""
+
+    scheme: str  # "gs" or "file"
+    bucket: str  # "" for local paths
+    path: str  # object prefix (gs) or absolute directory (file), no trailing slash
+
+    @property
+    def url(self) -> str:
+        if self.scheme == "gs":
+            return f"gs://{self.bucket}/{self.path}" if self.path else f"gs://{self.bucket}"
+        return self.path
+
+    def child(self, name: str) -> "Location":
+        joined = f"{self.path}/{name}" if self.path else name
+        return dataclasses.replace(self, path=joined)
+
+    def key(self, name: str) -> str:
+        """The object name (gs) or file path (local) of ``name`` under this location."""
+        return f"{self.path}/{name}" if self.path else name
+
+    @property
+    def parent_and_name(self) -> tuple["Location", str]:
+        head, _, tail = self.path.rpartition("/")
+        return dataclasses.replace(self, path=head), tail
+
+    def __str__(self) -> str:
+        return self.url
+
+
+def parse_url(url: str) -> Location:
+    """``gs://bucket/prefix``, ``file:///dir`` or a path -> ``Location``.
+
+    Raises:
+      StorageError: an unsupported scheme, a malformed bucket name, an empty
+        URL.
+    """
+    if not isinstance(url, (str, os.PathLike)) or not str(url).strip():
+        raise StorageError(f"no storage URL given ({url!r}): use gs://BUCKET/PREFIX or a local directory")
+    url = str(url).strip()
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:/", url):
+            raise StorageError(f"malformed storage URL '{url}': use gs://BUCKET/PREFIX or a local directory")
+        return Location("file", "", str(Path(url).expanduser().absolute()).rstrip("/") or "/")
+    if scheme == "file":
+        return Location("file", "", str(Path(rest).absolute()).rstrip("/") or "/")
+    if scheme != "gs":
+        raise StorageError(f"unsupported storage URL '{url}': use gs://BUCKET/PREFIX (Cloud Storage) or a local directory")
+    bucket, _, prefix = rest.partition("/")
+    if not _BUCKET.match(bucket) or ".." in bucket:
+        raise StorageError(
+            f"malformed Cloud Storage URL '{url}': '{bucket}' is not a bucket name "
+            "(3-63 lowercase letters, digits, '-', '_' or '.'); use gs://BUCKET/PREFIX"
+        )
+    prefix = prefix.strip("/")
+    if "//" in prefix or any(part in (".", "..") for part in prefix.split("/") if prefix):
+        raise StorageError(f"malformed Cloud Storage URL '{url}': empty or relative path segments in the prefix")
+    return Location("gs", bucket, prefix)
+
+
+def check_id(snapshot_id: str) -> str:
+    if not _ID.match(snapshot_id):
+        raise StorageError(
+            f"bad snapshot id '{snapshot_id}': use letters, digits, '.', '_', '-' or '=' (no '/'), at most 200 characters"
+        )
+    return snapshot_id
+
+
+# -- environment --------------------------------------------------------------
+def emulator_env() -> None:
+    """Derive tensorstore's and gcsfs's emulator settings from STORAGE_EMULATOR_HOST.
+
+    google-cloud-storage needs only ``STORAGE_EMULATOR_HOST``; tensorstore
+    and gcsfs each want their own variables (shared/NOTES.md). Existing
+    values win.
+    """
+    host = os.environ.get("STORAGE_EMULATOR_HOST")
+    # Without it gcsfs probes for hierarchical namespaces and stalls 60 s per probe.
+    os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+    if not host:
+        return
+    if not host.startswith("http"):
+        host = f"http://{host}"
+    os.environ.setdefault("TENSORSTORE_GCS_HTTP_URL", host)
+    os.environ.setdefault("GOOGLE_AUTH_TOKEN_FOR_TESTING", "emulator")
+    os.environ.setdefault("FSSPEC_GCS_TOKEN", "anon")
+
+
+def retry_seconds() -> float:
+    try:
+        return max(0.0, float(os.environ.get(RETRY_ENV, DEFAULT_RETRY_S)))
+    except ValueError:
+        return DEFAULT_RETRY_S
+
+
+def endpoint() -> str:
+    return os.environ.get("STORAGE_EMULATOR_HOST") or "https://storage.googleapis.com"
+
+
+# -- errors -------------------------------------------------------------------
+def storage_error(exc: BaseException, what: str, where: Location | str) -> StorageError:
+    """Map a client library exception to the one line a user sees."""
+    if isinstance(exc, StorageError):
+        return exc
+    where = str(where)
+    from google.api_core import exceptions as gexc
+    from google.auth import exceptions as aexc
+
+    bucket = where.split("/")[2] if where.startswith("gs://") else ""
+    if isinstance(exc, gexc.RetryError) and exc.cause is not None:
+        return storage_error(exc.cause, what, where)
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, aexc.DefaultCredentialsError):
+        return StorageError(
+            f"{what} {where} failed: no Google Cloud credentials; run `gcloud auth application-default login` "
+            "(or set STORAGE_EMULATOR_HOST to use an emulator)"
+        )
+    if isinstance(exc, (gexc.Forbidden, gexc.Unauthorized)) or re.search(r"PERMISSION_DENIED|UNAUTHENTICATED|http_response_code='40[13]'", text):
+        return StorageError(
+            f"{what} {where} failed: permission denied; give the credentials in use "
+            f"(application default credentials) storage.objects access on gs://{bucket or '...'}"
+        )
+    if isinstance(exc, gexc.NotFound) or text.startswith("ValueError: NOT_FOUND"):
+        if "bucket" in text.lower() or isinstance(exc, ValueError) or "/b/" in text:
+            return StorageError(f"{what} {where} failed: bucket '{bucket}' does not exist; create it or fix the URL")
+        return StorageError(f"{what} {where} failed: not found")
+    if isinstance(exc, MemoryError):
+        return StorageError(f"{what} {where} failed: out of host memory")
+    if _is_connection_error(exc) or re.search(r"CURL error|UNAVAILABLE|ABORTED|DEADLINE_EXCEEDED|Connection", text):
+        return StorageError(
+            f"{what} {where} failed: cannot reach Cloud Storage at {endpoint()} ({_short(exc)}); "
+            "nothing partial was committed, retry when it is back"
+        )
+    if isinstance(exc, gexc.GoogleAPICallError):
+        return StorageError(f"{what} {where} failed: {_short(exc)}")
+    if isinstance(exc, OSError):
+        return StorageError(f"{what} {where} failed: {exc.strerror or exc}")
+    raise exc
+
+
+def _is_connection_error(exc: BaseException) -> bool:
+    import requests
+
+    return isinstance(exc, (requests.exceptions.ConnectionError, requests.exceptions.Timeout, ConnectionError, socket.timeout))
+
+
+def _short(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    text = re.sub(r"\[http_response_body=.*", "", text)
+    return (text[:160] + "...") if len(text) > 160 else text
+
+
+# -- where manifests live -----------------------------------------------------
+class _Objects:
+    """Small-object operations: manifests, listings, generations."""
+
+    def read(self, key: str) -> bytes | None:
+        raise NotImplementedError
+
+    def create(self, key: str, data: bytes) -> int | None:
+        """Write ``key`` only if absent; returns its generation, raises ``FileExistsError``."""
+        raise NotImplementedError
+
+    def list(self, prefix: str) -> dict[str, dict[str, Any]]:
+        """name -> {size, crc32c, generation} for objects under ``prefix``."""
+        raise NotImplementedError
+
+    def check(self, location: Location) -> None:
+        """Raise a ``StorageError`` if the bucket/directory cannot be used."""
+
+    def kvstore(self, location: Location) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class _Gcs(_Objects):
+    def __init__(self, bucket: str):
+        self.bucket_name = bucket
+        self._client = _gcs_client()
+        self.bucket = self._client.bucket(bucket)
+
+    def _retry(self):
+        from google.cloud.storage.retry import DEFAULT_RETRY
+
+        return DEFAULT_RETRY.with_deadline(retry_seconds()).with_delay(initial=0.1, maximum=2.0)
+
+    def read(self, key: str) -> bytes | None:
+        from google.api_core.exceptions import NotFound
+
+        try:
+            return self.bucket.blob(key).download_as_bytes(retry=self._retry(), timeout=30)
+        except NotFound:
+            # Tell a missing bucket from a missing object.
+            self.check(None)
+            return None
+
+    def create(self, key: str, data: bytes) -> int | None:
+        from google.api_core.exceptions import PreconditionFailed
+
+        blob = self.bucket.blob(key)
+        try:
+            # A retried create may find its own earlier attempt: callers compare contents.
+            blob.upload_from_string(data, content_type="application/json", if_generation_match=0,
+                                    retry=self._retry(), timeout=30, checksum="crc32c")
+        except PreconditionFailed:
+            raise FileExistsError(key) from None
+        return blob.generation
+
+    def list(self, prefix: str) -> dict[str, dict[str, Any]]:
+        out = {}
+        for blob in self._client.list_blobs(self.bucket_name, prefix=prefix, retry=self._retry(), timeout=30):
+            out[blob.name] = {"size": blob.size, "crc32c": blob.crc32c, "generation": blob.generation}
+        return out
+
+    def check(self, location: Location | None) -> None:
+        from google.api_core.exceptions import NotFound
+
+        try:
+            self.bucket.reload(retry=self._retry(), timeout=30)
+        except NotFound:
+            raise StorageError(
+                f"bucket '{self.bucket_name}' does not exist: create it (gcloud storage buckets create "
+                f"gs://{self.bucket_name}) or fix the URL"
+            ) from None
+
+    def kvstore(self, location: Location) -> dict[str, Any]:
+        return {"driver": "gcs", "bucket": location.bucket, "path": location.path + "/"}
+
+
+class _Local(_Objects):
+    def read(self, key: str) -> bytes | None:
+        try:
+            return Path(key).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def create(self, key: str, data: bytes) -> int | None:
+        target = Path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            # link(2) fails if the name exists: the local if_generation_match=0.
+            os.link(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return None
+
+    def list(self, prefix: str) -> dict[str, dict[str, Any]]:
+        root = Path(prefix)
+        if not root.is_dir():
+            return {}
+        return {str(p): {"size": p.stat().st_size, "crc32c": None, "generation": None} for p in root.rglob("*") if p.is_file()}
+
+    def check(self, location: Location | None) -> None:
+        if location is None:
+            return
+        existing = Path(location.path)
+        while not existing.exists():
+            existing = existing.parent
+        if not existing.is_dir():
+            raise StorageError(f"cannot use {location.url}: {existing} is a file, not a directory")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise StorageError(f"cannot write under {location.url}: permission denied on {existing}")
+
+    def kvstore(self, location: Location) -> dict[str, Any]:
+        return {"driver": "file", "path": location.path + "/"}
+
+
+_clients: dict[str, Any] = {}
+_clients_lock = threading.Lock()
+
+
+def _gcs_client():
+    """One google-cloud-storage client per endpoint (anonymous on an emulator)."""
+    from google.auth import exceptions as aexc
+    from google.cloud import storage
+
+    emulator_env()
+    key = endpoint()
+    with _clients_lock:
+        if key not in _clients:
+            if os.environ.get("STORAGE_EMULATOR_HOST"):
+                from google.auth.credentials import AnonymousCredentials
+
+                client = storage.Client(project=os.environ.get("GOOGLE_CLOUD_PROJECT", "emulator"), credentials=AnonymousCredentials())
+            else:
+                try:
+                    client = storage.Client()
+                except aexc.DefaultCredentialsError:
+                    raise StorageError(
+                        "no Google Cloud credentials for gs://: run `gcloud auth application-default login` "
+                        "(or set STORAGE_EMULATOR_HOST to use an emulator)"
+                    ) from None
+            _clients[key] = client
+        return _clients[key]
+
+
+def objects_for(location: Location) -> _Objects:
+    return _Gcs(location.bucket) if location.scheme == "gs" else _Local()
+
+
+def _kvstore(objects: _Objects, location: Location):
+    import tensorstore as ts
+
+    retries = retry_seconds()
+    context = ts.Context({
+        # ~retries seconds of exponential backoff, capped at 2 s per wait.
+        "gcs_request_retries": {"max_retries": max(1, int(retries / 2) + 3), "initial_delay": "0.1s", "max_delay": "2s"},
+        "gcs_request_concurrency": {"limit": WINDOW},
+    })
+    return ts.KvStore.open(objects.kvstore(location), context=context).result()
+
+
+# -- manifests ----------------------------------------------------------------
+def _spec_to_json(spec: Any) -> list | None:
+    if spec is None:
+        return None
+    return [None if e is None else e if isinstance(e, str) else list(e) for e in tuple(spec)]
+
+
+def _spec_from_json(entries: list | None) -> Any:
+    from jax.sharding import PartitionSpec
+
+    if entries is None:
+        return None
+    return PartitionSpec(*(None if e is None else e if isinstance(e, str) else tuple(e) for e in entries))
+
+
+def _keys_to_json(path: Sequence[Any]) -> list[list[Any]]:
+    from jax import tree_util as tu
+
+    out = []
+    for key in path:
+        if isinstance(key, tu.DictKey):
+            k = key.key
+            out.append(["dict", k if isinstance(k, (str, int)) else str(k)])
+        elif isinstance(key, tu.SequenceKey):
+            out.append(["seq", key.idx])
+        elif isinstance(key, tu.GetAttrKey):
+            out.append(["attr", key.name])
+        elif isinstance(key, tu.FlattenedIndexKey):
+            out.append(["seq", key.key])
+        else:
+            out.append(["dict", str(key)])
+    return out
+
+
+def _tree_from_keys(keys: list[list[list[Any]]], values: list[Any]) -> Any:
+    """Rebuild nested dicts/lists from leaf key paths (attributes become dict keys)."""
+    if len(keys) == 1 and not keys[0]:
+        return values[0]
+    root: Any = None
+
+    def container(kind: str) -> Any:
+        return [] if kind == "seq" else {}
+
+    for path, value in zip(keys, values):
+        if root is None:
+            root = container(path[0][0])
+        node = root
+        for depth, (kind, k) in enumerate(path):
+            last = depth == len(path) - 1
+            child = value if last else container(path[depth + 1][0])
+            if isinstance(node, list):
+                while len(node) <= k:
+                    node.append(None)
+                if node[k] is None:
+                    node[k] = child
+                node = node[k]
+            else:
+                node = node.setdefault(k, child)
+    return root
+
+
+def _crc32c(data: bytes) -> str:
+    import google_crc32c
+
+    return base64.b64encode(google_crc32c.value(data).to_bytes(4, "big")).decode()
+
+
+@dataclasses.dataclass(frozen=True)
+class SnapshotInfo:
+    """A committed snapshot as its manifest describes it."""
+
+    id: str
+    url: str
+    name: str
+    step: int | None
+    created: float
+    committed: float
+    nbytes: int
+    leaves: int
+    manifest: dict[str, Any] = dataclasses.field(repr=False, compare=False)
+
+    def summary(self) -> str:
+        step = "" if self.step is None else f"  step {self.step}"
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.created))
+        return f"{self.id:<24} {format_bytes(self.nbytes):>10}  {self.leaves:>4} arrays  {when}{step}  {self.url}"
+
+
+class SnapshotList(list):
+    """Committed snapshots under a prefix, oldest first; renders as a table."""
+
+    def __init__(self, url: str, infos: Sequence[SnapshotInfo]):
+        super().__init__(infos)
+        self.url = url
+
+    def __repr__(self) -> str:
+        if not self:
+            return f"no committed snapshots under {self.url}"
+        return "\n".join(info.summary() for info in self)
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(repr(self))
+
+    def _repr_html_(self) -> str:
+        import html
+
+        if not self:
+            return f"<i>no committed snapshots under {html.escape(self.url)}</i>"
+        head = "".join(f"<th>{h}</th>" for h in ("id", "name", "step", "size", "arrays", "created", "url"))
+        rows = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in (
+                i.id, i.name, "" if i.step is None else i.step, format_bytes(i.nbytes), i.leaves,
+                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(i.created)), i.url)) + "</tr>"
+            for i in self
+        )
+        return f'<table class="pathways-snapshots"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
+
+
+def _info(location: Location, manifest: dict[str, Any]) -> SnapshotInfo:
+    return SnapshotInfo(
+        id=manifest["id"], url=location.url, name=manifest["name"], step=manifest.get("step"),
+        created=manifest["created"], committed=manifest["committed"], nbytes=manifest["nbytes"],
+        leaves=len(manifest["leaves"]), manifest=manifest,
+    )
+
+
+def _parse_manifest(data: bytes | None) -> dict[str, Any] | None:
+    """A manifest dict, or ``None`` for bytes that are not a complete manifest."""
+    if data is None:
+        return None
+    try:
+        manifest = json.loads(data)
+    except ValueError:
+        return None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or "leaves" not in manifest:
+        return None
+    return manifest
+
+
+# -- persist ------------------------------------------------------------------
+def default_id(snapshot: Any) -> str:
+    return snapshot.name if snapshot.step is None else f"{snapshot.name}-step{snapshot.step}"
+
+
+def _leaf_array(leaf: Any) -> tuple[np.ndarray | None, Any]:
+    """(contiguous array, None) for an array leaf, (None, value) for a plain scalar/string."""
+    host = leaf.host
+    if not getattr(leaf, "on_device", True) and not isinstance(host, np.ndarray):
+        if host is None or isinstance(host, (bool, int, float, str)):
+            return None, host
+        try:
+            host = np.asarray(host)
+        except Exception:
+            host = None
+        if host is None or host.dtype == object:
+            raise StorageError(
+                f"cannot persist leaf {leaf.path or '(root)'}: a {type(leaf.host).__name__} is neither an array "
+                "nor a number/string; persist arrays only"
+            )
+    array = np.asarray(host)
+    if not array.flags.c_contiguous:
+        array = array.copy(order="C")  # not np.ascontiguousarray: it turns scalars into shape (1,)
+    if array.dtype == object:
+        raise StorageError(f"cannot persist leaf {leaf.path or '(root)'}: object arrays cannot be stored; persist numeric arrays")
+    return array, None
+
+
+def persist(snapshot: Any, url: str, snapshot_id: str | None = None, events: Any = None, check_timeout: float = 5.0) -> Transfer:
+    """Upload a host snapshot under ``url``; returns a running ``Transfer``.
+
+    The data objects go first, the manifest last and only if no snapshot
+    ``url/ID`` exists yet. Returns once the quick checks passed (URL, bucket,
+    duplicate id; at most ``check_timeout`` s); the upload continues on the
+    storage executor. ``Transfer.wait()`` returns the committed
+    ``SnapshotInfo`` or raises ``StorageError``.
+
+    Raises:
+      StorageError: malformed URL or id, missing bucket, permission denied,
+        duplicate id, unreachable server (when found within ``check_timeout``).
+    """
+    location = parse_url(url)
+    snapshot_id = check_id(snapshot_id or default_id(snapshot))
+    target = location.child(snapshot_id)
+    transfer = Transfer("persist", f"'{snapshot_id}' -> {target.url}", int(getattr(snapshot, "nbytes", 0)), events)
+    transfer.start(lambda t: _persist(t, snapshot, location, snapshot_id))
+    transfer.wait_checked(check_timeout)
+    return transfer
+
+
+def _persist(transfer: Transfer, snapshot: Any, location: Location, snapshot_id: str) -> SnapshotInfo:
+    import jax
+
+    target = location.child(snapshot_id)
+    try:
+        objects = objects_for(location)
+        objects.check(location)
+        if _parse_manifest(objects.read(target.key(MANIFEST))) is not None:
+            raise StorageError(f"snapshot {target.url} already exists; snapshots are never overwritten: choose another id (or name/step)")
+        transfer.checked()
+        snapshot.wait()
+        transfer.total = snapshot.nbytes
+        token = secrets.token_hex(8)
+        data_dir = f"data.{token}"
+        paths = _leaf_key_paths(snapshot)
+        kv = _kvstore(objects, target)
+        leaves, pending = [], []
+        for index, leaf in enumerate(snapshot.leaves):
+            array, value = _leaf_array(leaf)
+            entry: dict[str, Any] = {
+                "path": leaf.path, "keys": paths[index], "on_device": bool(getattr(leaf, "on_device", True)),
+                "spec": _spec_to_json(leaf.spec), "mesh_axes": [list(a) for a in leaf.mesh_axes],
+            }
+            if array is None:
+                entry.update(value=value, shape=None, dtype=None, nbytes=0, objects=[])
+                leaves.append(entry)
+                continue
+            flat = array.reshape(-1).view(np.uint8)
+            entry.update(shape=list(array.shape), dtype=array.dtype.name, nbytes=int(flat.size), objects=[])
+            for chunk, start in enumerate(range(0, flat.size, CHUNK_BYTES)):
+                data = flat[start:start + CHUNK_BYTES].tobytes()
+                name = f"{data_dir}/{index:04d}.{chunk:04d}"
+                entry["objects"].append({"name": name, "size": len(data), "crc32c": _crc32c(data)})
+                pending.append((kv.write(name, data), len(data)))
+                if len(pending) >= WINDOW:
+                    _drain(pending, transfer, keep=WINDOW // 2)
+            leaves.append(entry)
+        _drain(pending, transfer, keep=0)
+        # What the server stored, checked against what we sent, before anything refers to it.
+        stored = objects.list(target.key(data_dir) + "/")
+        for entry in leaves:
+            for obj in entry["objects"]:
+                meta = stored.get(target.key(obj["name"]))
+                if meta is None or meta["size"] != obj["size"] or (meta["crc32c"] and meta["crc32c"] != obj["crc32c"]):
+                    raise StorageError(f"persist {target.url} failed: object {obj['name']} did not arrive intact; retry")
+                obj["generation"] = meta["generation"]
+        manifest = {
+            "format": FORMAT, "id": snapshot_id, "token": token, "name": snapshot.name, "step": snapshot.step,
+            "created": snapshot.created, "committed": time.time(), "nbytes": int(snapshot.nbytes),
+            "chunk_bytes": CHUNK_BYTES, "jax": jax.__version__, "leaves": leaves,
+        }
+        body = json.dumps(manifest, indent=1).encode()
+        try:
+            generation = objects.create(target.key(MANIFEST), body)
+        except FileExistsError:
+            existing = _parse_manifest(objects.read(target.key(MANIFEST)))
+            # Our own earlier attempt whose reply was lost counts as success.
+            if existing is None or existing.get("token") != token:
+                raise StorageError(
+                    f"snapshot {target.url} already exists (written meanwhile by someone else); snapshots are never overwritten"
+                ) from None
+            generation = None
+        manifest["manifest_generation"] = generation
+        return _info(target, manifest)
+    except StorageError:
+        raise
+    except Exception as exc:
+        raise storage_error(exc, "persist", target) from exc
+    finally:
+        transfer.checked()
+
+
+def _drain(pending: list, transfer: Transfer, keep: int) -> None:
+    while len(pending) > keep:
+        future, size = pending.pop(0)
+        future.result()
+        transfer.advance(size)
+
+
+def _leaf_key_paths(snapshot: Any) -> list[list[list[Any]]]:
+    import jax
+
+    indices = jax.tree_util.tree_unflatten(snapshot.treedef, list(range(len(snapshot.leaves))))
+    pairs = jax.tree_util.tree_flatten_with_path(indices)[0]
+    out: list[Any] = [None] * len(snapshot.leaves)
+    for path, index in pairs:
+        out[index] = _keys_to_json(path)
+    return out
+
+
+# -- list ---------------------------------------------------------------------
+def list_snapshots(url: str) -> SnapshotList:
+    """Committed snapshots directly under ``url``, oldest first.
+
+    Only ids with a complete manifest are listed: interrupted uploads leave
+    data objects that nothing refers to, and they never show up here.
+    """
+    location = parse_url(url)
+    try:
+        objects = objects_for(location)
+        objects.check(location)
+        infos = []
+        base = location.key("") if location.path else ""
+        for key in sorted(objects.list(base)):
+            rest = key[len(base):]
+            parts = rest.split("/")
+            if len(parts) == 2 and parts[1] == MANIFEST:
+                manifest = _parse_manifest(objects.read(key))
+                if manifest is not None:
+                    infos.append(_info(location.child(parts[0]), manifest))
+    except StorageError:
+        raise
+    except Exception as exc:
+        raise storage_error(exc, "listing", location) from exc
+    return SnapshotList(location.url, sorted(infos, key=lambda i: (i.created, i.committed)))
+
+
+# -- load & restore -----------------------------------------------------------
+def _available_memory() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _resolve(location: Location, objects: _Objects) -> tuple[Location, dict[str, Any]]:
+    """The snapshot ``location`` names, or the newest committed one under it."""
+    manifest = _parse_manifest(objects.read(location.key(MANIFEST)))
+    if manifest is not None:
+        return location, manifest
+    found = list_snapshots(location.url)
+    if not found:
+        raise StorageError(f"no committed snapshot at {location.url}: persist one first, or list them with %pathways snapshots list")
+    newest = found[-1]
+    return parse_url(newest.url), newest.manifest
+
+
+def read_info(url: str) -> SnapshotInfo:
+    location = parse_url(url)
+    try:
+        target, manifest = _resolve(location, objects_for(location))
+    except StorageError:
+        raise
+    except Exception as exc:
+        raise storage_error(exc, "reading", location) from exc
+    return _info(target, manifest)
+
+
+def load(url: str, events: Any = None, on_start: Any = None, memory_limit: int | None = None, like: Any = None) -> Any:
+    """Download a committed snapshot into host memory; returns a done ``Snapshot``.
+
+    ``url`` names a snapshot (``PREFIX/ID``) or a prefix (its newest
+    snapshot). Every chunk is checked against its manifest CRC32C. The tree
+    is rebuilt as nested dicts and lists from the leaves' key paths, or with
+    the structure of ``like`` when given.
+
+    Raises:
+      StorageError: nothing committed there, the data does not fit in host
+        memory, a chunk is missing or corrupt, the server is unreachable.
+    """
+    from pathways_kernel import transfers
+
+    location = parse_url(url)
+    try:
+        objects = objects_for(location)
+        target, manifest = _resolve(location, objects)
+    except StorageError:
+        raise
+    except Exception as exc:
+        raise storage_error(exc, "restore", location) from exc
+    nbytes = int(manifest["nbytes"])
+    limit = _available_memory() if memory_limit is None else memory_limit
+    if nbytes > limit:
+        raise StorageError(
+            f"snapshot {target.url} needs {format_bytes(nbytes)} of host memory but only {format_bytes(limit)} is available; "
+            "restore it on a machine with more memory or free some first"
+        )
+    treedef = None
+    if like is not None:
+        import jax
+
+        treedef = jax.tree_util.tree_structure(like)
+        if treedef.num_leaves != len(manifest["leaves"]):
+            raise StorageError(f"snapshot {target.url} has {len(manifest['leaves'])} leaves but `like` has {treedef.num_leaves}")
+    return transfers.run_sync("restore", f"{target.url}", lambda t: _download(t, objects, target, manifest, treedef), events,
+                              total=nbytes, on_start=on_start)
+
+
+def _download(transfer: Transfer, objects: _Objects, target: Location, manifest: dict[str, Any], treedef: Any) -> Any:
+    import jax.numpy as jnp
+
+    from pathways_kernel.snapshots import Snapshot
+
+    transfer.checked()
+    try:
+        kv = _kvstore(objects, target)
+        values, specs, keys = [], [], []
+        pending: list[tuple[Any, dict[str, Any], np.ndarray, int]] = []
+        for entry in manifest["leaves"]:
+            keys.append(entry["keys"])
+            specs.append(_spec_from_json(entry["spec"]))
+            if entry["dtype"] is None:
+                values.append(entry["value"])
+                continue
+            array = np.empty(tuple(entry["shape"]), np.dtype(jnp.dtype(entry["dtype"])))
+            flat = array.reshape(-1).view(np.uint8)
+            offset = 0
+            for obj in entry["objects"]:
+                pending.append((kv.read(obj["name"]), obj, flat, offset))
+                offset += obj["size"]
+                if len(pending) >= WINDOW:
+                    _drain_reads(pending, transfer, target, keep=WINDOW // 2)
+            if offset != flat.size:
+                raise StorageError(f"snapshot {target.url} is damaged: leaf {entry['path']} has {offset} of {flat.size} bytes")
+            values.append(array)
+        _drain_reads(pending, transfer, target, keep=0)
+    except StorageError:
+        raise
+    except Exception as exc:
+        raise storage_error(exc, "restore", target) from exc
+    import jax
+
+    if treedef is None:
+        tree = _tree_from_keys(keys, list(range(len(values))))
+        treedef = jax.tree_util.tree_structure(tree)
+        order = jax.tree_util.tree_leaves(tree)  # manifest leaf index, in the rebuilt tree's order
+    else:
+        order = list(range(len(values)))
+    mesh_axes = next((tuple(tuple(a) for a in e["mesh_axes"]) for e in manifest["leaves"] if e["mesh_axes"]), ())
+    snap = Snapshot.from_host(jax.tree_util.tree_unflatten(treedef, [values[i] for i in order]),
+                              [specs[i] for i in order], mesh_axes, manifest["name"], manifest.get("step"), manifest["created"])
+    for leaf, i in zip(snap.leaves, order):
+        entry = manifest["leaves"][i]
+        leaf.path = entry["path"]
+        if not entry.get("on_device", True):
+            leaf.on_device = False
+            leaf.host = values[i]
+    return snap
+
+
+def _drain_reads(pending: list, transfer: Transfer, target: Location, keep: int) -> None:
+    while len(pending) > keep:
+        future, obj, flat, offset = pending.pop(0)
+        result = future.result()
+        if result.state != "value":
+            raise StorageError(f"snapshot {target.url} is damaged: object {obj['name']} is missing")
+        data = result.value
+        if len(data) != obj["size"] or _crc32c(data) != obj["crc32c"]:
+            raise StorageError(f"snapshot {target.url} is damaged: object {obj['name']} fails its CRC32C check")
+        flat[offset:offset + len(data)] = np.frombuffer(data, np.uint8)
+        transfer.advance(len(data))
+
+
+def restore(url: str, mesh: Any = None, events: Any = None, on_start: Any = None, like: Any = None) -> Any:
+    """Download a committed snapshot and put it on ``mesh`` (default: the live slices).
+
+    Leaves keep their PartitionSpecs; axes the mesh lacks become replicated.
+    ``like`` (a pytree of the same structure) gives the result that
+    structure instead of nested dicts and lists.
+    """
+    from pathways_kernel import snapshots
+
+    return snapshots.restore(load(url, events=events, on_start=on_start, like=like), mesh)
+

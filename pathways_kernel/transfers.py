@@ -1,0 +1,149 @@
+"""Transfers: uploads and downloads that run beside the notebook.
+
+A ``Transfer`` is the handle ``pw.persist`` (and checkpoint saves) return: it
+runs on a small dedicated executor, counts the bytes moved so far (progress
+bars read that), and when it ends emits one ``transfer`` event with bytes,
+duration and throughput, or what failed. The kernel's main thread only
+starts it; the bulk bytes are moved by tensorstore's own threads, which do not
+hold the GIL (shared/NOTES.md), so the notebook stays responsive.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+from typing import Any, Callable
+
+from pathways_kernel.errors import PathwaysError, StorageError, one_line
+from pathways_kernel.events import EventLog, format_bytes
+
+# Two workers: a restore can run while a persist is still uploading. The
+# workers mostly wait on tensorstore futures, so more would not be faster.
+_EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="pathways-storage")
+
+
+class Transfer:
+    """One upload or download in flight; see the module doc.
+
+    Attributes:
+      kind: ``"persist"``, ``"restore"``, ``"checkpoint save"``, ...
+      what: a short description (snapshot name and URL).
+      total: bytes to move (0 when unknown yet).
+      done_bytes: bytes moved so far.
+    """
+
+    def __init__(self, kind: str, what: str, total: int = 0, events: EventLog | None = None):
+        self.kind = kind
+        self.what = what
+        self.total = total
+        self.done_bytes = 0
+        self.started = time.time()
+        self.duration_s: float | None = None
+        self.events = events
+        self._lock = threading.Lock()
+        self._future: concurrent.futures.Future | None = None
+        self._checked = threading.Event()
+
+    # -- worker side ----------------------------------------------------------
+    def advance(self, nbytes: int) -> None:
+        with self._lock:
+            self.done_bytes += nbytes
+
+    def checked(self) -> None:
+        """Called by the job once its quick checks (bucket, duplicate) passed."""
+        self._checked.set()
+
+    def start(self, job: Callable[["Transfer"], Any]) -> "Transfer":
+        self._future = _EXECUTOR.submit(self._run, job)
+        return self
+
+    def _run(self, job: Callable[["Transfer"], Any]) -> Any:
+        start = time.perf_counter()
+        try:
+            result = job(self)
+        except BaseException as exc:
+            self.duration_s = time.perf_counter() - start
+            self._checked.set()
+            if self.events is not None:
+                self.events.emit("transfer", bytes=self.done_bytes, duration_s=self.duration_s,
+                                 detail=f"{self.kind} {self.what} FAILED: {one_line(exc)}")
+            raise
+        self.duration_s = time.perf_counter() - start
+        self._checked.set()
+        if self.events is not None:
+            self.events.emit("transfer", bytes=self.done_bytes, duration_s=self.duration_s,
+                             detail=f"{self.kind} {self.what} ({self.throughput()})")
+        return result
+
+    # -- caller side ----------------------------------------------------------
+    def wait_checked(self, timeout: float) -> None:
+        """Wait up to ``timeout`` s for the quick checks; raise what they raised.
+
+        Lets ``persist`` report a missing bucket or a duplicate id at once,
+        as one line, while the bulk upload continues in the background.
+        """
+        self._checked.wait(timeout)
+        if self.done():
+            exc = self.exception()
+            if exc is not None:
+                raise exc
+
+    def done(self) -> bool:
+        return self._future is not None and self._future.done()
+
+    def ok(self) -> bool:
+        return self.done() and self.exception() is None
+
+    def exception(self) -> BaseException | None:
+        assert self._future is not None
+        return self._future.exception() if self._future.done() else None
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Block until the transfer ends; returns its result or raises its error."""
+        assert self._future is not None
+        try:
+            return self._future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise StorageError(f"{self.kind} {self.what} still running after {timeout} s; wait longer or check the network") from None
+
+    result = wait
+
+    def elapsed_s(self) -> float:
+        return self.duration_s if self.duration_s is not None else time.time() - self.started
+
+    def throughput(self) -> str:
+        elapsed = self.elapsed_s()
+        return f"{format_bytes(self.done_bytes / elapsed)}/s" if elapsed > 0 else "-"
+
+    def summary(self) -> str:
+        if not self.done():
+            pct = f" {100 * self.done_bytes / self.total:.0f}%" if self.total else ""
+            return f"{self.kind} {self.what}: running{pct}, {format_bytes(self.done_bytes)} in {self.elapsed_s():.1f} s"
+        exc = self.exception()
+        if exc is not None:
+            return f"{self.kind} {self.what}: FAILED: {one_line(exc)}"
+        return f"{self.kind} {self.what}: done, {format_bytes(self.done_bytes)} in {self.elapsed_s():.2f} s ({self.throughput()})"
+
+    def __repr__(self) -> str:
+        return f"<{self.summary()}>"
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(self.summary())
+
+
+def run_sync(kind: str, what: str, job: Callable[[Transfer], Any], events: EventLog | None, total: int = 0,
+             on_start: Callable[[Transfer], None] | None = None) -> Any:
+    """Run ``job`` as a transfer on the executor and wait for it.
+
+    Downloads are synchronous for the caller (it needs the data), but they
+    still run on the executor so that a progress bar can update meanwhile.
+    """
+    transfer = Transfer(kind, what, total, events).start(job)
+    if on_start is not None:
+        on_start(transfer)
+    return transfer.wait()
+
+
+def is_user_error(exc: BaseException) -> bool:
+    return isinstance(exc, PathwaysError)
