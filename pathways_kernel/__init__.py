@@ -12,7 +12,10 @@ from pathways_kernel.api import connect, devices, events, mesh, session, status,
 from pathways_kernel.errors import PathwaysError
 from pathways_kernel.loader import Loader, loader
 from pathways_kernel.sidecar import Sidecar, SidecarError, SidecarTimeout, run_sidecar, sidecar
-from pathways_kernel.snapshots import Snapshot, SnapshotStore, snapshot
+from pathways_kernel.autosnapshot import autosnapshot
+from pathways_kernel.elastic import ElasticError, elastic, on_restore
+from pathways_kernel.snapshots import Snapshot, SnapshotStore, snapshot, snapshot_variables
+from pathways_kernel.snapshots import store as snapshot_store
 from pathways_kernel.snapshots import restore as restore_snapshot
 
 __version__ = "0.1.0"
@@ -30,6 +33,12 @@ __all__ = [
     "Snapshot",
     "SnapshotStore",
     "snapshot",
+    "snapshot_variables",
+    "snapshot_store",
+    "autosnapshot",
+    "elastic",
+    "ElasticError",
+    "on_restore",
     "restore_snapshot",
     "connect",
     "devices",

@@ -30,6 +30,8 @@ mesh (``ScaleUpSignalError``, as in pathwaysutils, interrupts the step loop).
 Callbacks registered with ``on_restore(callback)`` are called as
 ``callback(step, mesh)`` after every reshard or rollback, so that data
 loaders follow the new mesh and replay from ``step``.
+
+pathwaysutils (and so JAX) is imported on first use, not with the package.
 """
 
 from __future__ import annotations
@@ -39,9 +41,6 @@ import functools
 import threading
 import time
 from typing import Any, Callable, Sequence
-
-from pathwaysutils.elastic.elastic import is_error_due_to_slice_down
-from pathwaysutils.elastic.manager import ElasticRetryLimit, ScaleUpSignalError
 
 from pathways_kernel import snapshots
 from pathways_kernel.errors import PathwaysError, one_line
@@ -231,6 +230,8 @@ class Elastic:
             raise PathwaysError(f"max_retries must be at least 1, got {max_retries}")
         self.step_fn = step_fn
         self.snapshot_every = snapshot_every
+        from pathwaysutils.elastic.manager import ElasticRetryLimit
+
         self.retry_policy = ElasticRetryLimit(max_retries) if max_retries is not None else (lambda attempt, error: True)
         self.axes = tuple(axes) if axes else None
         self.name = name or getattr(step_fn, "__name__", "elastic")
@@ -248,6 +249,8 @@ class Elastic:
           ElasticError: retries exhausted, or no slice came back in time.
           Exception: anything the step raises that is not a slice loss.
         """
+        from pathwaysutils.elastic.manager import ScaleUpSignalError
+
         s = session()
         watch = _SliceWatch(s)
         report = RunReport(self.name)
@@ -310,6 +313,8 @@ class Elastic:
             raise _SliceLost(f"slice {', '.join(map(str, sorted(lost)))} went down")
         watch.up.clear()
         if up - current:
+            from pathwaysutils.elastic.manager import ScaleUpSignalError
+
             raise ScaleUpSignalError(f"slices {sorted(up - current)} came back")
 
     def _scale_up(self, s: Session, watch: _SliceWatch, mesh: Any, state: Any, step: int, report: RunReport):
@@ -379,6 +384,7 @@ class Elastic:
 
 def _is_slice_loss(error: BaseException) -> bool:
     import jax
+    from pathwaysutils.elastic.elastic import is_error_due_to_slice_down
 
     if isinstance(error, _SliceLost):
         return True
@@ -386,7 +392,7 @@ def _is_slice_loss(error: BaseException) -> bool:
 
 
 def _reason(error: BaseException) -> str:
-    text = one_line(error)
+    text = str(error) if isinstance(error, _SliceLost) else one_line(error)
     return text if len(text) <= 120 else text[:117] + "..."
 
 
@@ -434,6 +440,11 @@ def elastic(
         return Elastic(f, snapshot_every, max_retries, axes, name, wait_s)
 
     return wrap(fn) if fn is not None else wrap
+
+
+# ``pw.elastic`` is this function, which shadows the module on the package:
+# keep ``from pathways_kernel import elastic; elastic.on_restore(...)`` working.
+elastic.on_restore = on_restore  # type: ignore[attr-defined]
 
 
 __all__ = ["Elastic", "ElasticError", "RunReport", "Rollback", "elastic", "on_restore"]

@@ -502,3 +502,28 @@ def device_values(namespace: dict[str, Any], names: Iterable[str] | None = None)
         if leaves and any(_is_device_array(leaf) for leaf in leaves):
             out[name] = value
     return out
+
+
+def snapshot_variables(names: Sequence[str] | None = None, step: int | None = None) -> list[Snapshot]:
+    """Snapshot notebook variables, each under its own name (``%pathways snapshot``).
+
+    ``names=None`` takes every variable holding jax arrays.
+
+    Raises:
+      NamespaceError: not in IPython, or a name is unknown or holds no jax array.
+    """
+    from pathways_kernel.errors import NamespaceError
+    from pathways_kernel.namespace import user_namespace
+
+    ns = user_namespace()
+    if ns is None:
+        raise NamespaceError("snapshotting variables needs a notebook (IPython); call pw.snapshot(tree) instead")
+    for name in names or ():
+        if name not in ns:
+            raise NamespaceError(f"no variable '{name}' in the notebook; define it or check the spelling")
+    values = device_values(ns, names)
+    missing = [n for n in names or () if n not in values]
+    if missing:
+        raise NamespaceError(f"{', '.join(missing)} holds no jax array; only device arrays (or pytrees of them) are snapshotted")
+    st = store()
+    return [st.snap(value, name, step) for name, value in values.items()]

@@ -1,0 +1,78 @@
+"""Snapshot and elastic subcommands: snapshot, snapshots, autosnapshot, elastic."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from IPython.core.magic_arguments import argument, magic_arguments
+
+from pathways_kernel import autosnapshot as auto
+from pathways_kernel import snapshots
+from pathways_kernel.elastic import DEFAULT_MAX_RETRIES, DEFAULT_SNAPSHOT_EVERY, Elastic
+from pathways_kernel.errors import NamespaceError, PathwaysError
+from pathways_kernel.magics import Text, subcommand
+
+
+@subcommand("snapshot")
+@magic_arguments(name="pathways snapshot")
+@argument("names", nargs="*", help="variables to snapshot (default: every variable holding jax arrays)")
+@argument("--step", type=int, default=None, help="record this training step with the snapshot")
+@argument("--keep", type=int, default=None, help="keep the last K snapshots per name from now on")
+def snapshot(shell: Any, args: Any, cell: str | None):
+    """Copy variables' jax arrays to host memory (async), with their PartitionSpecs."""
+    if args.keep is not None:
+        snapshots.store().configure(keep=args.keep)
+    taken = snapshots.snapshot_variables(args.names or None, args.step)
+    if not taken:
+        return Text("no variable holds jax arrays: nothing to snapshot")
+    return Text("\n".join(s.summary() for s in taken))
+
+
+@subcommand("snapshots")
+@magic_arguments(name="pathways snapshots")
+def snapshots_(shell: Any, args: Any, cell: str | None):
+    """The host snapshots kept in this session, oldest first."""
+    return snapshots.SnapshotTable(snapshots.store().list())
+
+
+@subcommand("autosnapshot")
+@magic_arguments(name="pathways autosnapshot")
+@argument("state", nargs="?", choices=("on", "off"), help="turn snapshot-after-each-cell on or off (default: show status)")
+@argument("--max-bytes", type=int, default=None, help="host bytes autosnapshots may hold in all")
+def autosnapshot(shell: Any, args: Any, cell: str | None):
+    """After each cell, snapshot the jax variables that changed (for healing after a slice loss)."""
+    if args.state is None:
+        return auto._for(shell).status()
+    return auto.autosnapshot(args.state == "on", args.max_bytes)
+
+
+@subcommand("elastic", cell=True)
+@magic_arguments(name="pathways elastic")
+@argument("--steps", type=int, required=True, help="number of steps: the cell runs once per step")
+@argument("--state", required=True, help="comma-separated variables that are the training state")
+@argument("--start", type=int, default=0, help="first step (default 0)")
+@argument("--snapshot-every", type=int, default=DEFAULT_SNAPSHOT_EVERY, help="steps between host snapshots")
+@argument("--max-retries", type=int, default=DEFAULT_MAX_RETRIES, help="consecutive slice losses before giving up")
+@argument("--axes", default=None, help="mesh axes (default: data,model; data spans slices)")
+def elastic(shell: Any, args: Any, cell: str | None):
+    """Run the cell as an elastic training step: survives slice loss, scales back up."""
+    if cell is None or not cell.strip():
+        raise PathwaysError("%%pathways elastic needs a cell body: the training step, using `step`, `mesh` and the --state variables")
+    names = [n.strip() for n in args.state.split(",") if n.strip()]
+    ns = shell.user_ns
+    missing = [n for n in names if n not in ns]
+    if missing:
+        raise NamespaceError(f"--state {', '.join(missing)} is not defined; create the initial state in an earlier cell")
+    code = compile(cell, "<%%pathways elastic>", "exec")
+
+    def body(state: dict[str, Any], step: int, mesh: Any) -> dict[str, Any]:
+        ns.update(state)
+        ns["step"], ns["mesh"] = step, mesh
+        exec(code, ns)  # noqa: S102  (the user's own cell)
+        return {n: ns[n] for n in names}
+
+    axes = [a.strip() for a in args.axes.split(",") if a.strip()] if args.axes else None
+    loop = Elastic(body, args.snapshot_every, args.max_retries, axes, name=",".join(names))
+    final = loop.run({n: ns[n] for n in names}, args.steps, args.start)
+    ns.update(final)
+    return loop.last_run
