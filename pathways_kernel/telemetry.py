@@ -1,0 +1,509 @@
+"""The telemetry hub: per-chip utilization and memory, sampled on a background thread.
+
+One hub per session (``session.extension("telemetry", ...)``). A
+``MetricsSource`` samples every chip; the hub averages utilization over a
+window, aggregates by slice, and hands ``Metrics`` to its subscriptions (the
+monitor comms, the notebook widget) at each one's rate, together with the
+session's events and topology changes. It samples only while someone
+subscribes.
+
+The default source, ``ClientSource``, measures from the client alone, so it
+works on every backend: a chip is busy at a sample instant when a live array
+with a shard on it is not ready yet (dispatched work not complete), and its
+memory is the bytes of live array shards on it (or ``memory_stats()`` where the
+backend reports it; CPU devices report nothing). A backend that can ask its
+server instead (the Pathways proxy) plugs in its own source by defining
+``metrics_source(layout) -> MetricsSource``.
+
+Cost: one pass over ``jax.live_arrays()`` per sample (~2 us per array) plus
+numpy work per distinct sharding, never per chip. If a sample costs more than
+``MAX_DUTY`` of the sampling period, the hub samples less often.
+"""
+
+from __future__ import annotations
+
+import abc
+import collections
+import dataclasses
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from pathways_kernel.errors import PathwaysError
+from pathways_kernel.events import Event
+from pathways_kernel.topology import Topology
+
+DEFAULT_SAMPLE_HZ = 4.0
+DEFAULT_PUBLISH_HZ = 2.0
+DEFAULT_WINDOW_S = 2.0
+#: Most of the sampling period a sample may cost before the hub backs off.
+MAX_DUTY = 0.05
+#: Distinct shardings remembered between samples (ids of live shardings).
+_SHARDING_CACHE = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Chips in topology order: the index every per-chip array uses.
+
+    Slices are contiguous: slice ``i`` of ``slices`` covers positions
+    ``offsets[i]:offsets[i] + counts[i]``.
+    """
+
+    topology: Topology
+    position: dict[int, int]  # device id -> chip position
+    offsets: np.ndarray  # int64 [S]
+    counts: np.ndarray  # int64 [S]
+    up: np.ndarray  # bool [N]
+
+    @classmethod
+    def of(cls, topology: Topology) -> "Layout":
+        chips = topology.chips
+        counts = np.array([len(s.chips) for s in topology.slices], np.int64)
+        offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64) if len(counts) else counts
+        up = np.repeat(np.array([s.up for s in topology.slices], bool), counts) if len(counts) else np.zeros(0, bool)
+        return cls(topology, {c.device.id: p for p, c in enumerate(chips)}, offsets, counts, up)
+
+    @property
+    def chips(self) -> int:
+        return len(self.position)
+
+    def positions(self, devices: Sequence[Any]) -> np.ndarray:
+        """Chip positions of ``devices`` (devices outside the session are skipped)."""
+        pos = self.position
+        return np.array([pos[d.id] for d in devices if d.id in pos], np.int64)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sample:
+    """What a source saw at one instant, per chip in layout order.
+
+    ``busy``: 1.0 where the chip had work in flight (or a fraction when the
+    source measures over an interval). ``memory``: bytes in use, or ``None``
+    when unknown. ``memory_limit``: bytes the chip can hold, or ``None``.
+    """
+
+    time: float
+    busy: np.ndarray
+    memory: np.ndarray | None
+    memory_limit: np.ndarray | None = None
+
+
+class MetricsSource(abc.ABC):
+    """Where per-chip samples come from; the seam for server-side metrics."""
+
+    #: Reported to views as ``metrics.source``.
+    name: str = "source"
+
+    @abc.abstractmethod
+    def sample(self, layout: Layout) -> Sample:
+        """Sample every chip of ``layout`` now (called on the hub thread)."""
+
+    def close(self) -> None:
+        """Release what the source holds."""
+
+
+class ClientSource(MetricsSource):
+    """Measure from this process: live arrays' readiness and shard bytes."""
+
+    name = "client"
+
+    def __init__(self) -> None:
+        # id(sharding) -> (sharding, positions); the strong ref keeps the id unique.
+        self._shardings: dict[int, tuple[Any, np.ndarray]] = {}
+        self._shard_bytes: dict[tuple[int, tuple, Any], int] = {}
+        self._layout_id = -1
+        self._stats_devices: list[Any] | None = None
+
+    def sample(self, layout: Layout) -> Sample:
+        import jax
+
+        if id(layout) != self._layout_id:
+            self._shardings.clear()
+            self._shard_bytes.clear()
+            self._layout_id = id(layout)
+            self._stats_devices = _devices_with_memory_stats(layout)
+        if len(self._shardings) > _SHARDING_CACHE:
+            self._shardings.clear()
+            self._shard_bytes.clear()
+        n = layout.chips
+        busy = np.zeros(n, np.float32)
+        memory = np.zeros(n, np.int64)
+        counts: dict[tuple[int, tuple, Any], int] = collections.defaultdict(int)
+        pending: set[int] = set()
+        shardings = self._shardings
+        for array in jax.live_arrays():
+            try:
+                if array.is_deleted():
+                    continue
+                sharding = array.sharding
+                key = (id(sharding), array.shape, array.dtype)
+                if key[0] not in shardings:
+                    shardings[key[0]] = (sharding, layout.positions(_devices_of(sharding)))
+                counts[key] += 1
+                if not array.is_ready():
+                    pending.add(key[0])
+            except Exception:  # an array of a lost slice raises DATA_LOSS on access
+                continue
+        for sid in pending:
+            busy[shardings[sid][1]] = 1.0
+        for key, count in counts.items():
+            per_shard = self._shard_bytes.get(key)
+            if per_shard is None:
+                sharding, _ = shardings[key[0]]
+                per_shard = _shard_nbytes(sharding, key[1], key[2])
+                self._shard_bytes[key] = per_shard
+            memory[shardings[key[0]][1]] += per_shard * count
+        limit = None
+        if self._stats_devices is not None:
+            memory, limit = _memory_stats(self._stats_devices, n)
+        return Sample(time.time(), busy, memory, limit)
+
+
+def _devices_of(sharding: Any) -> Sequence[Any]:
+    # _device_assignment is ordered and cached by JAX; device_set is the public fallback.
+    devices = getattr(sharding, "_device_assignment", None)
+    return devices if devices is not None else list(sharding.device_set)
+
+
+def _shard_nbytes(sharding: Any, shape: tuple, dtype: Any) -> int:
+    try:
+        shard_shape = sharding.shard_shape(shape)
+    except Exception:
+        shard_shape = shape
+    return int(np.prod(shard_shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
+def _devices_with_memory_stats(layout: Layout) -> list[Any] | None:
+    devices = layout.topology.devices
+    try:
+        stats = devices[0].memory_stats() if devices else None
+    except Exception:
+        stats = None
+    return devices if stats and "bytes_in_use" in stats else None
+
+
+def _memory_stats(devices: list[Any], n: int) -> tuple[np.ndarray, np.ndarray | None]:
+    used = np.zeros(n, np.int64)
+    limit = np.zeros(n, np.int64)
+    for p, device in enumerate(devices):
+        stats = device.memory_stats() or {}
+        used[p] = stats.get("bytes_in_use", 0)
+        limit[p] = stats.get("bytes_limit", 0)
+    return used, (limit if limit.any() else None)
+
+
+@dataclasses.dataclass(frozen=True)
+class SliceMetrics:
+    index: int
+    state: str
+    utilization: float
+    memory_bytes: int
+    memory_limit_bytes: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Metrics:
+    """One published sample: per chip (layout order) and per slice."""
+
+    seq: int
+    time: float
+    topology_seq: int
+    source: str
+    window_s: float
+    utilization: np.ndarray  # float32 [N] in [0, 1]
+    memory: np.ndarray  # int64 [N] bytes
+    memory_limit: np.ndarray | None
+    slices: tuple[SliceMetrics, ...]
+    #: Mean over the chips of up slices.
+    total_utilization: float
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.memory.sum())
+
+
+def aggregate(layout: Layout, topology_seq: int, seq: int, source: str, window_s: float,
+              utilization: np.ndarray, memory: np.ndarray, memory_limit: np.ndarray | None) -> Metrics:
+    """Zero the chips of down slices and sum/average by slice (``np.add.reduceat``)."""
+    utilization = np.where(layout.up, utilization, 0.0).astype(np.float32)
+    memory = np.where(layout.up, memory, 0).astype(np.int64)
+    nonempty = layout.counts > 0
+    util_sum = np.zeros(len(layout.counts))
+    mem_sum = np.zeros(len(layout.counts), np.int64)
+    lim_sum = np.zeros(len(layout.counts), np.int64)
+    if nonempty.any():
+        starts = layout.offsets[nonempty]
+        util_sum[nonempty] = np.add.reduceat(utilization.astype(np.float64), starts)
+        mem_sum[nonempty] = np.add.reduceat(memory, starts)
+        if memory_limit is not None:
+            lim_sum[nonempty] = np.add.reduceat(memory_limit.astype(np.int64), starts)
+    slices = tuple(
+        SliceMetrics(
+            s.index,
+            s.state,
+            float(util_sum[i] / layout.counts[i]) if layout.counts[i] and s.up else 0.0,
+            int(mem_sum[i]),
+            int(lim_sum[i]) if memory_limit is not None else None,
+        )
+        for i, s in enumerate(layout.topology.slices)
+    )
+    up_chips = int(layout.up.sum())
+    total = float(utilization.sum(dtype=np.float64) / up_chips) if up_chips else 0.0
+    return Metrics(seq, time.time(), topology_seq, source, window_s, utilization, memory, memory_limit, slices, total)
+
+
+class Subscription:
+    """One consumer of the hub; callbacks run on the hub thread and must not block."""
+
+    def __init__(self, hub: "TelemetryHub", rate: float,
+                 on_metrics: Callable[[Metrics], None] | None,
+                 on_event: Callable[[Event], None] | None,
+                 on_topology: Callable[[Topology, int], None] | None,
+                 on_close: Callable[[], None] | None):
+        self.hub = hub
+        self.rate = rate
+        self.on_metrics = on_metrics
+        self.on_event = on_event
+        self.on_topology = on_topology
+        self.on_close = on_close
+        self.next_due = 0.0
+        self.closed = False
+
+    def set_rate(self, rate: float) -> float:
+        """Metrics per second for this consumer (0 pauses); returns the effective rate."""
+        self.rate = max(0.0, float(rate))
+        self.next_due = 0.0
+        return self.effective_rate
+
+    @property
+    def effective_rate(self) -> float:
+        return min(self.rate, self.hub.sample_hz)
+
+    def close(self) -> None:
+        self.hub._unsubscribe(self)
+
+
+class TelemetryHub:
+    """Samples the session's chips on a background thread while it has subscribers."""
+
+    def __init__(self, session: Any, source: MetricsSource | None = None,
+                 sample_hz: float = DEFAULT_SAMPLE_HZ, publish_hz: float = DEFAULT_PUBLISH_HZ,
+                 window_s: float = DEFAULT_WINDOW_S):
+        self.session = session
+        self.sample_hz = float(sample_hz)
+        self.publish_hz = float(publish_hz)
+        self.window_s = float(window_s)
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._subs: list[Subscription] = []
+        self._events: collections.deque[Event] = collections.deque(maxlen=1000)
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._topology_seq = 1
+        self._layout = Layout.of(session.topology)
+        self._source = source or _backend_source(session, self._layout) or ClientSource()
+        self._seq = 0
+        self._latest: Metrics | None = None
+        self._reset_window()
+        self._unlisten = session.events.subscribe(self._on_event)
+        #: Seconds the last sample took (the hub's own cost).
+        self.last_sample_s = 0.0
+
+    # -- configuration --------------------------------------------------------
+    def configure(self, sample_hz: float | None = None, publish_hz: float | None = None,
+                  window_s: float | None = None) -> None:
+        """Change rates; applies from the next sample."""
+        with self._lock:
+            if sample_hz is not None:
+                if not 0 < sample_hz <= 100:
+                    raise PathwaysError(f"sample rate must be within (0, 100] Hz, got {sample_hz}")
+                self.sample_hz = float(sample_hz)
+            if publish_hz is not None:
+                if not 0 <= publish_hz <= 100:
+                    raise PathwaysError(f"publish rate must be within [0, 100] Hz, got {publish_hz}")
+                self.publish_hz = float(publish_hz)
+            if window_s is not None:
+                if window_s <= 0:
+                    raise PathwaysError(f"utilization window must be > 0 s, got {window_s}")
+                self.window_s = float(window_s)
+            self._reset_window()
+            self._wake.notify_all()
+
+    @property
+    def source(self) -> MetricsSource:
+        return self._source
+
+    @property
+    def layout(self) -> Layout:
+        return self._layout
+
+    @property
+    def topology_seq(self) -> int:
+        return self._topology_seq
+
+    def latest(self) -> Metrics | None:
+        """The last published metrics, or ``None`` before the first sample."""
+        return self._latest
+
+    # -- subscriptions --------------------------------------------------------
+    def subscribe(self, on_metrics: Callable[[Metrics], None] | None = None,
+                  on_event: Callable[[Event], None] | None = None,
+                  on_topology: Callable[[Topology, int], None] | None = None,
+                  on_close: Callable[[], None] | None = None,
+                  rate: float | None = None) -> Subscription:
+        """Receive metrics at ``rate`` Hz (default: the hub's publish rate), events and topology changes."""
+        sub = Subscription(self, self.publish_hz if rate is None else rate, on_metrics, on_event, on_topology, on_close)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the telemetry hub is closed (the session was replaced)")
+            self._subs.append(sub)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="pathways-telemetry", daemon=True)
+                self._thread.start()
+            self._wake.notify_all()
+        return sub
+
+    def _unsubscribe(self, sub: Subscription) -> None:
+        with self._lock:
+            sub.closed = True
+            if sub in self._subs:
+                self._subs.remove(sub)
+
+    @property
+    def subscribers(self) -> int:
+        return len(self._subs)
+
+    def close(self) -> None:
+        """Stop the thread and tell every subscription (the session is going away)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            subs, self._subs = self._subs, []
+            self._wake.notify_all()
+        self._unlisten()
+        for sub in subs:
+            sub.closed = True
+            if sub.on_close:
+                _call(sub.on_close)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2)
+        self._source.close()
+
+    # -- the thread -----------------------------------------------------------
+    def _on_event(self, event: Event) -> None:
+        # Called on the emitting thread: only queue and wake.
+        with self._lock:
+            self._events.append(event)
+            self._wake.notify_all()
+
+    def _reset_window(self) -> None:
+        n = self._layout.chips
+        self._window = np.zeros((max(1, round(self.window_s * self.sample_hz)), n), np.float32)
+        self._window_sum = np.zeros(n, np.float64)
+        self._window_pos = 0
+        self._window_filled = 0
+
+    def _run(self) -> None:
+        next_sample = time.monotonic()
+        while True:
+            with self._lock:
+                while not self._closed and not self._events and (not self._subs or time.monotonic() < next_sample):
+                    self._wake.wait(None if not self._subs else max(0.0, next_sample - time.monotonic()))
+                if self._closed:
+                    return
+                events = list(self._events)
+                self._events.clear()
+                subs = list(self._subs)
+            if events:
+                self._deliver_events(events, subs)
+            now = time.monotonic()
+            if subs and now >= next_sample:
+                started = time.perf_counter()
+                metrics = self._sample()
+                self.last_sample_s = time.perf_counter() - started
+                period = 1.0 / self.sample_hz
+                next_sample = now + max(period, self.last_sample_s / MAX_DUTY)
+                now = time.monotonic()
+                for sub in subs:
+                    rate = sub.effective_rate
+                    if sub.on_metrics is None or rate <= 0 or now < sub.next_due:
+                        continue
+                    # Slack of half a sample period so 2 Hz on 4 Hz samples is every other one.
+                    sub.next_due = max(sub.next_due + 1.0 / rate, now + 1.0 / rate - 0.5 * period)
+                    _call(sub.on_metrics, metrics)
+
+    def _deliver_events(self, events: list[Event], subs: list[Subscription]) -> None:
+        if any(e.kind in ("slice_up", "slice_down") for e in events):
+            with self._lock:
+                self._layout = Layout.of(self.session.topology)
+                self._topology_seq += 1
+                topology, seq = self._layout.topology, self._topology_seq
+            for sub in subs:
+                if sub.on_topology:
+                    _call(sub.on_topology, topology, seq)
+        for event in events:
+            for sub in subs:
+                if sub.on_event:
+                    _call(sub.on_event, event)
+
+    def _sample(self) -> Metrics:
+        layout = self._layout
+        sample = self._source.sample(layout)
+        with self._lock:
+            if self._window.shape[1] != layout.chips:
+                self._reset_window()
+            row = self._window[self._window_pos]
+            self._window_sum += sample.busy - row
+            row[:] = sample.busy
+            self._window_pos = (self._window_pos + 1) % len(self._window)
+            self._window_filled = min(self._window_filled + 1, len(self._window))
+            utilization = (self._window_sum / self._window_filled).astype(np.float32)
+            self._seq += 1
+            seq, topology_seq = self._seq, self._topology_seq
+        memory = sample.memory if sample.memory is not None else np.zeros(layout.chips, np.int64)
+        window = self._window_filled / self.sample_hz
+        metrics = aggregate(layout, topology_seq, seq, self._source.name, window, np.clip(utilization, 0, 1),
+                            memory, sample.memory_limit)
+        self._latest = metrics
+        return metrics
+
+
+def _call(fn: Callable, *args: Any) -> None:
+    # One consumer's bug must not stop the hub for the others.
+    try:
+        fn(*args)
+    except Exception:
+        import logging
+
+        logging.getLogger("pathways_kernel.telemetry").exception("telemetry subscriber failed")
+
+
+def _backend_source(session: Any, layout: Layout) -> MetricsSource | None:
+    factory = getattr(session.backend, "metrics_source", None)
+    return factory(layout) if callable(factory) else None
+
+
+def hub(session: Any = None) -> TelemetryHub:
+    """The session's telemetry hub (created on first use, closed with the session)."""
+    if session is None:
+        from pathways_kernel.session import session as current
+
+        session = current()
+
+    def make(s: Any) -> TelemetryHub:
+        h = TelemetryHub(s)
+        s.on_close(h.close)
+        return h
+
+    return session.extension("telemetry", make)
+
+
+def configure(sample_hz: float | None = None, publish_hz: float | None = None, window_s: float | None = None) -> TelemetryHub:
+    """Set the session hub's sampling rate, default publish rate and utilization window."""
+    h = hub()
+    h.configure(sample_hz, publish_hz, window_s)
+    return h
