@@ -238,7 +238,7 @@ class Loader:
             step=start,
             detail=f"loader {self.name}: {self._layout.num_shards} shards, prefetch {prefetch}",
         )
-        self._schedule(start)
+        self._schedule(start, self.prefetch)
 
     # -- consuming ----------------------------------------------------------------
     @property
@@ -269,10 +269,9 @@ class Loader:
         if mesh is not None and mesh is not self._layout.mesh and mesh != self._layout.mesh:
             self.reset(step, mesh)
         with self._lock:
-            self._schedule(step)
+            self._schedule(step, 1 + self.prefetch)
             futures = self._pending.pop(step)
             layout = self._layout
-            self._schedule(step + 1)
         waiting = not all(f.done() for f in futures.values())
         started = time.perf_counter()
         try:
@@ -308,7 +307,7 @@ class Loader:
                 mesh = self._session.mesh(self._layout.mesh.axis_names)
             self._layout = Layout(mesh, self.spec, self._session.topology)
             self.step = step
-            self._schedule(step)
+            self._schedule(step, self.prefetch)
         self._session.events.emit(
             "sidecar",
             slices_before=before,
@@ -357,9 +356,9 @@ class Loader:
         )
 
     # -- producing ----------------------------------------------------------------
-    def _schedule(self, step: int) -> None:
-        """Have steps ``step .. step + prefetch`` submitted; drop any others (caller holds the lock)."""
-        wanted = range(step, step + self.prefetch + 1)
+    def _schedule(self, step: int, count: int) -> None:
+        """Have steps ``step .. step + count - 1`` submitted; drop any others (caller holds the lock)."""
+        wanted = range(step, step + count)
         for stale in [s for s in self._pending if s not in wanted]:
             for future in self._pending.pop(stale).values():
                 future.cancel()

@@ -1,0 +1,170 @@
+"""Sidecars: functions run colocated with each slice (jax colocated_python on CPU devices).
+
+In-process tests use the embedded local:2x4 backend; the kernel tests drive
+``%%pathways sidecar`` through a real `pathways` kernel, and the notebook
+test executes notebooks/sidecar.ipynb with nbclient.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pytest
+from nbclient import NotebookClient
+
+import pathways_kernel as pw
+from pathways_kernel.sidecar import stats
+
+NOTEBOOK = Path(__file__).parent.parent / "notebooks" / "sidecar.ipynb"
+
+
+@pytest.fixture(scope="module")
+def session():
+    s = pw.session()
+    if s.backend.spec != "local:2x4":
+        s = pw.connect("local:2x4", force=True)
+    for sl in s.topology.slices:
+        s.set_slice_state(sl.index, "up")
+    yield s
+    for sl in s.topology.slices:
+        s.set_slice_state(sl.index, "up")
+
+
+def test_runs_on_every_slice_and_returns_arrays_on_that_slice(session):
+    @pw.sidecar
+    def shard_info(n, slice_index):
+        return {"rows": np.arange(n) + 100 * slice_index, "slice": slice_index}
+
+    results = shard_info(3)
+    assert sorted(results) == [0, 1]
+    for index, out in results.items():
+        assert np.asarray(out["rows"]).tolist() == [100 * index, 100 * index + 1, 100 * index + 2]
+        assert int(out["slice"]) == index
+        assert out["rows"].devices() == set(session.topology.slice(index).devices)
+
+
+def test_chosen_slices_only(session):
+    results = pw.run_sidecar(lambda slice_index: slice_index * 2, slices="1")
+    assert list(results) == [1]
+    assert int(results[1]) == 2
+    assert "slice 1: Array(2" in repr(results)
+
+
+def test_an_exception_comes_back_naming_the_slice(session):
+    @pw.sidecar
+    def fragile(slice_index):
+        if slice_index == 1:
+            raise KeyError("no shard file for this host")
+        return 0
+
+    with pytest.raises(pw.SidecarError) as caught:
+        fragile()
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "sidecar 'fragile' failed on slice 1" in message
+    assert "KeyError" in message and "no shard file for this host" in message
+    assert stats()["slices"][1]["errors"] >= 1
+    assert pw.events(kind="sidecar")[-1].detail == message
+
+
+def test_a_hanging_sidecar_times_out_and_the_next_call_works(session):
+    hang = {"on": True}
+
+    @pw.sidecar(timeout=1.5)
+    def stuck(slice_index):
+        if slice_index == 0 and hang["on"]:
+            time.sleep(20)
+        return slice_index
+
+    started = time.monotonic()
+    with pytest.raises(pw.SidecarTimeout, match=r"sidecar 'stuck' on slice 0 did not finish within 1.5 s"):
+        stuck()
+    assert time.monotonic() - started < 10
+    assert stats()["timeouts"] >= 1
+    hang["on"] = False
+    assert sorted(int(v) for v in stuck().values()) == [0, 1]
+
+
+def test_bad_slice_choices_are_one_line_errors(session):
+    with pytest.raises(pw.PathwaysError, match="no slice 7"):
+        pw.run_sidecar(lambda: 0, slices="7")
+    with pytest.raises(pw.PathwaysError, match="bad --slices"):
+        pw.sidecar(lambda: 0, slices="one")
+    session.set_slice_state(1, "down")
+    try:
+        with pytest.raises(pw.PathwaysError, match="slice 1 is down"):
+            pw.run_sidecar(lambda: 0, slices=[1])
+        assert list(pw.run_sidecar(lambda: 0)) == [0]  # "all" means the live ones
+    finally:
+        session.set_slice_state(1, "up")
+
+
+def test_stats_are_what_the_monitor_reads(session):
+    pw.run_sidecar(lambda: np.zeros(256, np.float32))
+    s = pw.sidecar.stats()
+    assert {"calls", "bytes", "busy_s", "errors", "timeouts", "queue_depth", "slices", "loaders"} <= set(s)
+    assert s["calls"] >= 2 and s["bytes"] >= 2 * 1024
+    event = pw.events(kind="sidecar")[-1]
+    assert event.bytes == 2 * 1024 and event.detail == "<lambda> on slices [0,1]"
+
+
+# -- through a real kernel ------------------------------------------------------
+
+
+@pytest.mark.kernel
+def test_cell_magic_defines_sidecars_for_the_chosen_slices(kernel):
+    reply = kernel.run(
+        "%%pathways sidecar --slices 1 --timeout 5\n"
+        "import numpy as np\n"
+        "@pw.sidecar\n"
+        "def host_rows(n, slice_index):\n"
+        "    return np.full(n, slice_index)\n"
+    )
+    assert reply.status == "ok", reply.error
+    assert "<sidecar host_rows on slices 1, timeout 5 s>" in reply.text
+    reply = kernel.run("r = host_rows(3); print(list(r), r[1].tolist())")
+    assert reply.status == "ok", reply.error
+    assert "[1] [1, 1, 1]" in reply.text
+    reply = kernel.run("%pathways sidecar")
+    assert "sidecar calls" in reply.text and "slice 1: 1 calls" in reply.text
+
+
+@pytest.mark.kernel
+def test_errors_and_hangs_in_a_cell_are_one_line_and_the_kernel_stays_up(kernel):
+    kernel.run(
+        "%%pathways sidecar --timeout 2\n"
+        "import time\n"
+        "@pw.sidecar\n"
+        "def broken(slice_index):\n"
+        "    raise ValueError(f'bad record in shard {slice_index}')\n"
+        "@pw.sidecar\n"
+        "def frozen():\n"
+        "    time.sleep(60)\n"
+    )
+    reply = kernel.run("broken()")
+    assert reply.status == "error"
+    assert reply.error.strip() == "SidecarError: sidecar 'broken' failed on slice 0: ValueError: bad record in shard 0"
+    started = time.monotonic()
+    reply = kernel.run("frozen()", timeout=30)
+    assert reply.status == "error" and time.monotonic() - started < 20
+    assert reply.error.strip().startswith("SidecarTimeout: sidecar 'frozen' on slice 0 did not finish within 2 s")
+    assert kernel.run("print(1 + 1)").text.strip() == "2"
+
+
+@pytest.mark.kernel
+def test_notebook_feeds_a_training_loop_from_per_slice_loaders():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    assert nb.metadata.kernelspec.name == "pathways"
+    NotebookClient(nb, timeout=180, kernel_name="pathways").execute()
+    text = "".join(
+        out.get("text", "") + out.get("data", {}).get("text/plain", "")
+        for cell in nb.cells
+        if cell.cell_type == "code"
+        for out in cell.outputs
+    )
+    assert "every sample exactly once: True" in text
+    assert "batch sharded over slices [0, 1]" in text
+    assert "sidecar calls" in text
