@@ -544,8 +544,14 @@ def _leaf_array(leaf: Any) -> tuple[np.ndarray | None, Any]:
     return array, None
 
 
-def persist(snapshot: Any, url: str, snapshot_id: str | None = None, events: Any = None, check_timeout: float = 5.0) -> Transfer:
+def persist(snapshot: Any, url: str, snapshot_id: str | None = None, *, name: str | None = None, step: int | None = None,
+            events: Any = None, check_timeout: float = 5.0) -> Transfer:
     """Upload a host snapshot under ``url``; returns a running ``Transfer``.
+
+    ``snapshot`` is a ``Snapshot`` (pending ones are waited for on the
+    storage executor, not here) or a pytree of arrays, which is snapshotted
+    first (``name``, ``step``). The id defaults to ``NAME`` or
+    ``NAME-stepN``.
 
     The data objects go first, the manifest last and only if no snapshot
     ``url/ID`` exists yet. Returns once the quick checks passed (URL, bucket,
@@ -557,10 +563,14 @@ def persist(snapshot: Any, url: str, snapshot_id: str | None = None, events: Any
       StorageError: malformed URL or id, missing bucket, permission denied,
         duplicate id, unreachable server (when found within ``check_timeout``).
     """
+    from pathways_kernel import snapshots
+
     location = parse_url(url)
+    if not isinstance(snapshot, snapshots.Snapshot):
+        snapshot = snapshots.snapshot(snapshot, name, step)
     snapshot_id = check_id(snapshot_id or default_id(snapshot))
     target = location.child(snapshot_id)
-    transfer = Transfer("persist", f"'{snapshot_id}' -> {target.url}", int(getattr(snapshot, "nbytes", 0)), events)
+    transfer = Transfer("persist", f"'{snapshot_id}' -> {target.url}", int(snapshot.nbytes), _events(events))
     transfer.start(lambda t: _persist(t, snapshot, location, snapshot_id))
     transfer.wait_checked(check_timeout)
     return transfer
@@ -718,7 +728,7 @@ def read_info(url: str) -> SnapshotInfo:
     return _info(target, manifest)
 
 
-def load(url: str, events: Any = None, on_start: Any = None, memory_limit: int | None = None, like: Any = None) -> Any:
+def load(url: str, events: Any = None, memory_limit: int | None = None, like: Any = None) -> Any:
     """Download a committed snapshot into host memory; returns a done ``Snapshot``.
 
     ``url`` names a snapshot (``PREFIX/ID``) or a prefix (its newest
@@ -755,7 +765,7 @@ def load(url: str, events: Any = None, on_start: Any = None, memory_limit: int |
         if treedef.num_leaves != len(manifest["leaves"]):
             raise StorageError(f"snapshot {target.url} has {len(manifest['leaves'])} leaves but `like` has {treedef.num_leaves}")
     return transfers.run_sync("restore", f"{target.url}", lambda t: _download(t, objects, target, manifest, treedef), events,
-                              total=nbytes, on_start=on_start)
+                              total=nbytes)
 
 
 def _download(transfer: Transfer, objects: _Objects, target: Location, manifest: dict[str, Any], treedef: Any) -> Any:
@@ -823,14 +833,29 @@ def _drain_reads(pending: list, transfer: Transfer, target: Location, keep: int)
         transfer.advance(len(data))
 
 
-def restore(url: str, mesh: Any = None, events: Any = None, on_start: Any = None, like: Any = None) -> Any:
-    """Download a committed snapshot and put it on ``mesh`` (default: the live slices).
+def restore(source: Any, mesh: Any = None, *, like: Any = None, events: Any = None) -> Any:
+    """Put a snapshot back on ``mesh`` (default: the live slices); returns the pytree.
 
-    Leaves keep their PartitionSpecs; axes the mesh lacks become replicated.
-    ``like`` (a pytree of the same structure) gives the result that
-    structure instead of nested dicts and lists.
+    ``source`` is a URL (a snapshot ``PREFIX/ID``, or a prefix: its newest
+    committed snapshot) or an in-memory ``Snapshot``. Leaves keep their
+    PartitionSpecs; axes the mesh lacks, or that no longer divide a
+    dimension, become replicated. ``like`` (a pytree of the same structure)
+    gives the result that structure instead of nested dicts and lists.
+
+    Raises:
+      StorageError: see ``load``.
     """
     from pathways_kernel import snapshots
 
-    return snapshots.restore(load(url, events=events, on_start=on_start, like=like), mesh)
+    if isinstance(source, snapshots.Snapshot):
+        return snapshots.restore(source, mesh)
+    return snapshots.restore(load(source, events=_events(events), like=like), mesh)
+
+
+def _events(events: Any) -> Any:
+    if events is not None:
+        return events
+    from pathways_kernel.session import session
+
+    return session().events
 

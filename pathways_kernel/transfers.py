@@ -15,12 +15,16 @@ import threading
 import time
 from typing import Any, Callable
 
-from pathways_kernel.errors import PathwaysError, StorageError, one_line
+from pathways_kernel.errors import StorageError, one_line
 from pathways_kernel.events import EventLog, format_bytes
 
 # Two workers: a restore can run while a persist is still uploading. The
 # workers mostly wait on tensorstore futures, so more would not be faster.
 _EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="pathways-storage")
+
+#: Called with each transfer as it starts, on the starting thread (the
+#: notebook's progress bars subscribe here).
+WATCHERS: list[Callable[["Transfer"], None]] = []
 
 
 class Transfer:
@@ -56,6 +60,8 @@ class Transfer:
 
     def start(self, job: Callable[["Transfer"], Any]) -> "Transfer":
         self._future = _EXECUTOR.submit(self._run, job)
+        for watcher in list(WATCHERS):
+            watcher(self)
         return self
 
     def _run(self, job: Callable[["Transfer"], Any]) -> Any:
@@ -132,18 +138,10 @@ class Transfer:
         p.text(self.summary())
 
 
-def run_sync(kind: str, what: str, job: Callable[[Transfer], Any], events: EventLog | None, total: int = 0,
-             on_start: Callable[[Transfer], None] | None = None) -> Any:
+def run_sync(kind: str, what: str, job: Callable[[Transfer], Any], events: EventLog | None, total: int = 0) -> Any:
     """Run ``job`` as a transfer on the executor and wait for it.
 
     Downloads are synchronous for the caller (it needs the data), but they
     still run on the executor so that a progress bar can update meanwhile.
     """
-    transfer = Transfer(kind, what, total, events).start(job)
-    if on_start is not None:
-        on_start(transfer)
-    return transfer.wait()
-
-
-def is_user_error(exc: BaseException) -> bool:
-    return isinstance(exc, PathwaysError)
+    return Transfer(kind, what, total, events).start(job).wait()

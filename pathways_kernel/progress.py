@@ -1,0 +1,92 @@
+"""Progress bars in the notebook for transfers that take more than a second.
+
+A view over ``transfers``: when a transfer starts on the kernel's main thread
+(inside a cell) an empty output is reserved in that cell; a single daemon
+thread turns it into a progress bar once the transfer has run for
+``THRESHOLD_S`` and into a one-line summary (or the failure) when it ends.
+Updates go through IPython display ids, which the frontend applies wherever
+the output is, even after the cell has finished (the upload is async).
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+import time
+from typing import Any
+
+from pathways_kernel import transfers
+from pathways_kernel.events import format_bytes
+
+THRESHOLD_S = 1.0
+INTERVAL_S = 0.25
+
+_active: list[tuple[transfers.Transfer, Any]] = []
+_lock = threading.Lock()
+_thread: threading.Thread | None = None
+_installed = False
+
+
+def install() -> None:
+    """Show progress for transfers started inside this IPython kernel."""
+    global _installed
+    if not _installed:
+        transfers.WATCHERS.append(_watch)
+        _installed = True
+
+
+def _in_kernel() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+def _watch(transfer: transfers.Transfer) -> None:
+    global _thread
+    if threading.current_thread() is not threading.main_thread() or not _in_kernel():
+        return
+    from IPython.display import display
+
+    handle = display({"text/plain": ""}, raw=True, display_id=True)
+    with _lock:
+        _active.append((transfer, handle))
+        if _thread is None or not _thread.is_alive():
+            _thread = threading.Thread(target=_loop, name="pathways-progress", daemon=True)
+            _thread.start()
+
+
+def _loop() -> None:
+    while True:
+        time.sleep(INTERVAL_S)
+        with _lock:
+            items = list(_active)
+        if not items:
+            with _lock:
+                if not _active:
+                    return
+            continue
+        for transfer, handle in items:
+            if transfer.done():
+                handle.update(render(transfer), raw=True)
+                with _lock:
+                    _active.remove((transfer, handle))
+            elif transfer.elapsed_s() >= THRESHOLD_S:
+                handle.update(render(transfer), raw=True)
+
+
+def render(transfer: transfers.Transfer) -> dict[str, str]:
+    """A MIME bundle: an HTML bar while running, a summary line when done."""
+    text = transfer.summary()
+    if transfer.done():
+        color = "var(--jp-error-color1, #c00)" if transfer.exception() is not None else "inherit"
+        return {"text/plain": text, "text/html": f'<div class="pathways-transfer" style="color:{color}">{html.escape(text)}</div>'}
+    fraction = transfer.done_bytes / transfer.total if transfer.total else 0.0
+    bar = (
+        f'<div class="pathways-transfer"><progress max="1" value="{fraction:.3f}" style="width:18em"></progress> '
+        f"{html.escape(transfer.kind)} {html.escape(transfer.what)}: {100 * fraction:.0f}% "
+        f"({format_bytes(transfer.done_bytes)} of {format_bytes(transfer.total)}, {transfer.throughput()})</div>"
+    )
+    return {"text/plain": text, "text/html": bar}
