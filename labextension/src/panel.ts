@@ -1,52 +1,364 @@
 /**
- * The Pathways panel: a Lumino widget that follows one notebook at a time.
+ * The Pathways panel: follows the active notebook's kernel and shows its
+ * slices live (header, topology canvas, per-slice rows with sparklines and
+ * fail/restore, "Snapshot now", event timeline).
+ *
+ * Exactly one comm per followed kernel: `sessionContext.ready`,
+ * `kernelChanged` and the tracker's `currentChanged` all lead to `_sync()`,
+ * which does nothing when it already talks to that kernel.
  */
+import { ISessionContext } from '@jupyterlab/apputils';
 import { NotebookPanel } from '@jupyterlab/notebook';
+import { Kernel } from '@jupyterlab/services';
+import { ISignal, Signal } from '@lumino/signaling';
+import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
+import { CloseReason, MonitorConnection } from './connection';
+import { formatBytes, formatPercent } from './format';
 import { isPathwaysKernel } from './kernels';
+import { Change, MonitorModel } from './model';
+import { SliceAction, SliceList } from './slicelist';
+import { Timeline } from './timeline';
+import { TopologyView } from './topologyview';
 
+/** Render times kept for the benchmark (window.__pathwaysRenderTimes, ms). */
+const RENDER_SAMPLES = 2000;
+
+declare global {
+  interface Window {
+    __pathwaysRenderTimes?: number[];
+  }
+}
 
 export class PathwaysPanel extends Widget {
+  readonly model = new MonitorModel();
   private _notebook: NotebookPanel | null = null;
+  private _kernel: Kernel.IKernelConnection | null = null;
+  private _connection: MonitorConnection | null = null;
+  private _rate = 2;
+  private _frame = 0;
+  private _message = '';
+  private _stateChanged = new Signal<this, void>(this);
+
+  private _header: HTMLDivElement;
+  private _status: HTMLDivElement;
+  private _body: HTMLDivElement;
+  private _topology: TopologyView;
+  private _slices: SliceList;
+  private _timeline: Timeline;
+  private _actionResult: HTMLDivElement;
+  private _snapshotButton: HTMLButtonElement;
 
   constructor() {
     super();
     this.id = 'pathways-monitor';
     this.addClass('jp-PathwaysPanel');
-    this.title.caption = 'Pathways';
+    this.title.caption = 'Pathways monitor';
     this.title.label = 'Pathways';
-    this._render();
+
+    const title = document.createElement('div');
+    title.className = 'jp-PathwaysPanel-title';
+    title.textContent = 'Pathways';
+    this._header = document.createElement('div');
+    this._header.className = 'jp-PathwaysPanel-header';
+    this._status = document.createElement('div');
+    this._status.className = 'jp-PathwaysPanel-message';
+    this._status.setAttribute('role', 'status');
+
+    this._body = document.createElement('div');
+    this._body.className = 'jp-PathwaysPanel-body';
+    this._topology = new TopologyView(this.model);
+    this._slices = new SliceList(this.model, (action, slice, button) => void this._sliceAction(action, slice, button));
+    this._timeline = new Timeline(this.model);
+    const actions = document.createElement('div');
+    actions.className = 'jp-PathwaysPanel-actions';
+    this._snapshotButton = document.createElement('button');
+    this._snapshotButton.className = 'jp-Button jp-mod-styled jp-mod-accept jp-mod-small';
+    this._snapshotButton.textContent = 'Snapshot now';
+    this._snapshotButton.title = "Snapshot the notebook's JAX arrays to host memory now";
+    this._snapshotButton.addEventListener('click', () => void this._snapshot());
+    this._actionResult = document.createElement('div');
+    this._actionResult.className = 'jp-PathwaysPanel-actionResult';
+    this._actionResult.setAttribute('role', 'status');
+    actions.append(this._snapshotButton, this._actionResult);
+    this._body.append(
+      section('Topology', this._topology.node),
+      section('Slices · utilization, last 5 min', this._slices.node),
+      actions,
+      section('Events · newest first', this._timeline.node)
+    );
+    this.node.append(title, this._header, this._status, this._body);
+
+    this.model.subscribe(change => this._changed(change));
+    this._sync();
+  }
+
+  /** Emitted when the summary the status bar shows may have changed. */
+  get stateChanged(): ISignal<this, void> {
+    return this._stateChanged;
   }
 
   /** Follow the given notebook (or none) and its kernel changes. */
   follow(notebook: NotebookPanel | null): void {
-    if (notebook === this._notebook) {
-      return;
+    if (notebook !== this._notebook) {
+      const old = this._notebook?.sessionContext;
+      old?.kernelChanged.disconnect(this._sync, this);
+      old?.statusChanged.disconnect(this._kernelStatus, this);
+      this._notebook = notebook;
+      const context = notebook?.sessionContext;
+      context?.kernelChanged.connect(this._sync, this);
+      context?.statusChanged.connect(this._kernelStatus, this);
+      void context?.ready.then(() => this._sync());
     }
-    this._notebook?.sessionContext.kernelChanged.disconnect(this._render, this);
-    this._notebook = notebook;
-    notebook?.sessionContext.kernelChanged.connect(this._render, this);
-    void notebook?.sessionContext.ready.then(() => this._render());
-    this._render();
+    this._sync();
   }
 
-  private _render(): void {
-    const session = this._notebook?.sessionContext;
-    const spec = session?.session?.kernel?.name;
-    this.node.textContent = '';
-    const header = document.createElement('div');
-    header.className = 'jp-PathwaysPanel-header';
-    header.textContent = 'Pathways';
-    const body = document.createElement('div');
-    body.className = 'jp-PathwaysPanel-body';
-    if (!this._notebook) {
-      body.textContent = 'Open a notebook on a Pathways kernel to see its slices.';
-    } else if (!isPathwaysKernel(spec)) {
-      body.textContent = `This notebook's kernel (${spec ?? 'none'}) is not a Pathways kernel. Switch to "Pathways (JAX)" to monitor slices.`;
-    } else {
-      body.textContent = `Connected to kernel ${spec}.`;
-    }
-    this.node.append(header, body);
+  /** Metrics rate asked of the kernel (Hz), from the user's settings. */
+  setRate(rate: number): void {
+    this._rate = rate;
+    void this._connection?.setRate(rate).catch(() => undefined);
   }
+
+  dispose(): void {
+    this._detach();
+    super.dispose();
+  }
+
+  protected onAfterShow(msg: Message): void {
+    this._schedule();
+  }
+
+  protected onResize(msg: Widget.ResizeMessage): void {
+    this._schedule();
+  }
+
+  /** Attach to the followed notebook's kernel unless already attached to it. */
+  private _sync(): void {
+    const context: ISessionContext | undefined = this._notebook?.sessionContext;
+    const kernel = context?.session?.kernel ?? null;
+    if (kernel === this._kernel && (this._connection !== null || kernel === null || !isPathwaysKernel(kernel.name))) {
+      this._renderChrome();
+      return;
+    }
+    this._detach();
+    this._kernel = kernel;
+    if (kernel && isPathwaysKernel(kernel.name)) {
+      this._attach(kernel);
+    }
+    this._renderChrome();
+  }
+
+  private _attach(kernel: Kernel.IKernelConnection): void {
+    const connection = new MonitorConnection(kernel, this.model, reason => this._closed(connection, reason));
+    this._connection = connection;
+    this._message = 'Connecting to the kernel’s monitor…';
+    connection.open(this._rate).then(
+      () => {
+        if (this._connection === connection && this._message.startsWith('Connecting')) {
+          this._message = '';
+          this._renderChrome();
+        }
+      },
+      (error: Error) => {
+        if (this._connection === connection) {
+          this._message = `Could not reach the kernel’s monitor: ${error.message}`;
+          this._renderChrome();
+        }
+      }
+    );
+  }
+
+  private _detach(): void {
+    this._connection?.dispose();
+    this._connection = null;
+    this._kernel = null;
+    this._message = '';
+    this.model.reset();
+  }
+
+  private _closed(connection: MonitorConnection, reason: CloseReason): void {
+    if (this._connection !== connection) {
+      return;
+    }
+    this._connection = null;
+    const kernel = this._kernel;
+    if (reason === 'stale' && kernel) {
+      // Our pings stopped (a sleeping laptop): just reconnect.
+      this.model.reset();
+      this._attach(kernel);
+    } else {
+      this._message =
+        reason === 'evicted'
+          ? 'Disconnected: too many monitor views on this kernel. Close other views, then reopen this notebook.'
+          : reason === 'shutdown'
+            ? 'The kernel’s monitor shut down.'
+            : 'This kernel has no Pathways monitor (is it a Pathways kernel with telemetry?).';
+    }
+    this._renderChrome();
+  }
+
+  /** A kernel restart drops its comms: start over once it is back. */
+  private _kernelStatus(context: ISessionContext, status: Kernel.Status): void {
+    const kernel = this._kernel;
+    if (!kernel) {
+      return;
+    }
+    if (status === 'restarting' || status === 'autorestarting' || status === 'dead') {
+      this._connection?.dispose();
+      this._connection = null;
+      this.model.reset();
+      this._message = status === 'dead' ? 'The kernel died.' : 'Kernel restarting…';
+      this._renderChrome();
+    } else if ((status === 'idle' || status === 'busy') && this._connection === null && isPathwaysKernel(kernel.name)) {
+      this._attach(kernel);
+      this._renderChrome();
+    }
+  }
+
+  private async _sliceAction(action: SliceAction, slice: number, button: HTMLButtonElement): Promise<void> {
+    button.disabled = true;
+    const verb = action === 'fail_slice' ? 'fail' : 'restore';
+    this._report(`${verb} slice ${slice}…`);
+    try {
+      const reply = await this._request({ type: action, slice });
+      this._report(reply.ok ? '' : `${verb} slice ${slice}: ${reply.error}`, !reply.ok);
+    } catch (error) {
+      this._report(`${verb} slice ${slice}: ${(error as Error).message}`, true);
+    } finally {
+      button.disabled = false;
+    }
+  }
+
+  private async _snapshot(): Promise<void> {
+    this._snapshotButton.disabled = true;
+    this._report('Snapshotting…');
+    try {
+      const reply = await this._request({ type: 'snapshot' });
+      if (reply.ok && reply.result) {
+        const r = reply.result as { name?: string; leaves?: number; nbytes?: number };
+        this._report(`Snapshot “${r.name}”: ${r.leaves} arrays, ${formatBytes(r.nbytes ?? 0)}`);
+      } else {
+        this._report(`Snapshot failed: ${reply.error}`, true);
+      }
+    } catch (error) {
+      this._report(`Snapshot failed: ${(error as Error).message}`, true);
+    } finally {
+      this._snapshotButton.disabled = false;
+    }
+  }
+
+  private _request(body: Parameters<MonitorConnection['request']>[0]) {
+    if (!this._connection) {
+      return Promise.reject(new Error('not connected to a Pathways kernel'));
+    }
+    return this._connection.request(body);
+  }
+
+  private _report(text: string, error = false): void {
+    this._actionResult.textContent = text;
+    this._actionResult.classList.toggle('jp-mod-error', error);
+  }
+
+  private _changed(change: Change): void {
+    if (change !== 'metrics') {
+      this._renderChrome();
+    }
+    this._schedule();
+    this._stateChanged.emit();
+  }
+
+  /** Coalesce redraws to one per animation frame. */
+  private _schedule(): void {
+    if (this._frame) {
+      return;
+    }
+    this._frame = requestAnimationFrame(() => {
+      this._frame = 0;
+      if (!this.isVisible) {
+        return;
+      }
+      const start = performance.now();
+      this._topology.render();
+      this._slices.render();
+      this._timeline.render();
+      this._renderHeader();
+      const times = (window.__pathwaysRenderTimes ??= []);
+      times.push(performance.now() - start);
+      if (times.length > RENDER_SAMPLES) {
+        times.splice(0, times.length - RENDER_SAMPLES);
+      }
+    });
+  }
+
+  /** Header figures that move with every metrics frame. */
+  private _renderHeader(): void {
+    const t = this.model.topology;
+    const summary = this.model.summary();
+    if (!t || !summary) {
+      this._header.textContent = '';
+      return;
+    }
+    const items: [string, string][] = [
+      ['backend', t.backend],
+      ['target', t.target],
+      ['platform', t.platform],
+      ['slices', `${summary.slicesUp}/${summary.slicesTotal} up`],
+      ['chips', String(summary.chips)],
+      ['utilization', formatPercent(summary.utilization)],
+      ['memory', this.model.metrics ? formatBytes(this.model.metrics.memory_bytes) : '–']
+    ];
+    this._header.textContent = '';
+    for (const [name, value] of items) {
+      const item = document.createElement('span');
+      item.className = 'jp-PathwaysPanel-headerItem';
+      item.dataset.field = name;
+      const label = document.createElement('span');
+      label.className = 'jp-PathwaysPanel-headerLabel';
+      label.textContent = name;
+      const text = document.createElement('span');
+      text.className = 'jp-PathwaysPanel-headerValue';
+      text.textContent = value;
+      item.append(label, text);
+      this._header.append(item);
+    }
+    this._header.classList.toggle('jp-mod-degraded', summary.slicesUp < summary.slicesTotal);
+  }
+
+  /** The friendly states: no notebook, not a Pathways kernel, connecting, disconnected. */
+  private _renderChrome(): void {
+    const kernel = this._kernel;
+    let message = this._message;
+    if (!this._notebook) {
+      message = 'Open a notebook on a Pathways kernel to see its slices here.';
+    } else if (!kernel) {
+      message = 'This notebook has no kernel yet. Start the “Pathways (JAX)” kernel to see its slices.';
+    } else if (!isPathwaysKernel(kernel.name)) {
+      message = `This notebook runs “${kernel.name}”, not a Pathways kernel. Switch it to “Pathways (JAX)” (Kernel › Change Kernel…) to monitor its slices.`;
+    }
+    this._status.textContent = message;
+    this._status.hidden = !message;
+    const live = !!this.model.topology;
+    this._body.hidden = !live;
+    this.node.dataset.state = !this._notebook
+      ? 'no-notebook'
+      : !kernel
+        ? 'no-kernel'
+        : !isPathwaysKernel(kernel.name)
+          ? 'not-pathways'
+          : live
+            ? 'live'
+            : 'connecting';
+    this._renderHeader();
+  }
+}
+
+function section(title: string, content: HTMLElement): HTMLElement {
+  const node = document.createElement('section');
+  node.className = 'jp-PathwaysPanel-section';
+  const heading = document.createElement('h3');
+  heading.className = 'jp-PathwaysPanel-sectionTitle';
+  heading.textContent = title;
+  node.append(heading, content);
+  return node;
 }

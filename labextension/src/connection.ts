@@ -1,0 +1,170 @@
+/**
+ * One `pathways.monitor` comm on a notebook's own kernel connection.
+ *
+ * Opens the comm on the comm target's subshell when the kernel has them
+ * (JupyterLab >= 4.4 commsOverSubshells), so requests are answered while a
+ * cell runs: JupyterLab's `open()` does not wait for the subshell, so we do
+ * (shared/NOTES.md, trap 1). Decodes every kernel message into the model,
+ * matches replies to requests, and pings so the kernel keeps the comm.
+ */
+import { Kernel, KernelMessage } from '@jupyterlab/services';
+
+import { MonitorModel } from './model';
+import {
+  PING_INTERVAL_S,
+  ProtocolError,
+  ReplyMessage,
+  RequestBody,
+  TARGET,
+  decodeMessage,
+  encodeRequest
+} from './protocol';
+
+/** Why the comm ended, as the kernel said in its `closed` message, or ours. */
+export type CloseReason = 'stale' | 'evicted' | 'shutdown' | 'unknown';
+
+const REQUEST_TIMEOUT_MS = 15_000;
+
+let nextRequest = 0;
+
+export class MonitorConnection {
+  private _comm: Kernel.IComm | null = null;
+  private _pending = new Map<string, (reply: ReplyMessage) => void>();
+  private _ping: ReturnType<typeof setInterval> | null = null;
+  private _disposed = false;
+
+  /**
+   * @param kernel the notebook's own kernel connection (it handles comms).
+   * @param model receives every decoded kernel message.
+   * @param onClosed called once if the kernel closes the comm.
+   */
+  constructor(
+    readonly kernel: Kernel.IKernelConnection,
+    private _model: MonitorModel,
+    private _onClosed: (reason: CloseReason) => void
+  ) {}
+
+  get isOpen(): boolean {
+    return this._comm !== null && !this._disposed;
+  }
+
+  /** Open the comm and subscribe at `rate` Hz. Rejects if the kernel has no monitor. */
+  async open(rate: number): Promise<void> {
+    await this.kernel.info;
+    const comm = this.kernel.createComm(TARGET);
+    if (this._disposed) {
+      comm.dispose();
+      return;
+    }
+    this._comm = comm;
+    comm.onMsg = msg => this._handle(msg);
+    comm.onClose = msg => this._closed(msg);
+    // Not in the services typings: the comm's subshell start (trap 1).
+    const overSubshells = (this.kernel as { commsOverSubshells?: string }).commsOverSubshells;
+    if (this.kernel.supportsSubshells && overSubshells !== 'disabled') {
+      try {
+        await (comm as unknown as { subshellStarted: Promise<void> }).subshellStarted;
+      } catch (reason) {
+        console.warn('pathways: comm subshell did not start; requests will wait for running cells', reason);
+      }
+    }
+    if (this._disposed) {
+      return;
+    }
+    comm.open({ v: 1 });
+    this._ping = setInterval(() => void this.request({ type: 'ping' }).catch(() => undefined), PING_INTERVAL_S * 1000);
+    await this.setRate(rate);
+  }
+
+  async setRate(rate: number): Promise<void> {
+    const reply = await this.request({ type: 'subscribe', rate });
+    if (!reply.ok) {
+      console.warn(`pathways: subscribe refused: ${reply.error}`);
+    }
+  }
+
+  /** Send a request; resolves with its reply (ok or not), rejects on timeout or a closed comm. */
+  request(body: RequestBody): Promise<ReplyMessage> {
+    const comm = this._comm;
+    if (!comm || this._disposed || comm.isDisposed) {
+      return Promise.reject(new Error('The Pathways monitor is not connected to this kernel.'));
+    }
+    const id = `pw-${Date.now().toString(36)}-${++nextRequest}`;
+    const data = encodeRequest(body, id);
+    return new Promise<ReplyMessage>((resolve, reject) => {
+      const timer = setTimeout(() => {
+        this._pending.delete(id);
+        reject(new Error(`The kernel did not answer "${body.type}" within ${REQUEST_TIMEOUT_MS / 1000} s.`));
+      }, REQUEST_TIMEOUT_MS);
+      this._pending.set(id, reply => {
+        clearTimeout(timer);
+        resolve(reply);
+      });
+      comm.send(data as unknown as KernelMessage.ICommMsgMsg['content']['data']);
+    });
+  }
+
+  /** Close the comm (the panel follows another kernel, or goes away). */
+  dispose(): void {
+    if (this._disposed) {
+      return;
+    }
+    this._disposed = true;
+    this._stop();
+    const comm = this._comm;
+    this._comm = null;
+    if (comm && !comm.isDisposed && !this.kernel.isDisposed) {
+      comm.onClose = () => undefined;
+      try {
+        comm.close();
+      } catch {
+        comm.dispose();
+      }
+    }
+  }
+
+  private _handle(msg: KernelMessage.ICommMsgMsg): void {
+    if (this._disposed) {
+      return;
+    }
+    let message;
+    try {
+      message = decodeMessage(msg.content.data, msg.buffers ?? []);
+    } catch (error) {
+      if (error instanceof ProtocolError) {
+        console.warn(`pathways: dropped a malformed monitor message: ${error.message}`);
+        return;
+      }
+      throw error;
+    }
+    if (message.type === 'reply') {
+      const resolve = message.request_id === null ? undefined : this._pending.get(message.request_id);
+      if (resolve) {
+        this._pending.delete(message.request_id!);
+        resolve(message);
+      }
+      return;
+    }
+    this._model.handle(message);
+  }
+
+  private _closed(msg: KernelMessage.ICommCloseMsg): void {
+    this._stop();
+    this._comm = null;
+    if (this._disposed) {
+      return;
+    }
+    this._disposed = true;
+    const data = msg.content.data as { reason?: unknown } | undefined;
+    const reason = data?.reason;
+    this._onClosed(reason === 'stale' || reason === 'evicted' || reason === 'shutdown' ? reason : 'unknown');
+  }
+
+  private _stop(): void {
+    if (this._ping !== null) {
+      clearInterval(this._ping);
+      this._ping = null;
+    }
+    this._pending.clear();
+  }
+}

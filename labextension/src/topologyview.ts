@@ -1,0 +1,219 @@
+/**
+ * The topology canvas: one block per slice, one cell per chip coloured by
+ * utilization; lost slices hatched in the theme's error colour with "DOWN".
+ *
+ * Chip cells are written straight into an ImageData (one pass over the
+ * chips, no path per chip), labels and DOWN marks are drawn on top. A
+ * tooltip follows the mouse with the chip's id, coords, utilization and
+ * memory (or the slice's aggregates when slices are aggregated).
+ */
+import { packRGBA, toCss } from './colors';
+import { formatBytes, formatPercent } from './format';
+import { Layout, hitTest, layoutTopology } from './layout';
+import { MonitorModel } from './model';
+import { Palette, palette } from './theme';
+
+export class TopologyView {
+  readonly node: HTMLDivElement;
+  private _canvas: HTMLCanvasElement;
+  private _tooltip: HTMLDivElement;
+  private _layout: Layout | null = null;
+  private _hover: { x: number; y: number } | null = null;
+
+  constructor(private _model: MonitorModel) {
+    this.node = document.createElement('div');
+    this.node.className = 'jp-PathwaysPanel-topology';
+    this._canvas = document.createElement('canvas');
+    this._canvas.className = 'jp-PathwaysPanel-canvas';
+    this._canvas.setAttribute('role', 'img');
+    this._tooltip = document.createElement('div');
+    this._tooltip.className = 'jp-PathwaysPanel-tooltip';
+    this._tooltip.hidden = true;
+    this.node.append(this._canvas, this._tooltip);
+    this._canvas.addEventListener('mousemove', e => {
+      this._hover = { x: e.offsetX, y: e.offsetY };
+      this._updateTooltip();
+    });
+    this._canvas.addEventListener('mouseleave', () => {
+      this._hover = null;
+      this._tooltip.hidden = true;
+    });
+  }
+
+  /** Redraw for the model's current state at the node's current width. */
+  render(): void {
+    const model = this._model;
+    const topology = model.topology;
+    const canvas = this._canvas;
+    if (!topology) {
+      canvas.width = canvas.height = 0;
+      canvas.style.height = '0px';
+      this._layout = null;
+      return;
+    }
+    const scale = window.devicePixelRatio || 1;
+    const cssWidth = Math.max(120, this.node.clientWidth || 280);
+    const width = Math.floor(cssWidth * scale);
+    const layout = layoutTopology(model.grids, width, { scale, minCell: 2, maxHeight: 360 });
+    this._layout = layout;
+    const height = Math.max(1, layout.height);
+    if (canvas.width !== width || canvas.height !== height) {
+      canvas.width = width;
+      canvas.height = height;
+      canvas.style.width = `${width / scale}px`;
+      canvas.style.height = `${height / scale}px`;
+    }
+    const colors = palette(this.node);
+    const ctx = canvas.getContext('2d')!;
+    const image = ctx.createImageData(width, height);
+    const pixels = new Uint32Array(image.data.buffer);
+    pixels.fill(packRGBA(colors.background));
+    this._drawCells(pixels, width, layout, colors);
+    ctx.putImageData(image, 0, 0);
+    this._drawLabels(ctx, layout, colors, scale);
+
+    const down = topology.slices.filter(s => s.state === 'down').map(s => s.index);
+    const perSlice = topology.slices.length ? topology.slices[0].chip_count : 0;
+    canvas.dataset.slices = String(topology.slices.length);
+    canvas.dataset.chips = String(topology.chips);
+    canvas.dataset.down = down.join(',');
+    canvas.dataset.aggregated = String(layout.aggregated);
+    canvas.setAttribute(
+      'aria-label',
+      `${topology.slices.length} slices × ${perSlice} chips` + (down.length ? `; down: ${down.join(', ')}` : '')
+    );
+    this._updateTooltip();
+  }
+
+  private _drawCells(pixels: Uint32Array, stride: number, layout: Layout, colors: Palette): void {
+    const model = this._model;
+    const topology = model.topology!;
+    const metrics = model.metrics;
+    const util = metrics?.utilization_buffer ?? null;
+    const block = packRGBA(colors.block);
+    const down = packRGBA(colors.down);
+    const idle = colors.ramp[0];
+    for (const b of layout.blocks) {
+      const slice = topology.slices[b.position];
+      if (slice.state === 'down') {
+        hatch(pixels, stride, b.x, b.y, b.width, b.height, down, block);
+        continue;
+      }
+      if (layout.aggregated) {
+        const aggregate = metrics?.slices[b.position]?.utilization;
+        const color = aggregate === undefined ? idle : colors.ramp[Math.round(aggregate * 255)];
+        fill(pixels, stride, b.x, b.y, b.width, b.height, color);
+        continue;
+      }
+      fill(pixels, stride, b.x, b.y, b.width, b.height, block);
+      const grid = model.grids[b.position];
+      const size = layout.cell - layout.gap;
+      for (let row = 0; row < grid.rows; row++) {
+        for (let col = 0; col < grid.cols; col++) {
+          const chip = grid.cells[row * grid.cols + col];
+          if (chip < 0) {
+            continue;
+          }
+          const color = util ? colors.ramp[util[chip]] : idle;
+          fill(pixels, stride, b.cellsX + col * layout.cell, b.cellsY + row * layout.cell, size, size, color);
+        }
+      }
+    }
+  }
+
+  private _drawLabels(ctx: CanvasRenderingContext2D, layout: Layout, colors: Palette, scale: number): void {
+    const topology = this._model.topology!;
+    const font = colors.font;
+    ctx.textBaseline = 'middle';
+    for (const b of layout.blocks) {
+      const slice = topology.slices[b.position];
+      const isDown = slice.state === 'down';
+      if (layout.aggregated) {
+        if (b.width >= 16 * scale) {
+          ctx.font = `${Math.round(Math.min(11, b.width / 3.2) * scale)}px ${font}`;
+          ctx.textAlign = 'center';
+          ctx.fillStyle = toCss(isDown ? colors.downText : colors.text);
+          ctx.fillText(isDown ? 'DOWN' : String(slice.index), b.x + b.width / 2, b.y + b.height / 2);
+        }
+        continue;
+      }
+      ctx.font = `${Math.round(10 * scale)}px ${font}`;
+      ctx.textAlign = 'left';
+      ctx.fillStyle = toCss(isDown ? colors.downText : colors.textMuted);
+      ctx.fillText(`slice ${slice.index}`, b.x + 3 * scale, b.y + layout.label / 2);
+      if (isDown) {
+        ctx.font = `bold ${Math.round(Math.min(14, b.width / 5 / scale) * scale)}px ${font}`;
+        ctx.textAlign = 'center';
+        const x = b.x + b.width / 2;
+        const y = b.y + (layout.label + b.height) / 2;
+        const text = 'DOWN';
+        const w = ctx.measureText(text).width + 8 * scale;
+        const h = 16 * scale;
+        ctx.fillStyle = toCss(colors.down);
+        ctx.fillRect(x - w / 2, y - h / 2, w, h);
+        ctx.fillStyle = toCss(colors.downText);
+        ctx.fillText(text, x, y);
+      }
+    }
+  }
+
+  private _updateTooltip(): void {
+    const tip = this._tooltip;
+    const layout = this._layout;
+    const model = this._model;
+    if (!this._hover || !layout || !model.topology) {
+      tip.hidden = true;
+      return;
+    }
+    const scale = window.devicePixelRatio || 1;
+    const hit = hitTest(layout, model.grids, this._hover.x * scale, this._hover.y * scale);
+    if (!hit) {
+      tip.hidden = true;
+      return;
+    }
+    const slice = model.topology.slices[hit.position];
+    const lines: string[] = [];
+    const chip = hit.chip >= 0 ? model.chip(hit.chip) : null;
+    if (chip) {
+      lines.push(`chip ${chip.id} · slice ${chip.slice}${chip.state === 'down' ? ' (DOWN)' : ''}`);
+      lines.push(`coords (${chip.coords.join(', ')})`);
+      lines.push(`utilization ${formatPercent(chip.state === 'down' ? null : chip.utilization)}`);
+      lines.push(
+        `memory ${chip.memoryBytes === null ? '–' : (chip.memoryAtLeast ? '≥ ' : '') + formatBytes(chip.memoryBytes)}`
+      );
+    } else {
+      const agg = model.metrics?.slices[hit.position];
+      lines.push(`slice ${slice.index} · ${slice.state === 'down' ? 'DOWN' : 'up'} · ${slice.chip_count} chips`);
+      if (slice.kind) {
+        lines.push(slice.kind);
+      }
+      if (agg) {
+        lines.push(`utilization ${formatPercent(agg.utilization)}`);
+        lines.push(`memory ${formatBytes(agg.memory_bytes)}`);
+      }
+    }
+    tip.textContent = lines.join('\n');
+    tip.hidden = false;
+    const width = this.node.clientWidth;
+    tip.style.left = `${Math.min(this._hover.x + 12, Math.max(0, width - 170))}px`;
+    tip.style.top = `${this._hover.y + 14}px`;
+  }
+}
+
+function fill(pixels: Uint32Array, stride: number, x: number, y: number, w: number, h: number, color: number): void {
+  for (let row = y; row < y + h; row++) {
+    pixels.fill(color, row * stride + x, row * stride + x + w);
+  }
+}
+
+/** Diagonal stripes: a lost slice must read as lost in any theme and at any size. */
+function hatch(
+  pixels: Uint32Array, stride: number, x: number, y: number, w: number, h: number, stripe: number, ground: number
+): void {
+  for (let row = y; row < y + h; row++) {
+    const base = row * stride;
+    for (let col = x; col < x + w; col++) {
+      pixels[base + col] = (col + row) % 8 < 3 ? stripe : ground;
+    }
+  }
+}
