@@ -106,11 +106,10 @@ class AutoSnapshot:
 
 
 def _lost(array: Any) -> bool:
-    try:
-        from pathways_kernel import faults
-    except ImportError:
-        return False
-    return bool(faults.is_lost(array))
+    """Whether a finished array is known lost (never waits for a pending one)."""
+    from pathways_kernel import faults
+
+    return array.is_ready() and faults.is_lost(array)
 
 
 def _shell() -> Any:
@@ -130,7 +129,7 @@ def autosnapshot(on: bool = True, max_bytes: int | None = None) -> AutoStatus:
       max_bytes: host bytes these snapshots may hold in all (``None``: no limit).
     """
     shell = _shell()
-    auto = _for(shell)
+    auto = for_shell(shell)
     if on:
         auto.enable(max_bytes)
     else:
@@ -138,7 +137,8 @@ def autosnapshot(on: bool = True, max_bytes: int | None = None) -> AutoStatus:
     return auto.status()
 
 
-def _for(shell: Any) -> AutoSnapshot:
+def for_shell(shell: Any) -> AutoSnapshot:
+    """The autosnapshot hook of ``shell`` (created off on first use)."""
     auto = getattr(shell, "_pathways_autosnapshot", None)
     if auto is None:
         auto = AutoSnapshot(shell)

@@ -264,8 +264,17 @@ class Elastic:
             last_snap = store.snap(state, snap_name, step)
             report.snapshots += 1
             failures = 0
+            # What the previous attempt left to do first: a recovery or a scale-up.
+            # They run inside the try, so a slice lost meanwhile is one more retry.
+            recover = scale_up = False
             while True:
                 try:
+                    if recover:
+                        mesh, state, step = self._recover(s, watch, mesh, state, step, store, snap_name, report)
+                        recover = False
+                    if scale_up:
+                        scale_up = False
+                        mesh, state = self._scale_up(s, watch, mesh, state, step, report)
                     while step < steps:
                         self._check_boundary(s, watch, mesh)
                         state = self.step_fn(state, step, mesh)
@@ -282,7 +291,7 @@ class Elastic:
                     self._check_boundary(s, watch, mesh)
                     break
                 except ScaleUpSignalError:
-                    mesh, state = self._scale_up(s, watch, mesh, state, step, report)
+                    scale_up = True
                 except Exception as error:
                     if not _is_slice_loss(error):
                         raise
@@ -293,7 +302,7 @@ class Elastic:
                             f"elastic '{self.name}' gave up after {failures} consecutive slice losses at step {step}; "
                             f"restore the slices (%pathways restore N) and run it again, or raise --max-retries"
                         ) from error
-                    mesh, state, step = self._recover(s, watch, mesh, state, step, store, snap_name, report)
+                    recover, scale_up = True, False
             report.steps = step - start
             report.slices = _mesh_slices(s, mesh)
             return state

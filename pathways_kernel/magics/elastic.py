@@ -6,7 +6,8 @@ from typing import Any
 
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from pathways_kernel import autosnapshot as auto
+from pathways_kernel.autosnapshot import autosnapshot as set_autosnapshot
+from pathways_kernel.autosnapshot import for_shell
 from pathways_kernel import snapshots
 from pathways_kernel.elastic import DEFAULT_MAX_RETRIES, DEFAULT_SNAPSHOT_EVERY, Elastic
 from pathways_kernel.errors import NamespaceError, PathwaysError
@@ -42,8 +43,8 @@ def snapshots_(shell: Any, args: Any, cell: str | None):
 def autosnapshot(shell: Any, args: Any, cell: str | None):
     """After each cell, snapshot the jax variables that changed (for healing after a slice loss)."""
     if args.state is None:
-        return auto._for(shell).status()
-    return auto.autosnapshot(args.state == "on", args.max_bytes)
+        return for_shell(shell).status()
+    return set_autosnapshot(args.state == "on", args.max_bytes)
 
 
 @subcommand("elastic", cell=True)
