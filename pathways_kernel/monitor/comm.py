@@ -1,0 +1,391 @@
+"""Serve protocol v1 on comm target ``pathways.monitor`` from the telemetry hub.
+
+Each open comm is a ``Connection``: it subscribes to the session's hub and
+sends ``topology``, ``event``, ``metrics`` and ``reply`` messages from its own
+sender thread, so they flow while a cell runs. Two things make frontend
+requests work during a busy cell (NOTES.md, "Kernel comms while a cell runs"):
+
+* The frontend opens the comm on a kernel subshell, so ``comm_open`` and later
+  ``comm_msg``s are handled on that subshell's thread, not the busy main shell.
+* ipykernel routes each incoming ``comm_msg`` to the subshell of the parent of
+  the comm's *last outgoing* message. A plain thread sends with the main
+  shell's parent, which would send requests back to the busy main shell. So the
+  sender thread runs inside ``contextvars.copy_context()`` taken in the
+  ``comm_open`` handler: every message it sends carries the subshell's parent.
+
+Page reloads never close kernel comms, so connections are collected: one not
+heard from (any request, ``ping`` included) for ``STALE_AFTER_S`` is closed,
+and at most ``MAX_COMMS`` live at once (opening one more closes the one heard
+from least recently).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextvars
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from pathways_kernel import telemetry
+from pathways_kernel.errors import PathwaysError, one_line
+from pathways_kernel.events import Event
+from pathways_kernel.monitor import protocol
+from pathways_kernel.topology import Topology
+
+MAX_COMMS = 8
+STALE_AFTER_S = 60.0
+#: Events replayed to a new connection.
+REPLAY_EVENTS = 50
+#: Queued messages per connection beyond which the oldest events are dropped.
+MAX_QUEUE = 1000
+
+log = logging.getLogger("pathways_kernel.monitor")
+
+
+# -- telemetry -> protocol -----------------------------------------------------
+
+
+def topology_message(topology: Topology, topology_seq: int, backend: Any) -> protocol.TopologyMessage:
+    chips = topology.chips
+    n = len(chips)
+    coords = np.zeros((n, 3), np.uint16)
+    for p, chip in enumerate(chips):
+        c = chip.coords[:3]
+        coords[p, : len(c)] = c
+    slices, offset = [], 0
+    for s in topology.slices:
+        shape = tuple(s.shape)
+        slices.append(protocol.SliceInfo(s.index, s.state, s.kind, shape, offset, len(s.chips)))
+        offset += len(s.chips)
+    return protocol.TopologyMessage(
+        topology_seq=topology_seq,
+        backend=backend.spec,
+        target=backend.target,
+        platform=topology.platform,
+        supports_fault_injection=bool(backend.supports_fault_injection),
+        slices=tuple(slices),
+        chip_id=np.fromiter((c.id for c in chips), np.int32, n),
+        chip_slice=np.fromiter((c.slice_index for c in chips), np.uint16, n),
+        chip_coords=coords,
+    )
+
+
+def metrics_message(m: telemetry.Metrics) -> protocol.MetricsMessage:
+    unit = protocol.memory_unit_for(int(m.memory.max()) if m.memory.size else 0)
+    return protocol.MetricsMessage(
+        seq=m.seq,
+        time=m.time,
+        topology_seq=m.topology_seq,
+        source=m.source,
+        window_s=m.window_s if m.window_s > 0 else 1e-3,
+        memory_unit=unit,
+        slices=tuple(
+            protocol.SliceMetrics(s.index, s.state, s.utilization, s.memory_bytes, s.memory_limit_bytes)
+            for s in m.slices
+        ),
+        utilization=m.total_utilization,
+        memory_bytes=m.memory_bytes,
+        chip_utilization=protocol.quantize_utilization(m.utilization),
+        chip_memory=protocol.quantize_memory(m.memory, unit),
+    )
+
+
+class _EncodedMetrics:
+    """Encode each hub sample once, however many comms send it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._key: tuple[int, int] | None = None
+        self._message: protocol.Message | None = None
+
+    def get(self, m: telemetry.Metrics) -> protocol.Message:
+        key = (id(m), m.seq)
+        with self._lock:
+            if self._key != key:
+                self._message = protocol.encode_metrics(metrics_message(m))
+                self._key = key
+            return self._message  # type: ignore[return-value]
+
+
+_encoded_metrics = _EncodedMetrics()
+
+
+# -- one comm --------------------------------------------------------------------
+
+
+class Connection:
+    """One frontend's comm: a sender thread, a hub subscription, request handling."""
+
+    def __init__(self, comm: Any, server: "MonitorServer"):
+        self.comm = comm
+        self.server = server
+        self.opened = time.monotonic()
+        self.last_heard = self.opened
+        self.rate: float | None = None  # None: the hub's publish rate
+        self.closed = False
+        self._cond = threading.Condition()
+        self._queue: collections.deque[protocol.Message] = collections.deque()
+        self._metrics: telemetry.Metrics | None = None  # only the newest sample waits
+        self._sub: telemetry.Subscription | None = None
+        self._close_reason: str | None = None
+        self._thread: threading.Thread | None = None
+
+    # Called in the comm_open handler, so copy_context() holds the subshell's parent.
+    def start(self, context: contextvars.Context) -> None:
+        self.comm.on_msg(self._on_msg)
+        self.comm.on_close(self._on_frontend_close)
+        self._thread = threading.Thread(target=context.run, args=(self._send_loop,), name="pathways-monitor-send",
+                                        daemon=True)
+        self._thread.start()
+
+    # -- hub callbacks (hub thread; never block) --------------------------------
+    def _on_metrics(self, m: telemetry.Metrics) -> None:
+        with self._cond:
+            self._metrics = m
+            self._cond.notify()
+
+    def _on_event(self, event: Event) -> None:
+        self._put(protocol.encode_event(event))
+
+    def _on_topology(self, topology: Topology, seq: int) -> None:
+        hub = self._sub.hub if self._sub else None
+        if hub is not None:
+            self._put(protocol.encode_topology(topology_message(topology, seq, hub.session.backend)))
+
+    def _on_hub_close(self) -> None:
+        # The session was replaced: the send loop resubscribes to the new one.
+        with self._cond:
+            self._sub = None
+            self._cond.notify()
+
+    def _put(self, message: protocol.Message) -> None:
+        with self._cond:
+            if len(self._queue) >= MAX_QUEUE:
+                self._queue.popleft()
+            self._queue.append(message)
+            self._cond.notify()
+
+    # -- sending ----------------------------------------------------------------
+    def _subscribe(self) -> None:
+        hub = telemetry.hub()
+        sub = hub.subscribe(self._on_metrics, self._on_event, self._on_topology, self._on_hub_close, rate=self.rate)
+        topology = hub.layout.topology
+        with self._cond:
+            self._sub = sub
+            self._queue.appendleft(protocol.encode_topology(topology_message(topology, hub.topology_seq, hub.session.backend)))
+        for event in hub.session.events.last(REPLAY_EVENTS):
+            self._put(protocol.encode_event(event))
+
+    def _send_loop(self) -> None:
+        try:
+            while True:
+                if self._sub is None and not self.closed:
+                    self._subscribe()
+                with self._cond:
+                    deadline = self.last_heard + self.server.stale_after_s
+                    while not self.closed and not self._queue and self._metrics is None and self._sub is not None:
+                        remaining = deadline - time.monotonic()
+                        if remaining <= 0:
+                            break
+                        self._cond.wait(min(remaining, 5.0))
+                        deadline = self.last_heard + self.server.stale_after_s
+                    if self.closed:
+                        return
+                    batch = list(self._queue)
+                    self._queue.clear()
+                    metrics, self._metrics = self._metrics, None
+                for data, buffers in batch:
+                    self.comm.send(data, buffers=buffers or None)
+                if metrics is not None:
+                    data, buffers = _encoded_metrics.get(metrics)
+                    self.comm.send(data, buffers=buffers)
+                if time.monotonic() - self.last_heard > self.server.stale_after_s:
+                    self.close("stale")
+                    return
+        except Exception:
+            log.exception("pathways monitor: sender stopped")
+            self.close("shutdown")
+        finally:
+            self._flush_close()
+
+    def _flush_close(self) -> None:
+        # Close from the sender thread, inside the comm_open context, after the last message.
+        reason = self._close_reason
+        if reason is not None and not getattr(self.comm, "_closed", False):
+            try:
+                self.comm.close(data=protocol.close_data(reason))
+            except Exception:
+                log.exception("pathways monitor: closing the comm failed")
+
+    # -- requests (the thread that handles the comm_msg: a subshell's) ---------------
+    def _on_msg(self, msg: dict[str, Any]) -> None:
+        self.last_heard = time.monotonic()
+        content = msg.get("content") or {}
+        data = content.get("data")
+        buffers = msg.get("buffers") or []
+        try:
+            request = protocol.decode_request(data, buffers)
+        except protocol.ProtocolError as exc:
+            self._reply(exc.request_id, False, str(exc))
+            return
+        try:
+            result = self.server.handle(self, request)
+        except PathwaysError as exc:
+            self._reply(request.request_id, False, one_line(exc))
+        except Exception as exc:  # a bug: keep the kernel up, tell the frontend, keep the traceback in the log
+            log.exception("pathways monitor: %s request failed", request.type)
+            self._reply(request.request_id, False, f"{request.type} failed: {one_line(exc)}")
+        else:
+            self._reply(request.request_id, True, None, result)
+
+    def _reply(self, request_id: str | None, ok: bool, error: str | None, result: dict | None = None) -> None:
+        self._put(protocol.encode_reply(request_id, ok, error, result))
+
+    def set_rate(self, rate: float) -> float:
+        self.rate = rate
+        sub = self._sub
+        if sub is None:
+            return min(rate, telemetry.hub().sample_hz)
+        return sub.set_rate(rate)
+
+    # -- lifecycle ------------------------------------------------------------------
+    def close(self, reason: str) -> None:
+        """Close from the kernel side; the frontend gets ``{"type": "closed", reason}``."""
+        with self._cond:
+            if self.closed:
+                return
+            self.closed = True
+            self._close_reason = reason
+            self._cond.notify()
+        self._detach()
+        if self._thread is None or not self._thread.is_alive():
+            self._flush_close()
+
+    def _on_frontend_close(self, msg: dict[str, Any]) -> None:
+        with self._cond:
+            self.closed = True
+            self._cond.notify()
+        self._detach()
+
+    def _detach(self) -> None:
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            sub.close()
+        self.server._forget(self)
+
+
+# -- the comm target ---------------------------------------------------------------
+
+
+class MonitorServer:
+    """The kernel's ``pathways.monitor`` target: live connections and request handling."""
+
+    def __init__(self, max_comms: int = MAX_COMMS, stale_after_s: float = STALE_AFTER_S):
+        self.max_comms = max_comms
+        self.stale_after_s = stale_after_s
+        self._lock = threading.Lock()
+        self._connections: list[Connection] = []
+
+    @property
+    def connections(self) -> list[Connection]:
+        with self._lock:
+            return [c for c in self._connections if not c.closed]
+
+    def open(self, comm: Any, open_msg: dict[str, Any]) -> None:
+        """comm_open handler: evict what is over the cap, start the connection's sender."""
+        context = contextvars.copy_context()
+        conn = Connection(comm, self)
+        with self._lock:
+            live = [c for c in self._connections if not c.closed]
+            stale = [c for c in live if time.monotonic() - c.last_heard > self.stale_after_s]
+            fresh = sorted((c for c in live if c not in stale), key=lambda c: c.last_heard)
+            evict = fresh[: max(0, len(fresh) - self.max_comms + 1)]
+            self._connections = [conn, *(c for c in fresh if c not in evict)]
+        for c in stale:
+            c.close("stale")
+        for c in evict:
+            c.close("evicted")
+        conn.start(context)
+
+    def _forget(self, conn: Connection) -> None:
+        with self._lock:
+            if conn in self._connections:
+                self._connections.remove(conn)
+
+    def close_all(self) -> None:
+        for conn in self.connections:
+            conn.close("shutdown")
+
+    def handle(self, conn: Connection, request: protocol.Request) -> dict[str, Any]:
+        """Carry out a validated request; returns the reply's ``result``."""
+        handler: Callable[[Connection, protocol.Request], dict[str, Any]] = getattr(self, f"_do_{request.type}")
+        return handler(conn, request)
+
+    def _do_subscribe(self, conn: Connection, request: protocol.Request) -> dict[str, Any]:
+        return {"rate": conn.set_rate(request.rate or 0.0)}
+
+    def _do_ping(self, conn: Connection, request: protocol.Request) -> dict[str, Any]:
+        return {}
+
+    def _do_fail_slice(self, conn: Connection, request: protocol.Request) -> dict[str, Any]:
+        return _set_slice(request.slice, "down")
+
+    def _do_restore_slice(self, conn: Connection, request: protocol.Request) -> dict[str, Any]:
+        return _set_slice(request.slice, "up")
+
+    def _do_snapshot(self, conn: Connection, request: protocol.Request) -> dict[str, Any]:
+        try:
+            from pathways_kernel.snapshots import snapshot_variables
+        except ImportError:
+            raise PathwaysError("snapshots are not available in this version of pathways-kernel") from None
+        snaps = snapshot_variables(None)
+        if not snaps:
+            raise PathwaysError("the notebook holds no jax arrays to snapshot; create some first")
+        return {
+            "name": ",".join(s.name for s in snaps),
+            "leaves": sum(len(s.leaves) for s in snaps),
+            "nbytes": sum(int(s.nbytes) for s in snaps),
+        }
+
+
+def _set_slice(index: int | None, state: str) -> dict[str, Any]:
+    from pathways_kernel.session import session
+
+    s = session()
+    what = "fail_slice" if state == "down" else "restore_slice"
+    s.require_fault_injection(what)
+    try:
+        from pathways_kernel import faults
+    except ImportError:
+        faults = None
+    if faults is not None:
+        report = faults.fail_slice(index) if state == "down" else faults.restore_slice(index)
+        return {"slice": index, "changed": bool(report.changed)}
+    return {"slice": index, "changed": s.set_slice_state(index, state, detail="from the monitor")}
+
+
+# -- registration ------------------------------------------------------------------
+
+_server: MonitorServer | None = None
+
+
+def server() -> MonitorServer:
+    """The process's comm target handler (created on first use)."""
+    global _server
+    if _server is None:
+        _server = MonitorServer()
+    return _server
+
+
+def register(shell: Any) -> bool:
+    """Register ``pathways.monitor`` with the kernel's comm manager; False outside a kernel."""
+    if getattr(shell, "kernel", None) is None:
+        return False
+    import comm
+
+    comm.get_comm_manager().register_target(protocol.TARGET, server().open)
+    return True
