@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathways_kernel.api import connect, devices, events, mesh, session, status, topology
 from pathways_kernel.errors import PathwaysError
+from pathways_kernel.monitor.widget import monitor
 from pathways_kernel.loader import Loader, loader
 from pathways_kernel.sidecar import Sidecar, SidecarError, SidecarTimeout, run_sidecar, sidecar
 from pathways_kernel.autosnapshot import autosnapshot
@@ -24,8 +25,10 @@ __version__ = "0.1.0"
 def load_ipython_extension(ipython) -> None:
     """``%load_ext pathways_kernel``: the magics and one-line errors."""
     from pathways_kernel.magics import register
+    from pathways_kernel.monitor.comm import register as register_monitor
 
     register(ipython)
+    register_monitor(ipython)  # comm target pathways.monitor, when inside a kernel
 
 
 __all__ = [
@@ -54,5 +57,6 @@ __all__ = [
     "SidecarTimeout",
     "run_sidecar",
     "sidecar",
+    "monitor",
     "load_ipython_extension",
 ]
