@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathways_kernel.api import connect, devices, events, mesh, session, status, topology
 from pathways_kernel.errors import PathwaysError
+from pathways_kernel.api import chaos, chaos_off, fail_slice, health, is_lost, restore_slice
 from pathways_kernel.monitor.widget import monitor
 from pathways_kernel.loader import Loader, loader
 from pathways_kernel.sidecar import Sidecar, SidecarError, SidecarTimeout, run_sidecar, sidecar
@@ -58,5 +59,11 @@ __all__ = [
     "run_sidecar",
     "sidecar",
     "monitor",
+    "fail_slice",
+    "restore_slice",
+    "is_lost",
+    "chaos",
+    "chaos_off",
+    "health",
     "load_ipython_extension",
 ]

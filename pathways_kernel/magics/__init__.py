@@ -126,13 +126,16 @@ def _show_one_line(shell: Any, etype: type, value: BaseException, tb: Any, tb_of
 
 def register(shell: Any) -> None:
     """Install the magics and the one-line handler for ``PathwaysError``."""
+    from pathways_kernel import healing
     from pathways_kernel.magics import core  # noqa: F401  (registers subcommands)
     from pathways_kernel.magics import connection
     from pathways_kernel.magics import elastic  # noqa: F401
+    from pathways_kernel.magics import faults  # noqa: F401
     from pathways_kernel.magics import monitor  # noqa: F401
     from pathways_kernel.magics import sidecar  # noqa: F401
 
     PathwaysMagics.pathways.__doc__ = top_level_help()
     shell.register_magics(PathwaysMagics)
     shell.set_custom_exc((PathwaysError,), _show_one_line)
+    healing.install(shell)  # restore variables lost with a slice, between cells
     connection.install(shell)  # the notice after a disconnect

@@ -1,0 +1,207 @@
+"""Chaos: seeded random slice failures and repairs on the embedded backend.
+
+Each slice that is up fails after an exponentially distributed time (mean
+``mtbf`` seconds, its mean time between failures) and, once down, is repaired
+after an exponentially distributed time (mean ``mttr``). The schedule is a
+pure function of the slices, their starting states, ``mtbf``, ``mttr`` and the
+seed: the same seed replays the same failures at the same offsets. At least
+``min_up`` slices stay up: a failure that would take one more away is skipped
+and that slice draws its next failure time.
+
+Off by default. ``chaos(...)`` starts a daemon timer thread that applies the
+schedule through ``faults`` (so every transition is a ``slice_down`` /
+``slice_up`` event with detail ``chaos``); ``chaos_off()`` stops it and leaves
+the slices as they are.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import random
+import threading
+import time
+from typing import Any, Iterator, Sequence
+
+from pathways_kernel import faults
+from pathways_kernel.errors import PathwaysError
+
+
+@dataclasses.dataclass(frozen=True)
+class ChaosEvent:
+    """One scheduled transition, ``at`` seconds after chaos started."""
+
+    at: float
+    action: str  # "fail" | "restore"
+    slice_index: int
+
+
+def schedule(
+    slices: Sequence[int],
+    mtbf: float,
+    mttr: float,
+    seed: int,
+    down: Sequence[int] = (),
+    min_up: int = 1,
+) -> Iterator[ChaosEvent]:
+    """The endless, deterministic failure/repair schedule; see the module doc.
+
+    Raises:
+      PathwaysError: non-positive times, or ``min_up`` leaves no slice to fail.
+    """
+    if mtbf <= 0 or mttr <= 0:
+        raise PathwaysError(f"chaos needs positive --mtbf and --mttr seconds, got {mtbf} and {mttr}")
+    if not 0 <= min_up < len(slices):
+        raise PathwaysError(
+            f"chaos with {len(slices)} slices and --min-up {min_up} could never fail a slice; "
+            f"use --min-up below {len(slices)}"
+        )
+    return _schedule(sorted(slices), mtbf, mttr, seed, set(down), min_up)
+
+
+def _schedule(slices: list[int], mtbf: float, mttr: float, seed: int, down: set[int], min_up: int) -> Iterator[ChaosEvent]:
+    rng = random.Random(seed)
+    up = {i: i not in down for i in slices}
+    next_at = {i: rng.expovariate(1 / (mtbf if up[i] else mttr)) for i in slices}
+    while True:
+        index = min(slices, key=lambda i: (next_at[i], i))
+        at = next_at[index]
+        if up[index]:
+            next_at[index] = at + rng.expovariate(1 / mtbf)
+            if sum(up.values()) - 1 < min_up:
+                continue
+            up[index] = False
+            next_at[index] = at + rng.expovariate(1 / mttr)
+            yield ChaosEvent(at, "fail", index)
+        else:
+            up[index] = True
+            next_at[index] = at + rng.expovariate(1 / mtbf)
+            yield ChaosEvent(at, "restore", index)
+
+
+@dataclasses.dataclass(frozen=True)
+class ChaosStatus:
+    """What ``%pathways chaos`` shows."""
+
+    running: bool
+    mtbf: float | None = None
+    mttr: float | None = None
+    seed: int | None = None
+    min_up: int = 1
+    applied: int = 0
+    down: tuple[int, ...] = ()
+    error: str = ""
+
+    def to_text(self) -> str:
+        down = f"; slices down now: {', '.join(map(str, self.down))}" if self.down else ""
+        if self.running:
+            return (
+                f"chaos on (seed {self.seed}): each slice fails every ~{self.mtbf:g} s and is repaired after "
+                f"~{self.mttr:g} s; at least {self.min_up} slice(s) stay up{down}. %pathways chaos --off to stop"
+            )
+        error = f" (stopped by an error: {self.error})" if self.error else ""
+        done = f" after {self.applied} transitions" if self.applied else ""
+        return f"chaos off{done}{error}{down}"
+
+    def __str__(self) -> str:
+        return self.to_text()
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(self.to_text())
+
+
+class Chaos:
+    """The session's chaos thread (session extension ``"chaos"``)."""
+
+    def __init__(self, session: Any):
+        self.session = session
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._params: dict[str, Any] = {}
+        #: transitions applied by the current/last run, newest last (bounded).
+        self.applied: collections.deque[ChaosEvent] = collections.deque(maxlen=1000)
+        self.error = ""
+        session.on_close(self.stop)
+
+    def start(self, mtbf: float, mttr: float, seed: int, min_up: int = 1) -> ChaosStatus:
+        self.session.require_fault_injection("chaos")
+        topology = self.session.topology
+        events = schedule(
+            [s.index for s in topology.slices], mtbf, mttr, seed,
+            down=[s.index for s in topology.slices if not s.up], min_up=min_up,
+        )
+        self.stop()
+        with self._lock:
+            self._stop = threading.Event()
+            self._params = dict(mtbf=mtbf, mttr=mttr, seed=seed, min_up=min_up)
+            self.applied.clear()
+            self.error = ""
+            self._thread = threading.Thread(
+                target=self._run, args=(events, self._stop, seed), name="pathways-chaos", daemon=True
+            )
+            self._thread.start()
+        return self.status()
+
+    def stop(self) -> ChaosStatus:
+        with self._lock:
+            thread, self._thread = self._thread, None
+            self._stop.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        return self.status()
+
+    def status(self) -> ChaosStatus:
+        running = self._thread is not None and self._thread.is_alive()
+        down = tuple(s.index for s in self.session.topology.slices if not s.up)
+        return ChaosStatus(running, **self._params, applied=len(self.applied), down=down, error=self.error) if self._params else ChaosStatus(False, down=down)
+
+    def _run(self, events: Iterator[ChaosEvent], stop: threading.Event, seed: int) -> None:
+        start = time.monotonic()
+        injector = faults.injector(self.session)
+        try:
+            for event in events:
+                if stop.wait(max(0.0, start + event.at - time.monotonic())):
+                    return
+                if event.action == "fail":
+                    injector.fail(event.slice_index, detail=f"chaos (seed {seed})")
+                else:
+                    injector.restore(event.slice_index, detail=f"chaos (seed {seed})")
+                self.applied.append(event)
+        except Exception as exc:  # noqa: BLE001  (a dying timer thread must say why)
+            self.error = f"{type(exc).__name__}: {exc}"
+
+
+def _chaos(session: Any = None) -> Chaos:
+    if session is None:
+        from pathways_kernel.session import session as current
+
+        session = current()
+    return session.extension("chaos", Chaos)
+
+
+def chaos(mtbf: float, mttr: float, seed: int = 0, min_up: int = 1) -> ChaosStatus:
+    """Start random slice failures and repairs (embedded ``local`` backend only).
+
+    Args:
+      mtbf: mean seconds a slice stays up before it fails.
+      mttr: mean seconds a failed slice stays down before it is repaired.
+      seed: the schedule's seed; the same seed gives the same schedule.
+      min_up: slices that always stay up (default 1).
+
+    Raises:
+      NotSupportedError: the session's backend is not ``local``.
+      PathwaysError: bad times or ``min_up``.
+    """
+    return _chaos().start(mtbf, mttr, seed, min_up)
+
+
+def chaos_off() -> ChaosStatus:
+    """Stop chaos; slices stay as they are (``restore_slice`` brings one back).
+
+    Raises:
+      NotSupportedError: the session's backend is not ``local``.
+    """
+    runner = _chaos()
+    runner.session.require_fault_injection("chaos")
+    return runner.stop()

@@ -1,0 +1,151 @@
+"""Notebook healing: after a slice loss, the notebook's variables come back.
+
+Between cells (IPython ``pre_run_cell``, and ``post_run_cell`` so that a loss
+during a cell is reported under that cell), if a slice went down since the
+last check (a ``slice_down`` event in the session's log, whatever caused it),
+every variable of the user namespace holding a lost array
+(``faults.is_lost``: reading it raises ``DATA_LOSS``) is restored from its
+latest host snapshot (``snapshots.store().latest(name)``, as filed by
+``%pathways snapshot`` or ``%pathways autosnapshot on``) onto the mesh of the
+live slices, with the same ``PartitionSpec``s (``snapshots.restore``, which
+emits a ``restore`` event), and rebound to the same name. Variables without a
+snapshot are left as they are, unusable, and named. The user sees one short
+block saying which names came back, from how long ago, and which did not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+from typing import Any
+
+from pathways_kernel import faults, snapshots
+from pathways_kernel.errors import PathwaysError, one_line
+
+#: IPython's own names: the output history holds arrays but is not user state.
+_IPYTHON_NAMES = frozenset({"In", "Out", "_oh", "_ih", "_dh", "exit", "quit", "get_ipython"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Healed:
+    name: str
+    age_s: float
+    step: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class HealingReport:
+    """What one healing pass did; displays as one short block."""
+
+    lost_slices: tuple[int, ...]
+    live_slices: tuple[int, ...]
+    restored: tuple[Healed, ...] = ()
+    unusable: tuple[str, ...] = ()
+    failed: tuple[tuple[str, str], ...] = ()  # (name, why the restore failed)
+
+    def __bool__(self) -> bool:
+        return bool(self.restored or self.unusable or self.failed)
+
+    def lines(self) -> list[str]:
+        lost = ", ".join(map(str, self.lost_slices))
+        live = ",".join(map(str, self.live_slices))
+        lines = []
+        if self.restored:
+            names = ", ".join(f"{h.name} ({_age(h.age_s)} ago{'' if h.step is None else f', step {h.step}'})" for h in self.restored)
+            lines.append(f"restored from snapshots onto slices [{live}]: {names}")
+        if self.unusable:
+            lines.append(f"no snapshot, now unusable (DATA_LOSS): {', '.join(self.unusable)}; recompute or reload them")
+        for name, why in self.failed:
+            lines.append(f"could not restore {name}, now unusable: {why}")
+        return [f"slice {lost} lost: variables with data on it were healed" if self.restored else f"slice {lost} lost"] + [
+            "  " + line for line in lines
+        ]
+
+    def to_text(self) -> str:
+        return "\n".join(self.lines())
+
+    def __str__(self) -> str:
+        return self.to_text()
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(self.to_text())
+
+    def _repr_html_(self) -> str:
+        head, *rest = self.lines()
+        items = "".join(f"<li>{html.escape(line.strip())}</li>" for line in rest)
+        return f'<div class="pathways-healing"><b>{html.escape(head)}</b><ul>{items}</ul></div>'
+
+
+def _age(seconds: float) -> str:
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min"
+
+
+def heal(namespace: dict[str, Any], lost_slices: tuple[int, ...] = (), hidden: frozenset[str] = frozenset()) -> HealingReport:
+    """Restore every variable of ``namespace`` that holds lost data; see the module doc."""
+    import jax
+
+    from pathways_kernel.session import session
+
+    current = session()
+    store = snapshots.store(current)
+    live = tuple(s.index for s in current.topology.up_slices)
+    restored, unusable, failed = [], [], []
+    for name, value in snapshots.device_values(namespace).items():
+        if name in hidden or name in _IPYTHON_NAMES:
+            continue
+        if not any(faults.is_lost(leaf) for leaf in jax.tree.leaves(value)):
+            continue
+        snap = store.latest(name)
+        if snap is None:
+            unusable.append(name)
+            continue
+        try:
+            namespace[name] = snapshots.restore(snap)
+        except (PathwaysError, jax.errors.JaxRuntimeError) as exc:
+            failed.append((name, one_line(exc)))
+            continue
+        restored.append(Healed(name, snap.age_s, snap.step))
+    return HealingReport(lost_slices, live, tuple(restored), tuple(unusable), tuple(failed))
+
+
+class Healer:
+    """The between-cells hook of one IPython shell."""
+
+    def __init__(self, shell: Any):
+        from pathways_kernel.session import EVENTS
+
+        self.shell = shell
+        self.events = EVENTS
+        self._seen = self.events.last(1)[0].seq if len(self.events) else 0
+
+    def check(self, *_: Any) -> HealingReport | None:
+        """Heal if a slice went down since the last check; display the report."""
+        new = self.events.since(self._seen)
+        if not new:
+            return None
+        self._seen = new[-1].seq
+        lost = tuple(sorted({i for e in new if e.kind == "slice_down" for i in set(e.slices_before or ()) - set(e.slices_after or ())}))
+        if not lost:
+            return None
+        hidden = frozenset(getattr(self.shell, "user_ns_hidden", {}))
+        report = heal(self.shell.user_ns, lost, hidden)
+        if report:
+            from IPython.display import display
+
+            display(report)
+        return report
+
+
+def install(shell: Any) -> Healer:
+    """Register healing on ``shell``'s ``pre_run_cell`` and ``post_run_cell`` (once)."""
+    healer = getattr(shell, "_pathways_healer", None)
+    if healer is None:
+        healer = Healer(shell)
+        shell.events.register("pre_run_cell", healer.check)
+        shell.events.register("post_run_cell", healer.check)
+        shell._pathways_healer = healer
+    return healer

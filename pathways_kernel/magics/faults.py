@@ -1,0 +1,50 @@
+"""Fault subcommands: fail, restore, chaos (embedded backend only) and health."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic_arguments import argument, magic_arguments
+
+from pathways_kernel import api
+from pathways_kernel.magics import subcommand
+
+
+@subcommand("fail")
+@magic_arguments(name="pathways fail")
+@argument("slice", type=int, help="index of the slice to lose")
+def fail(shell: Any, args: Any, cell: str | None):
+    """Lose a slice (local backend): arrays with a shard on it raise DATA_LOSS from now on."""
+    return api.fail_slice(args.slice)
+
+
+@subcommand("restore")
+@magic_arguments(name="pathways restore")
+@argument("slice", type=int, help="index of the slice to bring back")
+def restore(shell: Any, args: Any, cell: str | None):
+    """Bring a lost slice back, empty (local backend): lost arrays stay lost."""
+    return api.restore_slice(args.slice)
+
+
+@subcommand("chaos")
+@magic_arguments(name="pathways chaos")
+@argument("--mtbf", type=float, default=None, help="mean seconds a slice stays up before it fails")
+@argument("--mttr", type=float, default=None, help="mean seconds a failed slice stays down")
+@argument("--seed", type=int, default=0, help="seed of the failure schedule (same seed, same schedule)")
+@argument("--min-up", type=int, default=1, help="slices that always stay up (default 1)")
+@argument("--off", action="store_true", help="stop chaos; slices stay as they are")
+def chaos(shell: Any, args: Any, cell: str | None):
+    """Random slice failures and repairs on a seeded schedule (local backend; off by default)."""
+    if args.off:
+        return api.chaos_off()
+    if args.mtbf is None or args.mttr is None:
+        raise UsageError("%pathways chaos: give --mtbf S and --mttr S (seconds), or --off")
+    return api.chaos(args.mtbf, args.mttr, seed=args.seed, min_up=args.min_up)
+
+
+@subcommand("health")
+@magic_arguments(name="pathways health")
+def health(shell: Any, args: Any, cell: str | None):
+    """Run the slice health check (a tiny computation per slice): which slices are up."""
+    return api.health()
