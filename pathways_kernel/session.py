@@ -183,6 +183,7 @@ def session() -> Session:
 
 
 def _start(backend: Backend) -> Session:
+    backend.events = EVENTS
     backend.activate()
     s = Session(backend)
     EVENTS.emit("connect", detail=f"{backend.spec} ({backend.target})")
@@ -197,24 +198,32 @@ def live_array_summary() -> tuple[int, int]:
     return len(arrays), sum(a.nbytes for a in arrays)
 
 
-def connect(spec: str, force: bool = False) -> Session:
+def connect(spec: str, force: bool = False, *, timeout: float | None = None, insecure: bool | None = None) -> Session:
     """Switch the session to the backend ``spec`` names.
 
     Allowed freely before the first computation. Once device arrays exist,
     switching would discard them and every compiled function, so it is
-    refused unless ``force=True``.
+    refused unless ``force=True``. ``timeout`` and ``insecure`` are the proxy
+    backend's pre-flight seconds and plaintext-gRPC choice.
 
     Raises:
       SpecError: the spec is malformed.
       BackendError: arrays would be discarded and ``force`` is false, or the
         backend cannot be reached (the previous session is kept).
     """
+    return install(backends.from_spec(spec, timeout=timeout, insecure=insecure), force)
+
+
+def install(backend: Backend, force: bool = False) -> Session:
+    """Switch the session to ``backend`` (built, not yet activated), as ``connect`` does."""
     global _current
-    backend = backends.from_spec(spec)
+    spec = backend.spec
     with _current_lock:
         old = _current
         if old is not None and old.backend.spec == backend.spec and not force:
             return old
+        # A wrong address fails here, before the working session is dropped.
+        backend.preflight()
         if old is not None and not force:
             count, nbytes = live_array_summary()
             if count:
@@ -232,6 +241,9 @@ def connect(spec: str, force: bool = False) -> Session:
         except PathwaysError:
             if old is not None:
                 # Give the user back a working session on the previous backend.
-                _current = _start(backends.from_spec(old.backend.spec))
+                try:
+                    _current = _start(backends.from_spec(old.backend.spec))
+                except PathwaysError:
+                    _current = None
             raise
         return _current

@@ -51,8 +51,11 @@ def parse_local(body: str | None) -> tuple[int, int]:
     return slices, chips
 
 
-def from_spec(spec: str) -> Backend:
+def from_spec(spec: str, *, timeout: float | None = None, insecure: bool | None = None) -> Backend:
     """Build (but do not activate) the backend a spec names.
+
+    ``timeout`` (pre-flight seconds) and ``insecure`` (plaintext gRPC) apply
+    to the proxy backend only.
 
     Raises:
       SpecError: the spec is malformed or names no backend.
@@ -60,10 +63,10 @@ def from_spec(spec: str) -> Backend:
     spec = spec.strip()
     if match := _LOCAL.match(spec):
         return LocalBackend(*parse_local(match.group("body")))
-    if spec.startswith("proxy:") or spec.startswith("grpc://"):
+    if spec.startswith("proxy:") or "://" in spec:
         from pathways_kernel.backends.proxy import ProxyBackend
 
-        return ProxyBackend.from_spec(spec)
+        return ProxyBackend.from_spec(spec, timeout=timeout, insecure=insecure)
     raise SpecError(
         f"unknown backend spec '{spec}': use local:SxC (e.g. local:2x4) or grpc://HOST:PORT for a Pathways proxy"
     )

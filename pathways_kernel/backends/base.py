@@ -36,6 +36,8 @@ class Backend(abc.ABC):
     name: ClassVar[str]
     #: whether ``fail_slice``/``restore_slice`` may be injected (emulators only).
     supports_fault_injection: ClassVar[bool] = False
+    #: the log a backend reports connection lifecycle events to; set by the session.
+    events: Any = None
 
     @property
     @abc.abstractmethod
@@ -46,6 +48,14 @@ class Backend(abc.ABC):
     def target(self) -> str:
         """Where the client connects (``embedded`` for in-process backends)."""
         return "embedded"
+
+    def preflight(self) -> Any:
+        """Check, without touching JAX, that ``activate`` can succeed.
+
+        Runs before the session drops its current backend, so a wrong address
+        leaves the working session as it was. Raises a ``PathwaysError``.
+        """
+        return None
 
     @abc.abstractmethod
     def activate(self) -> None:

@@ -1,11 +1,303 @@
-"""The Pathways proxy backend (its own issue): refuses clearly until built."""
+"""The Pathways proxy backend: devices of a Pathways cluster over gRPC.
+
+The notebook's JAX client talks to the Pathways proxy (``JAX_PLATFORMS=proxy``,
+``JAX_BACKEND_TARGET=grpc://HOST:PORT``) through JAX's IFRT proxy client,
+which pathwaysutils registers as the ``proxy`` platform. This module adds
+what an interactive session needs around it:
+
+- a pre-flight check (``preflight.py``) before the client sees the target,
+  because the client holds JAX's backend lock for up to 120 s on a wrong
+  address and retries on every later JAX call;
+- the client's lifecycle callbacks as ``connection_update``/``disconnect``
+  events in the session's log;
+- placements read from the devices themselves (``slice_index``, ``coords``,
+  ``core_on_chip``, ``device_kind``), so the same topology code and monitor
+  draw real TPU slices;
+- a guard against the client's late callback aborting the process at exit.
+
+Utilization on this backend is the monitor's client-side measure. A server
+side source (Pathways' own metrics) would plug in as ``Backend.metrics_source``
+(not yet defined) without changing the topology or the protocol.
+"""
 
 from __future__ import annotations
 
-from pathways_kernel.errors import NotSupportedError
+import atexit
+import os
+import threading
+import time
+from typing import Any, ClassVar, Sequence
+
+from pathways_kernel.backends import preflight as preflight_lib
+from pathways_kernel.backends.base import Backend, Placement
+from pathways_kernel.backends.local import grid_shape
+from pathways_kernel.errors import BackendError, SpecError
+
+#: The client reads this to choose plaintext gRPC over ALTS.
+INSECURE_ENV = "IFRT_PROXY_USE_INSECURE_GRPC_CREDENTIALS"
+#: pathwaysutils' knob for the client's connect timeout (seconds, default 120).
+CONNECT_TIMEOUT_ENV = "PATHWAYS_PROXY_CONNECTION_TIMEOUT_SECS"
+#: Seconds after a client connect attempt during which it may still call back.
+_LATE_CALLBACK_S = 1.5
 
 
-class ProxyBackend:
+def parse_spec(spec: str) -> preflight_lib.Target:
+    """``proxy:grpc://HOST:PORT`` or ``grpc://HOST:PORT`` -> ``Target``."""
+    text = spec.strip()
+    if text.startswith("proxy:"):
+        text = text[len("proxy:") :]
+    return preflight_lib.parse_target(text)
+
+
+def insecure_from_env() -> bool:
+    return os.environ.get(INSECURE_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+class ProxyBackend(Backend):
+    """A Pathways cluster reached through its IFRT proxy."""
+
+    name: ClassVar[str] = "proxy"
+
+    def __init__(
+        self,
+        target: preflight_lib.Target,
+        timeout: float | None = None,
+        insecure: bool | None = None,
+    ):
+        self.address = target
+        self.timeout = preflight_lib.DEFAULT_TIMEOUT_S if timeout is None else float(timeout)
+        if self.timeout <= 0:
+            raise SpecError(f"bad --timeout {timeout}: give the pre-flight a positive number of seconds, e.g. 5")
+        self.insecure = insecure_from_env() if insecure is None else bool(insecure)
+        self.report: preflight_lib.Report | None = None
+        self.disconnected: str | None = None
+        self._previous: tuple[Any, Any, str | None] | None = None
+
     @classmethod
-    def from_spec(cls, spec: str):
-        raise NotSupportedError(f"the Pathways proxy backend is not available in this build; cannot connect to {spec}")
+    def from_spec(cls, spec: str, timeout: float | None = None, insecure: bool | None = None) -> "ProxyBackend":
+        return cls(parse_spec(spec), timeout, insecure)
+
+    @property
+    def spec(self) -> str:
+        return f"proxy:{self.address.url}"
+
+    @property
+    def target(self) -> str:
+        return self.address.url + (" (insecure)" if self.insecure else "")
+
+    # -- connecting -----------------------------------------------------------
+    def preflight(self) -> preflight_lib.Report:
+        """Check the target without touching JAX; raises ``ConnectError``."""
+        self.report = preflight_lib.preflight(self.address, self.timeout, secure=not self.insecure)
+        return self.report
+
+    def activate(self) -> None:
+        import jax
+
+        if self.report is None:
+            self.preflight()
+        self._previous = (jax.config.jax_platforms, jax.config.read("jax_backend_target"), os.environ.get(INSECURE_ENV))
+        _clear_jax()
+        if self.insecure:
+            os.environ[INSECURE_ENV] = "true"
+        else:
+            os.environ.pop(INSECURE_ENV, None)
+        jax.config.update("jax_platforms", "proxy")
+        jax.config.update("jax_backend_target", self.address.url)
+        _initialize_pathwaysutils()
+        _register_factory(self)
+        try:
+            # Connect now, so a failure shows here and not in the user's next cell.
+            jax.devices()
+        except Exception as exc:  # the client raises RuntimeError/JaxRuntimeError
+            self._restore()
+            raise BackendError(
+                f"cannot connect to {self.address.url}: the Pathways client failed after pre-flight passed: "
+                f"{_first_line(exc)}. Check the proxy pod's logs (kubectl logs) and `%pathways connect "
+                f"{self.address.url}{' --insecure' if self.insecure else ''}` again"
+            ) from None
+
+    def close(self) -> None:
+        self._restore()
+
+    def _restore(self) -> None:
+        """Leave JAX as it was before ``activate`` (clients dropped)."""
+        if self._previous is None:
+            return
+        import jax
+
+        platforms, target, insecure = self._previous
+        self._previous = None
+        _clear_jax()
+        jax.config.update("jax_platforms", platforms)
+        jax.config.update("jax_backend_target", target)
+        if insecure is None:
+            os.environ.pop(INSECURE_ENV, None)
+        else:
+            os.environ[INSECURE_ENV] = insecure
+
+    # -- lifecycle callbacks (called on the client's threads) -----------------
+    def _on_connection_update(self, message: str) -> None:
+        _EXIT_GUARD.touch()
+        if self.events is not None:
+            self.events.emit("connection_update", detail=_strip_timestamp(message))
+
+    def _on_disconnect(self, status: Any) -> None:
+        _EXIT_GUARD.touch()
+        self.disconnected = _strip_timestamp(str(status)) or "disconnected"
+        if self.events is not None:
+            self.events.emit("disconnect", detail=f"{self.address.url}: {self.disconnected}")
+
+    # -- devices --------------------------------------------------------------
+    def devices(self) -> Sequence[Any]:
+        import jax
+
+        devices = jax.devices()
+        placements = device_placements(devices)
+        order = sorted(range(len(devices)), key=lambda i: (placements[i].slice_index, devices[i].id))
+        return [devices[i] for i in order]
+
+    def placements(self, devices: Sequence[Any]) -> list[Placement]:
+        return device_placements(devices)
+
+    def ici_shape(self) -> tuple[int, ...] | None:
+        placements = device_placements(self.devices())
+        first = [p.coords for p in placements if p.slice_index == placements[0].slice_index] if placements else []
+        if not first:
+            return None
+        return tuple(max(c[d] for c in first) + 1 for d in range(len(first[0])))
+
+
+def device_placements(devices: Sequence[Any]) -> list[Placement]:
+    """Where each device sits, from the attributes TPU devices carry.
+
+    ``slice_index`` (default 0), ``coords`` (the chip's position in its
+    slice), ``core_on_chip`` (default 0) and ``device_kind``. Devices without
+    coordinates (e.g. CPU devices behind a test proxy) are laid out on the
+    most square grid per slice, in id order.
+    """
+    by_slice: dict[int, int] = {}
+    placements: list[Placement] = []
+    missing = [d for d in devices if getattr(d, "coords", None) is None]
+    widths: dict[int, int] = {}
+    if missing:
+        counts: dict[int, int] = {}
+        for d in missing:
+            counts[_slice_index(d)] = counts.get(_slice_index(d), 0) + 1
+        widths = {s: grid_shape(n)[0] for s, n in counts.items()}
+    for device in devices:
+        slice_index = _slice_index(device)
+        coords = getattr(device, "coords", None)
+        if coords is None:
+            position = by_slice.get(slice_index, 0)
+            by_slice[slice_index] = position + 1
+            x = widths[slice_index]
+            coords = (position % x, position // x, 0)
+        placements.append(
+            Placement(
+                slice_index,
+                tuple(int(c) for c in coords),
+                int(getattr(device, "core_on_chip", 0) or 0),
+                str(getattr(device, "device_kind", "") or ""),
+            )
+        )
+    return placements
+
+
+def _slice_index(device: Any) -> int:
+    value = getattr(device, "slice_index", None)
+    return 0 if value is None else int(value)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text[:400] or type(exc).__name__
+
+
+def _strip_timestamp(message: str) -> str:
+    # The client prefixes updates with an RFC 3339 timestamp; the event has its own time.
+    head, sep, rest = message.partition(": ")
+    return rest if sep and head[:4].isdigit() and "T" in head else message
+
+
+def _clear_jax() -> None:
+    import jax
+    from jax._src import xla_bridge
+    from jax.extend import backend as jax_backend
+
+    if xla_bridge._backends:
+        jax_backend.clear_backends()
+    jax.clear_caches()
+
+
+_pathwaysutils_initialized = False
+
+
+def _initialize_pathwaysutils() -> None:
+    """pathwaysutils' set-up for Pathways (profiling hooks, no JAX compile cache).
+
+    ``initialize()`` acts only on its first call and only when
+    ``jax_platforms`` says ``proxy``, so it is called here, after that is set.
+    """
+    global _pathwaysutils_initialized
+    if _pathwaysutils_initialized:
+        return
+    import pathwaysutils
+
+    pathwaysutils.initialize()
+    _pathwaysutils_initialized = True
+
+
+def _register_factory(backend: ProxyBackend) -> None:
+    """Register the ``proxy`` platform with this backend's callbacks.
+
+    pathwaysutils' own factory (``proxy_backend.register_backend_factory``)
+    sets no lifecycle callbacks; this one is the same plus them.
+    """
+    import jax
+    from jax.extend import backend as jax_backend
+    from jax.extend.backend import ifrt_proxy
+
+    def make_client():
+        options = ifrt_proxy.ClientConnectionOptions()
+        if seconds := os.environ.get(CONNECT_TIMEOUT_ENV):
+            options.connection_timeout_in_seconds = int(seconds)
+        options.on_connection_update = backend._on_connection_update
+        options.on_disconnect = backend._on_disconnect
+        _EXIT_GUARD.touch()
+        try:
+            return ifrt_proxy.get_client(jax.config.read("jax_backend_target"), options)
+        finally:
+            _EXIT_GUARD.touch()
+
+    jax_backend.register_backend_factory("proxy", make_client, priority=-1)
+
+
+class _ExitGuard:
+    """Hold interpreter exit until the client's last callback has landed.
+
+    The IFRT proxy client may call ``on_connection_update`` about a second
+    after a failed connect; if Python is finalizing then, the process aborts
+    (exit 134). Waiting out that window at exit costs at most 1.5 s and only
+    after a recent connect attempt.
+    """
+
+    def __init__(self) -> None:
+        self._last = 0.0
+        self._lock = threading.Lock()
+        self._registered = False
+
+    def touch(self) -> None:
+        with self._lock:
+            self._last = time.monotonic()
+            if not self._registered:
+                atexit.register(self.wait)
+                self._registered = True
+
+    def wait(self) -> None:
+        left = self._last + _LATE_CALLBACK_S - time.monotonic()
+        if left > 0:
+            time.sleep(left)
+
+
+_EXIT_GUARD = _ExitGuard()

@@ -6,7 +6,7 @@ from typing import Any
 
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from pathways_kernel import api, meshes
+from pathways_kernel import api, connection, meshes
 from pathways_kernel.magics import Text, subcommand
 from pathways_kernel.topology import DeviceTable
 
@@ -56,11 +56,29 @@ def mesh(shell: Any, args: Any, cell: str | None):
 
 @subcommand("connect")
 @magic_arguments(name="pathways connect")
-@argument("spec", help="local:SxC (embedded, e.g. local:2x4) or grpc://HOST:PORT (Pathways proxy)")
+@argument("spec", help="local:SxC (embedded, e.g. local:2x4), grpc://HOST:PORT (Pathways proxy) or sps (shared service)")
 @argument("--force", action="store_true", help="switch even if device arrays would be discarded")
+@argument("--timeout", type=float, default=None, help="proxy: seconds for the pre-flight check (default 5)")
+@argument("--insecure", action="store_true", default=None,
+          help="proxy: plaintext gRPC, as kubectl port-forward gives (default: ALTS, or $IFRT_PROXY_USE_INSECURE_GRPC_CREDENTIALS)")
+@argument("--cluster", default="", help="sps: GKE cluster name")
+@argument("--project", default="", help="sps: Google Cloud project")
+@argument("--region", default="", help="sps: cluster location")
+@argument("--service", default="", help="sps: HOST:PORT of the Pathways head")
+@argument("--tpu", default="", help="sps: TYPE:TOPOLOGY, e.g. tpuv6e:2x2")
+@argument("--count", type=int, default=1, help="sps: number of slices (default 1)")
+@argument("--bucket", default="", help="sps: gs:// scratch location for the proxy")
+@argument("--proxy-image", default=None, help="sps: proxy server image (default: the one the service needs)")
 def connect(shell: Any, args: Any, cell: str | None):
     """Switch the session's backend (before the first computation, or with --force)."""
-    api.connect(args.spec, force=args.force)
+    if args.spec == "sps":
+        connection.connect_shared_service(
+            cluster=args.cluster, project=args.project, region=args.region, service=args.service, tpu=args.tpu,
+            count=args.count, bucket=args.bucket, proxy_image=args.proxy_image, insecure=bool(args.insecure),
+            timeout=args.timeout,
+        )
+    else:
+        api.connect(args.spec, force=args.force, timeout=args.timeout, insecure=args.insecure)
     return api.status()
 
 

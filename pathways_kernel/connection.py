@@ -1,0 +1,110 @@
+"""Connecting the session to a cluster, and coming back after a disconnect.
+
+``session.connect`` switches backends; this module adds what a user of a
+remote cluster needs on top: ``reconnect()`` after the proxy went away,
+``connect_shared_service()`` for a shared Pathways service, and the notice
+that tells the user, after a ``disconnect`` event, what is gone and what to
+do next.
+"""
+
+from __future__ import annotations
+
+from pathways_kernel.session import EVENTS, Session, install, session
+from pathways_kernel.session import connect as connect_backend
+from pathways_kernel.events import Event, EventLog
+
+
+def reconnect(timeout: float | None = None) -> Session:
+    """Drop JAX's clients and caches, then connect again to the same backend.
+
+    Device arrays and compiled functions of the old connection are gone
+    either way; rebuild the mesh and restore state from a snapshot or
+    checkpoint afterwards.
+
+    Args:
+      timeout: pre-flight seconds for a proxy backend (default: as before).
+
+    Raises:
+      ConnectError: the backend cannot be reached (the session is left
+        without a backend; ``%pathways connect local:2x4`` works).
+    """
+    from pathways_kernel.backends.proxy import ProxyBackend
+    from pathways_kernel.backends.sps import SharedServiceBackend
+
+    current = session()
+    backend = current.backend
+    if isinstance(backend, SharedServiceBackend):
+        return connect_shared_service(backend.request, timeout=timeout if timeout is not None else backend.timeout)
+    if isinstance(backend, ProxyBackend):
+        return connect_backend(
+            backend.spec, force=True, timeout=timeout if timeout is not None else backend.timeout, insecure=backend.insecure
+        )
+    return connect_backend(backend.spec, force=True)
+
+
+def connect_shared_service(
+    request=None,
+    *,
+    cluster: str = "",
+    project: str = "",
+    region: str = "",
+    service: str = "",
+    tpu: str = "",
+    count: int = 1,
+    bucket: str = "",
+    proxy_image: str | None = None,
+    insecure: bool = False,
+    timeout: float | None = None,
+) -> Session:
+    """Connect the session to a shared Pathways service (``%pathways connect sps``).
+
+    Deploys a proxy for this session with pathwaysutils' shared-service flow
+    and holds it until the session switches backend or the kernel exits.
+
+    Args:
+      cluster, project, region: the GKE cluster running the service.
+      service: ``HOST:PORT`` of the Pathways head.
+      tpu: ``TYPE:TOPOLOGY`` as the service names it, e.g. ``tpuv6e:2x2``.
+      count: number of slices of that type.
+      bucket: ``gs://`` scratch location for the proxy.
+      proxy_image: proxy server image (the flow picks a compatible one).
+      insecure: plaintext gRPC to the proxy.
+      timeout: pre-flight seconds once the proxy is port-forwarded.
+
+    Raises:
+      SpecError: a missing or malformed option.
+      BackendError: missing gcloud/kubectl/extras, or the flow failed.
+    """
+    from pathways_kernel.backends.sps import ServiceRequest, SharedServiceBackend
+
+    if request is None:
+        request = ServiceRequest(cluster, project, region, service, tpu, count, bucket, proxy_image, insecure)
+    return install(SharedServiceBackend(request, timeout), force=True)
+
+
+class DisconnectNotice:
+    """Turns the next ``disconnect`` event into one notice for the user."""
+
+    def __init__(self, events: EventLog):
+        self.pending: Event | None = None
+        self.unsubscribe = events.subscribe(self._on_event)
+
+    def _on_event(self, event: Event) -> None:
+        if event.kind == "disconnect":
+            self.pending = event
+        elif event.kind == "connect":
+            self.pending = None
+
+    def take(self) -> str | None:
+        """The notice, once, if a disconnect happened since the last call."""
+        event, self.pending = self.pending, None
+        if event is None:
+            return None
+        return (
+            f"Pathways connection lost ({event.detail}). Device arrays and compiled functions of that "
+            "connection are gone. Run `%pathways reconnect` (pw.reconnect()), then rebuild the mesh and "
+            "restore state from a snapshot or checkpoint."
+        )
+
+
+NOTICE = DisconnectNotice(EVENTS)

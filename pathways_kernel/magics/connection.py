@@ -1,0 +1,31 @@
+"""Connection subcommands: reconnect; and the notice after a disconnect."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from IPython.core.magic_arguments import argument, magic_arguments
+
+from pathways_kernel import api, connection
+from pathways_kernel.magics import subcommand
+
+
+@subcommand("reconnect")
+@magic_arguments(name="pathways reconnect")
+@argument("--timeout", type=float, default=None, help="proxy: seconds for the pre-flight check (default: as before)")
+def reconnect(shell: Any, args: Any, cell: str | None):
+    """Clear JAX's backends and caches and connect again to the same backend (after a disconnect)."""
+    connection.reconnect(timeout=args.timeout)
+    return api.status()
+
+
+def _show_notice(*_: Any) -> None:
+    if notice := connection.NOTICE.take():
+        print(notice, file=sys.stderr)
+
+
+def install(shell: Any) -> None:
+    """Show the disconnect notice before the next cell runs (once per disconnect)."""
+    if _show_notice not in shell.events.callbacks["pre_run_cell"]:
+        shell.events.register("pre_run_cell", _show_notice)
