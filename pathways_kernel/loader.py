@@ -230,7 +230,7 @@ class Loader:
         self._closed = False
         self._counters = {"batches": 0, "waits": 0, "wait_s": 0.0, "bytes": 0}
         self._summary = {"time": time.monotonic(), "batches": 0, "bytes": 0, "busy_s": 0.0}
-        self._unwatch = activity(self._session).watch_queue(f"{self.name}#{id(self):x}", self.state)
+        self._unwatch = activity(self._session).watch_queue(self.name, self.state)
         self._unhook = _follow_elastic(self)
         self._session.events.emit(
             "sidecar",
@@ -346,6 +346,7 @@ class Loader:
                 "prefetch": self.prefetch,
                 "queue_depth": ready,
                 **self._counters,
+                "wait_s": round(self._counters["wait_s"], 4),
             }
 
     def __repr__(self) -> str:

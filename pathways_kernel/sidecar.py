@@ -83,8 +83,15 @@ class Activity:
             s.timeouts += int(timeout)
 
     def watch_queue(self, name: str, probe: Callable[[], dict[str, Any]]) -> Callable[[], None]:
-        """Report a loader's state (``probe()`` -> dict with ``queue_depth``); returns unwatch."""
+        """Report a loader's state (``probe()`` -> dict with ``queue_depth``); returns unwatch.
+
+        A second live loader of the same name is listed as ``name#2``, and so on.
+        """
         with self._lock:
+            base, n = name, 1
+            while name in self._queues:
+                n += 1
+                name = f"{base}#{n}"
             self._queues[name] = probe
 
         def unwatch() -> None:

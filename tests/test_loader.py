@@ -17,6 +17,7 @@ from jax.sharding import PartitionSpec as P
 
 import pathways_kernel as pw
 from pathways_kernel.elastic import elastic
+from pathways_kernel.faults import fail_slice, restore_slice
 from pathways_kernel.sidecar import stats
 
 B = 16  # global batch: rows per step
@@ -34,11 +35,11 @@ def session():
     s = pw.session()
     if s.backend.spec != "local:2x4":
         s = pw.connect("local:2x4", force=True)
-    for sl in s.topology.slices:
-        s.set_slice_state(sl.index, "up")
+    for sl in s.topology.down_slices:
+        restore_slice(sl.index)
     yield s
-    for sl in s.topology.slices:
-        s.set_slice_state(sl.index, "up")
+    for sl in s.topology.down_slices:
+        restore_slice(sl.index)
 
 
 def slice_devices(s, index):
@@ -92,12 +93,12 @@ def test_failure_and_repair_replays_exactly_the_fault_free_samples(session):
     def chaos(step, fired=set()):
         if step == 5 and "down" not in fired:
             fired.add("down")
-            session.set_slice_state(1, "down")
+            fail_slice(1)
             batches.reset(3, pw.mesh())  # roll back to the snapshot of step 3 on slice 0 alone
             return 3
         if step == 8 and "up" not in fired:
             fired.add("up")
-            session.set_slice_state(1, "up")
+            restore_slice(1)
             batches.reset(8, pw.mesh())  # scale back up; nothing lost
         return None
 
@@ -113,7 +114,7 @@ def test_failure_and_repair_replays_exactly_the_fault_free_samples(session):
 
 
 def test_elastic_loop_with_a_lost_and_restored_slice_commits_the_fault_free_samples(session):
-    """B's elastic loop rolls back to a snapshot; the loader follows via elastic.on_restore."""
+    """The elastic loop rolls back to a snapshot on slice 0 alone, then scales up; the loader follows."""
     batches = pw.loader(samples, spec=P("data"), prefetch=2)
     consumed = {}
     chaos = {5: "down", 9: "up"}
@@ -121,10 +122,10 @@ def test_elastic_loop_with_a_lost_and_restored_slice_commits_the_fault_free_samp
     def train(state, step, mesh):
         if chaos.get(step) == "down":
             del chaos[step]
-            session.set_slice_state(1, "down")
+            fail_slice(1)
         elif chaos.get(step) == "up":
             del chaos[step]
-            session.set_slice_state(1, "up")
+            restore_slice(1)
         batch = batches.batch(step, mesh)
         assert batch["ids"].sharding.mesh == mesh
         consumed[step] = np.asarray(batch["ids"]).tolist()
@@ -179,9 +180,9 @@ def test_prefetch_keeps_batches_ready_and_reports_queue_depth(session):
             time.sleep(0.01)
         assert batches.state()["queue_depth"] == 3
         loaders = stats()["loaders"]
-        assert any(name.startswith("ahead#") and s["queue_depth"] == 3 for name, s in loaders.items())
+        assert loaders["ahead"]["queue_depth"] == 3
         assert stats()["queue_depth"] >= 3
-    assert not any(name.startswith("ahead#") for name in stats()["loaders"])
+    assert "ahead" not in stats()["loaders"]
 
 
 def test_meshes_that_do_not_split_by_slice_are_refused(session):

@@ -16,6 +16,7 @@ import pytest
 from nbclient import NotebookClient
 
 import pathways_kernel as pw
+from pathways_kernel.faults import fail_slice, restore_slice
 from pathways_kernel.sidecar import stats
 
 NOTEBOOK = Path(__file__).parent.parent / "notebooks" / "sidecar.ipynb"
@@ -26,11 +27,11 @@ def session():
     s = pw.session()
     if s.backend.spec != "local:2x4":
         s = pw.connect("local:2x4", force=True)
-    for sl in s.topology.slices:
-        s.set_slice_state(sl.index, "up")
+    for sl in s.topology.down_slices:
+        restore_slice(sl.index)
     yield s
-    for sl in s.topology.slices:
-        s.set_slice_state(sl.index, "up")
+    for sl in s.topology.down_slices:
+        restore_slice(sl.index)
 
 
 def test_runs_on_every_slice_and_returns_arrays_on_that_slice(session):
@@ -93,13 +94,13 @@ def test_bad_slice_choices_are_one_line_errors(session):
         pw.run_sidecar(lambda: 0, slices="7")
     with pytest.raises(pw.PathwaysError, match="bad --slices"):
         pw.sidecar(lambda: 0, slices="one")
-    session.set_slice_state(1, "down")
+    fail_slice(1)
     try:
         with pytest.raises(pw.PathwaysError, match="slice 1 is down"):
             pw.run_sidecar(lambda: 0, slices=[1])
         assert list(pw.run_sidecar(lambda: 0)) == [0]  # "all" means the live ones
     finally:
-        session.set_slice_state(1, "up")
+        restore_slice(1)
 
 
 def test_stats_are_what_the_monitor_reads(session):
