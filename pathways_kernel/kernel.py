@@ -26,6 +26,9 @@ class PathwaysKernel(IPythonKernel):
         self.shell.user_ns.setdefault("pw", pathways_kernel)
         # Activate (configure JAX for) the backend now; devices start lazily.
         session()
+        from pathways_kernel import compile_cache
+
+        compile_cache.from_env()  # the kernelspec's --compile-cache, if any
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -14,10 +14,11 @@ from pathlib import Path
 
 from pathways_kernel import backends
 from pathways_kernel.backends import BACKEND_ENV
+from pathways_kernel.compile_cache import ENV as CACHE_ENV
 from pathways_kernel.errors import PathwaysError, one_line
 
 
-def kernel_json(display_name: str, backend: str | None) -> dict:
+def kernel_json(display_name: str, backend: str | None, compile_cache: str | None = None) -> dict:
     spec: dict = {
         "argv": [sys.executable, "-m", "pathways_kernel", "-f", "{connection_file}"],
         "display_name": display_name,
@@ -25,8 +26,13 @@ def kernel_json(display_name: str, backend: str | None) -> dict:
         "metadata": {"debugger": True},
         "kernel_protocol_version": "5.5",
     }
+    env = {}
     if backend:
-        spec["env"] = {BACKEND_ENV: backend}
+        env[BACKEND_ENV] = backend
+    if compile_cache:
+        env[CACHE_ENV] = compile_cache
+    if env:
+        spec["env"] = env
     return spec
 
 
@@ -34,6 +40,7 @@ def install(
     name: str = "pathways",
     display_name: str | None = None,
     backend: str | None = None,
+    compile_cache: str | None = None,
     user: bool = False,
     prefix: str | None = None,
 ) -> str:
@@ -46,10 +53,14 @@ def install(
 
     if backend:
         backends.from_spec(backend)  # validate before writing anything
+    if compile_cache and compile_cache.strip().lower() != "off":
+        from pathways_kernel.storage import parse_url
+
+        parse_url(compile_cache)
     if display_name is None:
         display_name = "Pathways (JAX)" if not backend else f"Pathways (JAX, {backend})"
     with tempfile.TemporaryDirectory() as tmp:
-        Path(tmp, "kernel.json").write_text(json.dumps(kernel_json(display_name, backend), indent=1))
+        Path(tmp, "kernel.json").write_text(json.dumps(kernel_json(display_name, backend, compile_cache), indent=1))
         return KernelSpecManager().install_kernel_spec(tmp, name, user=user, prefix=prefix)
 
 
@@ -62,10 +73,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--name", default="pathways", help="kernelspec name (default: pathways)")
     parser.add_argument("--display-name", help='name shown in the launcher (default: "Pathways (JAX)")')
     parser.add_argument("--backend", help="backend spec, e.g. local:4x2 or proxy:grpc://localhost:29000")
+    parser.add_argument("--compile-cache", help="persistent compilation cache: gs://BUCKET/PREFIX or a directory")
     args = parser.parse_args(argv)
     prefix = sys.prefix if args.sys_prefix else args.prefix
     try:
-        path = install(args.name, args.display_name, args.backend, user=args.user, prefix=prefix)
+        path = install(args.name, args.display_name, args.backend, args.compile_cache, user=args.user, prefix=prefix)
     except PathwaysError as exc:
         print(one_line(exc), file=sys.stderr)
         return 2

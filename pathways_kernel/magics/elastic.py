@@ -19,6 +19,8 @@ from pathways_kernel.magics import Text, subcommand
 @argument("names", nargs="*", help="variables to snapshot (default: every variable holding jax arrays)")
 @argument("--step", type=int, default=None, help="record this training step with the snapshot")
 @argument("--keep", type=int, default=None, help="keep the last K snapshots per name from now on")
+@argument("--to", default=None, help="also persist to gs://BUCKET/PREFIX or a directory, in the background")
+@argument("--id", default=None, help="id of the persisted snapshot (default: NAME or NAME-stepN)")
 def snapshot(shell: Any, args: Any, cell: str | None):
     """Copy variables' jax arrays to host memory (async), with their PartitionSpecs."""
     if args.keep is not None:
@@ -26,13 +28,24 @@ def snapshot(shell: Any, args: Any, cell: str | None):
     taken = snapshots.snapshot_variables(args.names or None, args.step)
     if not taken:
         return Text("no variable holds jax arrays: nothing to snapshot")
+    if args.to:
+        from pathways_kernel.magics.storage import persist_taken
+
+        return persist_taken(taken, args.to, args.id)
     return Text("\n".join(s.summary() for s in taken))
 
 
 @subcommand("snapshots")
 @magic_arguments(name="pathways snapshots")
+@argument("action", nargs="?", choices=("list", "restore"), default="list", help="list (default) or restore")
+@argument("url", nargs="?", default=None, help="gs://BUCKET/PREFIX or a directory: persisted snapshots instead of host ones")
+@argument("--name", default=None, help="restore: bind to this variable (default: the snapshot's name)")
 def snapshots_(shell: Any, args: Any, cell: str | None):
-    """The host snapshots kept in this session, oldest first."""
+    """The host snapshots kept in this session, or those persisted under a URL (list/restore)."""
+    if args.url or args.action == "restore":
+        from pathways_kernel.magics.storage import remote_snapshots
+
+        return remote_snapshots(args.action, args.url, args.name)
     return snapshots.SnapshotTable(snapshots.store().list())
 
 

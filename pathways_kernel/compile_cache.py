@@ -1,0 +1,184 @@
+"""JAX's persistent compilation cache, in Cloud Storage or a local directory.
+
+``enable("gs://BUCKET/cache")`` points JAX's cache there (JAX reaches gs://
+through etils and gcsfs), so a fresh kernel loads compiled programs instead
+of recompiling them. A kernelspec can turn it on at start through
+``PATHWAYS_COMPILE_CACHE``. Every compilation while the cache is on becomes a
+``compile`` event: hit (with the retrieval time and the compile time it
+saved) or miss (with the compile time). On the Pathways proxy backend JAX's
+cache is off: Pathways keeps its own, so ``enable`` refuses and says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+from typing import Any
+
+from pathways_kernel import storage
+from pathways_kernel.errors import NotSupportedError, PathwaysError, one_line
+
+#: Environment variable a kernelspec sets to turn the cache on at start.
+ENV = "PATHWAYS_COMPILE_CACHE"
+#: Programs that compile faster than this are not worth a round trip to storage.
+DEFAULT_MIN_COMPILE_S = 0.2
+#: Backends where Pathways compiles, and caches, on its side.
+PATHWAYS_BACKENDS = ("proxy", "sps")
+
+_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+_HIT = "/jax/compilation_cache/cache_hits"
+_REQUEST = "/jax/compilation_cache/compile_requests_use_cache"
+_RETRIEVAL = "/jax/compilation_cache/cache_retrieval_time_sec"
+_SAVED = "/jax/compilation_cache/compile_time_saved_sec"
+
+
+@dataclasses.dataclass
+class CacheStatus:
+    """Where the cache is and what it did in this session."""
+
+    location: str | None
+    hits: int = 0
+    misses: int = 0
+    saved_s: float = 0.0
+
+    def to_text(self) -> str:
+        if self.location is None:
+            return "persistent compilation cache: off"
+        return (
+            f"persistent compilation cache: {self.location}  "
+            f"({self.hits} hits, {self.misses} misses, {self.saved_s:.1f} s of compiling saved)"
+        )
+
+    def __repr__(self) -> str:
+        return self.to_text()
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(self.to_text())
+
+
+_status = CacheStatus(None)
+_local = threading.local()
+_listening = False
+_lock = threading.Lock()
+
+
+def _on_event(event: str, **kwargs: Any) -> None:
+    if event == _REQUEST:
+        _local.outcome = "miss"
+    elif event == _HIT:
+        _local.outcome = "hit"
+
+
+def _on_duration(event: str, duration: float, **kwargs: Any) -> None:
+    if event == _RETRIEVAL:
+        _local.retrieval = duration
+    elif event == _SAVED:
+        _local.saved = duration
+    elif event == _COMPILE_EVENT:
+        outcome = getattr(_local, "outcome", None)
+        _local.outcome = None
+        if _status.location is None or outcome is None:
+            return
+        name = kwargs.get("fun_name", "")
+        from pathways_kernel.session import session
+
+        if outcome == "hit":
+            _status.hits += 1
+            saved = max(0.0, getattr(_local, "saved", 0.0))
+            _status.saved_s += saved
+            detail = f"{name}: cache hit (loaded in {getattr(_local, 'retrieval', duration) * 1000:.0f} ms, saved {saved:.2f} s)"
+        else:
+            _status.misses += 1
+            detail = f"{name}: cache miss, compiled in {duration:.2f} s"
+        session().events.emit("compile", duration_s=duration, detail=detail)
+
+
+def _listen() -> None:
+    global _listening
+    with _lock:
+        if _listening:
+            return
+        from jax import monitoring
+
+        monitoring.register_event_listener(_on_event)
+        monitoring.register_event_duration_secs_listener(_on_duration)
+        _listening = True
+
+
+def enable(location: str, min_compile_s: float = DEFAULT_MIN_COMPILE_S) -> CacheStatus:
+    """Use ``location`` (``gs://BUCKET/PREFIX``, a directory, or ``off``) as JAX's cache.
+
+    Raises:
+      NotSupportedError: on the Pathways proxy backend (Pathways manages its
+        own compilation cache).
+      StorageError: a malformed URL, or a bucket that does not exist.
+    """
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache as cc
+
+    from pathways_kernel.session import session
+
+    if location.strip().lower() == "off":
+        return disable()
+    if session().backend.name in PATHWAYS_BACKENDS:
+        raise NotSupportedError(
+            "Pathways manages its own persistent compilation cache on the proxy backend (JAX's is turned off there); "
+            "nothing to configure"
+        )
+    where = storage.parse_url(location)
+    if where.scheme == "gs":
+        storage.emulator_env()
+        try:
+            storage.objects_for(where).check(where)
+        except storage.StorageError:
+            raise
+        except Exception as exc:
+            raise storage.storage_error(exc, "compile cache at", where) from exc
+    else:
+        os.makedirs(where.path, exist_ok=True)
+    _listen()
+    jax.config.update("jax_enable_compilation_cache", True)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_s))
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    cc.reset_cache()
+    cc.set_cache_dir(where.url)
+    _status.location = where.url
+    return status()
+
+
+def disable() -> CacheStatus:
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache as cc
+
+    jax.config.update("jax_enable_compilation_cache", False)
+    cc.reset_cache()
+    _status.location = None
+    return status()
+
+
+def status() -> CacheStatus:
+    return dataclasses.replace(_status)
+
+
+def cache(location: str | None = None, min_compile_s: float = DEFAULT_MIN_COMPILE_S) -> CacheStatus:
+    """``%pathways cache``: ``enable(location)``, ``disable()`` for ``"off"``, or the status for ``None``."""
+    return status() if location is None else enable(location, min_compile_s)
+
+
+def from_env() -> CacheStatus | None:
+    """Turn the cache on from ``PATHWAYS_COMPILE_CACHE`` (kernel start); ``None`` if unset.
+
+    A kernel must start even when the cache cannot be used: the reason is
+    printed as one line and the kernel runs without it.
+    """
+    import sys
+
+    location = os.environ.get(ENV, "").strip()
+    if not location:
+        return None
+    try:
+        return enable(location)
+    except PathwaysError as exc:
+        print(f"{ENV}={location} not used: {one_line(exc)}", file=sys.stderr)
+        return None
