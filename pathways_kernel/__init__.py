@@ -26,6 +26,12 @@ from pathways_kernel.checkpoints import listing as checkpoints_list
 from pathways_kernel.checkpoints import restore as checkpoint_restore
 from pathways_kernel.checkpoints import save as checkpoint_save
 from pathways_kernel.compile_cache import cache
+from pathways_kernel.storage import persist, restore
+from pathways_kernel.storage import list_snapshots as snapshots_list
+from pathways_kernel.checkpoints import listing as checkpoints_list
+from pathways_kernel.checkpoints import restore as checkpoint_restore
+from pathways_kernel.checkpoints import save as checkpoint_save
+from pathways_kernel.compile_cache import cache
 
 __version__ = "0.1.0"
 
@@ -51,6 +57,13 @@ __all__ = [
     "ElasticError",
     "on_restore",
     "restore_snapshot",
+    "persist",
+    "restore",
+    "snapshots_list",
+    "checkpoint_save",
+    "checkpoint_restore",
+    "checkpoints_list",
+    "cache",
     "persist",
     "restore",
     "snapshots_list",
