@@ -1,0 +1,204 @@
+"""Monitor protocol v1 (docs/protocol.md): round trips, quantization, validation of every malformed case."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from pathways_kernel.events import Event
+from pathways_kernel.monitor import protocol as p
+
+
+def _topology(n_slices: int = 2, chips: int = 4) -> p.TopologyMessage:
+    n = n_slices * chips
+    return p.TopologyMessage(
+        topology_seq=3,
+        backend="local:2x4",
+        target="embedded",
+        platform="cpu",
+        supports_fault_injection=True,
+        slices=tuple(p.SliceInfo(i, "down" if i == 1 else "up", "cpu", (2, 2, 1), i * chips, chips) for i in range(n_slices)),
+        chip_id=np.arange(n, dtype=np.int32)[::-1].copy(),
+        chip_slice=np.repeat(np.arange(n_slices, dtype=np.uint16), chips),
+        chip_coords=np.array([[c % 2, c // 2, 0] for _ in range(n_slices) for c in range(chips)], np.uint16),
+    )
+
+
+def _metrics(n: int = 8) -> p.MetricsMessage:
+    memory = np.array([0, 1, 2**20, 3 * 2**30, 5, 6, 7, 2**33][:n], np.int64)
+    unit = p.memory_unit_for(int(memory.max()))
+    return p.MetricsMessage(
+        seq=7,
+        time=1_700_000_000.25,
+        topology_seq=3,
+        source="client",
+        window_s=2.0,
+        memory_unit=unit,
+        slices=(p.SliceMetrics(0, "up", 0.5, int(memory[:4].sum()), None), p.SliceMetrics(1, "down", 0.0, 0, 2**34)),
+        utilization=0.5,
+        memory_bytes=int(memory.sum()),
+        chip_utilization=p.quantize_utilization(np.linspace(0, 1, n)),
+        chip_memory=p.quantize_memory(memory, unit),
+    )
+
+
+def test_topology_round_trip_in_chip_order():
+    t = _topology()
+    data, buffers = p.encode_topology(t)
+    assert data["v"] == 1 and data["type"] == "topology" and data["chips"] == 8
+    assert [len(b) for b in buffers] == [8 * 4, 8 * 2, 8 * 3 * 2]
+    back = p.decode_topology(data, buffers)
+    assert back.slices == t.slices
+    np.testing.assert_array_equal(back.chip_id, t.chip_id)
+    np.testing.assert_array_equal(back.chip_slice, t.chip_slice)
+    np.testing.assert_array_equal(back.chip_coords, t.chip_coords)
+    assert (back.topology_seq, back.backend, back.target, back.platform, back.supports_fault_injection) == (
+        3, "local:2x4", "embedded", "cpu", True)
+
+
+def test_metrics_round_trip_is_three_bytes_per_chip():
+    m = _metrics()
+    data, buffers = p.encode_metrics(m)
+    assert sum(len(b) for b in buffers) == 3 * m.chips
+    back = p.decode_metrics(data, buffers)
+    assert back.slices == m.slices and back.seq == 7 and back.memory_unit == m.memory_unit
+    np.testing.assert_array_equal(back.chip_utilization, m.chip_utilization)
+    np.testing.assert_array_equal(back.chip_memory, m.chip_memory)
+
+
+def test_buffers_are_little_endian():
+    t = _topology(1, 1)
+    t = p.TopologyMessage(**{**t.__dict__, "chip_id": np.array([0x01020304], np.int32)})
+    _, buffers = p.encode_topology(t)
+    assert buffers[0] == bytes([4, 3, 2, 1])
+
+
+def test_utilization_quantization():
+    q = p.quantize_utilization(np.array([0.0, 1.0, 0.5, -3, 7, math.nan], np.float32))
+    assert q.dtype == np.uint8 and list(q) == [0, 255, 128, 0, 255, 0]
+
+
+def test_memory_unit_keeps_every_chip_below_saturation():
+    for top in (0, 1, 65534, 65535, 2**20, 95 * 2**30, 2**40):
+        unit = p.memory_unit_for(top)
+        assert unit >= 1 and unit & (unit - 1) == 0
+        q = p.quantize_memory(np.array([top]), unit)
+        assert q[0] < p.MEMORY_SATURATED
+        assert abs(int(q[0]) * unit - top) <= unit / 2
+    assert p.memory_unit_for(65534) == 1 and p.memory_unit_for(65535) == 2
+
+
+def test_memory_saturates_instead_of_wrapping():
+    assert p.quantize_memory(np.array([10**9]), 1)[0] == p.MEMORY_SATURATED
+
+
+def test_event_and_reply():
+    e = Event(4, 12.5, "reshard", (0, 1), (0,), 1024, 0.25, 10, "2 -> 1 slices")
+    data, buffers = p.encode_event(e)
+    assert buffers == []
+    assert p.decode_event(data) == {
+        "seq": 4, "time": 12.5, "kind": "reshard", "slices_before": [0, 1], "slices_after": [0],
+        "bytes": 1024, "duration_s": 0.25, "step": 10, "detail": "2 -> 1 slices",
+    }
+    ok, _ = p.encode_reply("r1", True, result={"rate": 2.0})
+    assert ok == {"v": 1, "type": "reply", "request_id": "r1", "ok": True, "error": None, "result": {"rate": 2.0}}
+    bad, _ = p.encode_reply(None, False, "nope")
+    assert bad["ok"] is False and bad["error"] == "nope" and bad["result"] is None
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        p.Request("subscribe", "a", rate=2.0),
+        p.Request("subscribe", "b", rate=0.0),
+        p.Request("ping", "c"),
+        p.Request("fail_slice", "d", slice=1),
+        p.Request("restore_slice", "e", slice=0),
+        p.Request("snapshot", "f"),
+    ],
+)
+def test_request_round_trip(request_):
+    assert p.decode_request(p.encode_request(request_)) == request_
+
+
+def _req(**fields):
+    return {"v": 1, "type": "subscribe", "request_id": "r", "rate": 2, **fields}
+
+
+@pytest.mark.parametrize(
+    "data, buffers, echoed, message",
+    [
+        ("subscribe", [], None, "JSON object"),
+        ([1, 2], [], None, "JSON object"),
+        (None, [], None, "JSON object"),
+        ({k: v for k, v in _req().items() if k != "request_id"}, [], None, "request_id"),
+        (_req(request_id=""), [], None, "request_id"),
+        (_req(request_id=7), [], None, "request_id"),
+        (_req(request_id="x" * 129), [], None, "request_id"),
+        (_req(), [b"\x00"], "r", "buffers"),
+        ({k: v for k, v in _req().items() if k != "v"}, [], "r", "version"),
+        (_req(v=2), [], "r", "version"),
+        (_req(v="1"), [], "r", "version"),
+        (_req(v=True), [], "r", "version"),
+        (_req(v=1.0), [], "r", "version"),
+        (_req(type="launch_missiles"), [], "r", "unknown request type"),
+        (_req(type=None), [], "r", "unknown request type"),
+        ({k: v for k, v in _req().items() if k != "type"}, [], "r", "unknown request type"),
+        ({k: v for k, v in _req().items() if k != "rate"}, [], "r", "'rate' is missing"),
+        (_req(rate="2"), [], "r", "finite number"),
+        (_req(rate=True), [], "r", "finite number"),
+        (_req(rate=None), [], "r", "finite number"),
+        (_req(rate=math.nan), [], "r", "finite number"),
+        (_req(rate=math.inf), [], "r", "finite number"),
+        (_req(rate=-0.5), [], "r", "within"),
+        (_req(rate=10.5), [], "r", "within"),
+        (_req(extra=1), [], "r", "unexpected field"),
+        ({"v": 1, "type": "ping", "request_id": "r", "rate": 1}, [], "r", "unexpected field"),
+        ({"v": 1, "type": "fail_slice", "request_id": "r"}, [], "r", "'slice' is missing"),
+        ({"v": 1, "type": "fail_slice", "request_id": "r", "slice": "1"}, [], "r", "integer"),
+        ({"v": 1, "type": "fail_slice", "request_id": "r", "slice": 1.0}, [], "r", "integer"),
+        ({"v": 1, "type": "fail_slice", "request_id": "r", "slice": True}, [], "r", "integer"),
+        ({"v": 1, "type": "restore_slice", "request_id": "r", "slice": -1}, [], "r", ">= 0"),
+        ({"v": 1, "type": "snapshot", "request_id": "r", "name": "x"}, [], "r", "unexpected field"),
+    ],
+)
+def test_malformed_requests_are_rejected(data, buffers, echoed, message):
+    with pytest.raises(p.ProtocolError) as info:
+        p.decode_request(data, buffers)
+    assert info.value.request_id == echoed
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda d, b: (d, b[:1]), "binary buffers"),
+        (lambda d, b: (d, [b[0][:-1], b[1]]), "bytes"),
+        (lambda d, b: ({**d, "chips": 9}, b), "bytes"),
+        (lambda d, b: ({**d, "memory_unit": 3}, b), "power of two"),
+        (lambda d, b: ({**d, "window_s": 0}, b), "window_s"),
+        (lambda d, b: ({**d, "utilization": 1.5}, b), r"within \[0, 1\]"),
+        (lambda d, b: ({**d, "v": 2}, b), "version"),
+        (lambda d, b: ({**d, "type": "topology"}, b), "expected a metrics"),
+        (lambda d, b: ({**d, "slices": [{**d["slices"][0], "state": "lost"}]}, b), "'state'"),
+    ],
+)
+def test_malformed_metrics_are_rejected(mutate, message):
+    data, buffers = mutate(*p.encode_metrics(_metrics()))
+    with pytest.raises(p.ProtocolError, match=message):
+        p.decode_metrics(data, buffers)
+
+
+def test_topology_offsets_must_cover_every_chip():
+    data, buffers = p.encode_topology(_topology())
+    data["slices"][1]["chip_count"] = 3
+    with pytest.raises(p.ProtocolError, match="chip_count"):
+        p.decode_topology(data, buffers)
+
+
+def test_close_reasons():
+    assert p.close_data("evicted") == {"v": 1, "type": "closed", "reason": "evicted"}
+    with pytest.raises(ValueError):
+        p.close_data("bored")
