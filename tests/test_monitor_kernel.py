@@ -1,0 +1,242 @@
+"""The monitor comm through a real `pathways` kernel: this test acts as the JupyterLab panel.
+
+It opens `pathways.monitor` comms on a kernel subshell (what JupyterLab >= 4.4
+does with commsOverSubshells), sends requests as `comm_msg`s and reads the
+kernel's answers on IOPub, while a cell keeps the main shell busy.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from pathways_kernel.monitor import protocol as p
+
+
+class Frontend:
+    """What a panel does over the kernel's channels (one subshell, many comms)."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.kc = kernel.kc
+        self.subshell = self._create_subshell()
+        self.inbox: list[dict[str, Any]] = []  # comm messages seen on IOPub, in order
+
+    def _create_subshell(self) -> str:
+        msg = self.kc.session.msg("create_subshell_request", {})
+        self.kc.control_channel.send(msg)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            reply = self.kc.control_channel.get_msg(timeout=30)
+            if reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
+                assert reply["content"]["status"] == "ok", reply["content"]
+                return reply["content"]["subshell_id"]
+        raise AssertionError("no create_subshell_reply")
+
+    def _send(self, msg_type: str, content: dict[str, Any], buffers: list[bytes] | None = None) -> None:
+        msg = self.kc.session.msg(msg_type, content)
+        msg["header"]["subshell_id"] = self.subshell
+        self.kc.shell_channel.send(msg) if not buffers else self.kc.session.send(
+            self.kc.shell_channel.socket, msg, buffers=buffers)
+
+    def open(self) -> str:
+        comm_id = uuid.uuid4().hex
+        self._send("comm_open", {"comm_id": comm_id, "target_name": p.TARGET, "data": {}})
+        return comm_id
+
+    def send(self, comm_id: str, data: Any, buffers: list[bytes] | None = None) -> None:
+        self._send("comm_msg", {"comm_id": comm_id, "data": data}, buffers)
+
+    def request(self, comm_id: str, type_: str, **fields: Any) -> str:
+        request_id = uuid.uuid4().hex[:12]
+        self.send(comm_id, {"v": 1, "type": type_, "request_id": request_id, **fields})
+        return request_id
+
+    def pump(self, timeout: float) -> None:
+        msg = self.kernel.iopub(timeout)
+        if msg is not None and msg["header"]["msg_type"] in ("comm_msg", "comm_close", "comm_open"):
+            self.inbox.append(msg)
+
+    def wait_for(self, predicate, timeout: float, since: int = 0) -> dict[str, Any] | None:
+        """The first comm message (from position ``since`` on) that satisfies ``predicate``."""
+        deadline = time.time() + timeout
+        checked = since
+        while True:
+            for msg in self.inbox[checked:]:
+                if predicate(msg):
+                    return msg
+            checked = len(self.inbox)
+            remaining = deadline - time.time()
+            if remaining <= 0:
+                return None
+            self.pump(min(remaining, 0.05))
+
+    def reply_to(self, comm_id: str, request_id: str | None, timeout: float, since: int = 0) -> dict[str, Any] | None:
+        msg = self.wait_for(lambda m: _is(m, comm_id, "reply") and m["content"]["data"]["request_id"] == request_id,
+                            timeout, since)
+        return None if msg is None else msg["content"]["data"]
+
+
+def _is(msg: dict[str, Any], comm_id: str, kind: str) -> bool:
+    content = msg["content"]
+    return (msg["header"]["msg_type"] == "comm_msg" and content.get("comm_id") == comm_id
+            and content.get("data", {}).get("type") == kind)
+
+
+def _closed(msg: dict[str, Any], comm_id: str) -> bool:
+    return msg["header"]["msg_type"] == "comm_close" and msg["content"].get("comm_id") == comm_id
+
+
+@pytest.fixture(scope="module")
+def frontend(kernel):
+    assert kernel.run("x = 1").status == "ok"
+    return Frontend(kernel)
+
+
+def test_topology_then_metrics_on_open(frontend):
+    comm = frontend.open()
+    msg = frontend.wait_for(lambda m: _is(m, comm, "topology"), timeout=30)
+    assert msg is not None, "no topology after comm_open"
+    topology = p.decode_topology(msg["content"]["data"], msg["buffers"])
+    assert [s.chip_count for s in topology.slices] == [4, 4]
+    assert topology.chips == 8 and topology.backend == "local:2x4" and topology.supports_fault_injection
+    msg = frontend.wait_for(lambda m: _is(m, comm, "metrics"), timeout=10)
+    assert msg is not None, "no metrics after the topology"
+    metrics = p.decode_metrics(msg["content"]["data"], msg["buffers"])
+    assert metrics.chips == 8 and metrics.topology_seq == topology.topology_seq and metrics.source == "client"
+
+
+def test_metrics_and_replies_flow_while_a_cell_sleeps(frontend):
+    comm = frontend.open()
+    assert frontend.wait_for(lambda m: _is(m, comm, "metrics"), timeout=30) is not None
+    frontend.kc.execute("import time; time.sleep(5)")
+    busy = frontend.kernel.iopub(10)
+    while busy is not None and not (busy["header"]["msg_type"] == "status" and busy["content"]["execution_state"] == "busy"
+                                    and busy["parent_header"].get("msg_type") == "execute_request"):
+        if busy["header"]["msg_type"].startswith("comm"):
+            frontend.inbox.append(busy)
+        busy = frontend.kernel.iopub(10)
+    assert busy is not None, "the cell never started"
+    started, mark = time.time(), len(frontend.inbox)
+
+    metrics = frontend.wait_for(lambda m: _is(m, comm, "metrics"), timeout=1.0, since=mark)
+    assert metrics is not None, "no metrics within 1 s while the cell runs"
+
+    asked = time.time()
+    request_id = frontend.request(comm, "subscribe", rate=4)
+    reply = frontend.reply_to(comm, request_id, timeout=1.0, since=mark)
+    answered = time.time() - asked
+    assert reply is not None, "subscribe was not answered within 1 s while the cell runs"
+    assert reply["ok"] is True and reply["result"] == {"rate": 4.0}
+    assert time.time() - started < 5, "the reply waited for the cell to finish"
+    print(f"subscribe answered in {answered * 1000:.0f} ms during a busy cell")
+    # Let the sleeping cell finish before the next test runs code.
+    frontend.wait_for(lambda m: False, timeout=max(0.0, 5.5 - (time.time() - started)))
+
+
+BAD_REQUESTS = [
+    ("not an object", None),
+    ({"v": 1, "type": "subscribe", "rate": 2}, None),
+    ({"v": 2, "type": "ping", "request_id": "bad-version"}, "bad-version"),
+    ({"v": 1, "type": "format_disk", "request_id": "bad-type"}, "bad-type"),
+    ({"v": 1, "type": "subscribe", "request_id": "bad-rate", "rate": 99}, "bad-rate"),
+    ({"v": 1, "type": "fail_slice", "request_id": "bad-slice", "slice": "1"}, "bad-slice"),
+    ({"v": 1, "type": "fail_slice", "request_id": "extra", "slice": 1, "force": True}, "extra"),
+    ({"v": 1, "type": "fail_slice", "request_id": "no-such-slice", "slice": 7}, "no-such-slice"),
+]
+
+
+def test_malformed_requests_get_error_replies_and_execute_nothing(frontend, kernel):
+    comm = frontend.open()
+    assert frontend.wait_for(lambda m: _is(m, comm, "topology"), timeout=30) is not None
+    for data, request_id in BAD_REQUESTS:
+        mark = len(frontend.inbox)
+        frontend.send(comm, data)
+        reply = frontend.reply_to(comm, request_id, timeout=10, since=mark)
+        assert reply is not None, f"no reply to {data!r}"
+        assert reply["ok"] is False and reply["error"], reply
+    mark = len(frontend.inbox)
+    frontend.send(comm, {"v": 1, "type": "fail_slice", "request_id": "with-buffers", "slice": 1}, buffers=[b"\x01\x02"])
+    reply = frontend.reply_to(comm, "with-buffers", timeout=10, since=mark)
+    assert reply is not None and reply["ok"] is False and "buffers" in reply["error"]
+    # Nothing was failed: both slices are still up.
+    assert "2/2 up" in kernel.run("pw.status()").text
+
+
+def test_snapshot_request_snapshots_notebook_arrays(frontend, kernel):
+    assert kernel.run("import jax.numpy as jnp; weights = jnp.ones((256, 256))").status == "ok"
+    comm = frontend.open()
+    assert frontend.wait_for(lambda m: _is(m, comm, "topology"), timeout=30) is not None
+    mark = len(frontend.inbox)
+    request_id = frontend.request(comm, "snapshot")
+    reply = frontend.reply_to(comm, request_id, timeout=30, since=mark)
+    assert reply is not None and reply["ok"] is True, reply
+    assert "weights" in reply["result"]["name"] and reply["result"]["nbytes"] >= 256 * 256 * 4
+
+
+def test_fail_and_restore_slice_from_the_panel(frontend, kernel):
+    comm = frontend.open()
+    assert frontend.wait_for(lambda m: _is(m, comm, "topology"), timeout=30) is not None
+    mark = len(frontend.inbox)
+    request_id = frontend.request(comm, "fail_slice", slice=1)
+    reply = frontend.reply_to(comm, request_id, timeout=30, since=mark)
+    assert reply == {"v": 1, "type": "reply", "request_id": request_id, "ok": True, "error": None,
+                     "result": {"slice": 1, "changed": True}}
+    down = frontend.wait_for(lambda m: _is(m, comm, "topology")
+                             and m["content"]["data"]["slices"][1]["state"] == "down", timeout=5, since=mark)
+    assert down is not None, "no topology with slice 1 down"
+    event = frontend.wait_for(lambda m: _is(m, comm, "event")
+                              and m["content"]["data"]["event"]["kind"] == "slice_down", timeout=5, since=mark)
+    assert event is not None and event["content"]["data"]["event"]["slices_after"] == [0]
+    metrics = frontend.wait_for(lambda m: _is(m, comm, "metrics")
+                                and m["content"]["data"]["topology_seq"] == down["content"]["data"]["topology_seq"],
+                                timeout=5, since=mark)
+    assert metrics is not None and metrics["content"]["data"]["slices"][1]["state"] == "down"
+
+    mark = len(frontend.inbox)
+    request_id = frontend.request(comm, "restore_slice", slice=1)
+    reply = frontend.reply_to(comm, request_id, timeout=30, since=mark)
+    assert reply is not None and reply["ok"] is True and reply["result"]["changed"] is True
+    assert "2/2 up" in kernel.run("pw.status()").text
+
+
+def test_twenty_reloads_keep_live_comms_bounded(frontend, kernel):
+    opened = [frontend.open() for _ in range(20)]
+    last = opened[-1]
+    assert frontend.wait_for(lambda m: _is(m, last, "topology"), timeout=30) is not None
+    reply = kernel.run("from pathways_kernel.monitor import comm as _mc; print(len(_mc.server().connections), _mc.MAX_COMMS)")
+    live, cap = map(int, reply.text.split())
+    assert live <= cap, f"{live} live monitor comms after 20 opens (cap {cap})"
+    # The oldest were told why they were closed; the newest still streams.
+    closed = frontend.wait_for(lambda m: _closed(m, opened[0]), timeout=10)
+    assert closed is not None and closed["content"]["data"] == {"v": 1, "type": "closed", "reason": "evicted"}
+    mark = len(frontend.inbox)
+    request_id = frontend.request(last, "ping")
+    assert frontend.reply_to(last, request_id, timeout=10, since=mark)["ok"] is True
+
+
+def test_notebook_dashboard_updates_while_a_later_cell_runs(kernel):
+    reply = kernel.run("dash = pw.monitor(rate=4); dash")
+    assert reply.status == "ok", reply.error
+    assert any("application/vnd.jupyter.widget-view+json" in d for d in reply.data)
+    before = int(kernel.run("print(dash.updates)").text)
+    kernel.kc.execute("import time; time.sleep(2)")
+    updates = 0
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        msg = kernel.iopub(0.2)
+        if msg is None:
+            continue
+        if msg["header"]["msg_type"] == "comm_msg" and msg["content"]["data"].get("method") == "update":
+            updates += 1
+        if msg["header"]["msg_type"] == "status" and msg["content"]["execution_state"] == "idle" \
+                and msg["parent_header"].get("msg_type") == "execute_request":
+            break
+    assert updates >= 3, f"only {updates} widget updates during a 2 s cell"
+    after = int(kernel.run("print(dash.updates)").text)
+    assert after > before
+    reply = kernel.run("%pathways monitor --rate 0")
+    assert "rate must be within" in reply.error and "Traceback" not in reply.error
