@@ -47,6 +47,15 @@ class Slice:
         return [chip.device for chip in self.chips]
 
     @property
+    def cores_per_chip(self) -> int:
+        """JAX devices per physical chip (2 where a chip exposes each TensorCore)."""
+        return max((c.core_on_chip for c in self.chips), default=0) + 1
+
+    @property
+    def physical_chips(self) -> int:
+        return len({c.coords for c in self.chips})
+
+    @property
     def shape(self) -> tuple[int, ...]:
         """Extent of the chip grid along each coordinate axis."""
         if not self.chips:
@@ -123,12 +132,14 @@ class Topology:
         return dataclasses.replace(self, slices=slices)
 
     def to_text(self) -> str:
-        lines = [f"{len(self.up_slices)}/{len(self.slices)} slices up, {len(self.chips)} chips ({self.platform})"]
+        count = _count(sum(s.physical_chips for s in self.slices), len(self.chips))
+        lines = [f"{len(self.up_slices)}/{len(self.slices)} slices up, {count} ({self.platform})"]
         for s in self.slices:
             shape = "x".join(map(str, s.shape)) or "-"
             kind = f" {s.kind}" if s.kind else ""
-            lines.append(f"  slice {s.index}: {s.state:<4} {len(s.chips)} chips{kind} grid {shape}")
-            lines.append("    " + " ".join(f"{c.id}@{_coords(c.coords)}" for c in s.chips[:32]))
+            lines.append(f"  slice {s.index}: {s.state:<4} {_count(s.physical_chips, len(s.chips))}{kind} grid {shape}")
+            cores = s.cores_per_chip > 1
+            lines.append("    " + " ".join(f"{c.id}@{_coords(c.coords)}{f'/c{c.core_on_chip}' if cores else ''}" for c in s.chips[:32]))
             if len(s.chips) > 32:
                 lines[-1] += f" ... (+{len(s.chips) - 32})"
         return "\n".join(lines)
@@ -142,13 +153,19 @@ class Topology:
     def _repr_html_(self) -> str:
         blocks = "".join(_slice_html(s) for s in self.slices)
         summary = html.escape(
-            f"{len(self.up_slices)}/{len(self.slices)} slices up · {len(self.chips)} chips · {self.platform}"
+            f"{len(self.up_slices)}/{len(self.slices)} slices up · "
+            f"{_count(sum(s.physical_chips for s in self.slices), len(self.chips))} · {self.platform}"
         )
         return (
             '<div class="pathways-topology" style="font-family:var(--jp-code-font-family,monospace)">'
             f"<div><b>Topology</b> {summary}</div>"
             f'<div style="display:flex;flex-wrap:wrap;gap:12px;margin-top:6px">{blocks}</div></div>'
         )
+
+
+def _count(chips: int, devices: int) -> str:
+    """``"8 chips"``, or ``"8 chips (16 devices)"`` where chips expose several cores."""
+    return f"{chips} chips" if chips == devices else f"{chips} chips ({devices} devices)"
 
 
 def _chip_order(chip: Chip) -> tuple:
@@ -160,7 +177,10 @@ def _coords(coords: Iterable[int]) -> str:
 
 
 def _slice_html(s: Slice) -> str:
-    x, y = (s.shape + (1, 1))[:2]
+    # A 3D torus is drawn as its z-planes side by side (one spacer column
+    # between them); a chip's cores stack within its cell.
+    x, y, planes = (s.shape + (1, 1, 1))[:3]
+    cores = s.cores_per_chip
     up = s.up
     border = "var(--jp-brand-color1,#1976d2)" if up else "var(--jp-error-color1,#d32f2f)"
     cells = []
@@ -168,16 +188,17 @@ def _slice_html(s: Slice) -> str:
         title = html.escape(f"chip {chip.id} coords {_coords(chip.coords)} core {chip.core_on_chip} {chip.state}")
         bg = "var(--jp-brand-color3,#bbdefb)" if up else "var(--jp-error-color3,#ffcdd2)"
         label = "✕" if not up else str(chip.id)
+        cx, cy, cz = (tuple(chip.coords) + (0, 0, 0))[:3]
         cells.append(
-            f'<div title="{title}" style="grid-column:{chip.coords[0] + 1};grid-row:{(chip.coords[1] if len(chip.coords) > 1 else 0) + 1};'
+            f'<div title="{title}" style="grid-column:{cz * (x + 1) + cx + 1};grid-row:{cy * cores + chip.core_on_chip + 1};'
             f'background:{bg};padding:2px 4px;text-align:center;font-size:11px">{label}</div>'
         )
     state = "up" if up else "DOWN"
     kind = html.escape(f" · {s.kind}" if s.kind else "")
     return (
         f'<div style="border:2px solid {border};padding:4px;border-radius:4px">'
-        f"<div>slice {s.index} · <b>{state}</b> · {len(s.chips)} chips{kind}</div>"
-        f'<div style="display:grid;grid-template-columns:repeat({x},auto);gap:2px;margin-top:4px">{"".join(cells)}</div>'
+        f"<div>slice {s.index} · <b>{state}</b> · {_count(s.physical_chips, len(s.chips))}{kind}</div>"
+        f'<div style="display:grid;grid-template-columns:repeat({planes * (x + 1) - 1},auto);gap:2px;margin-top:4px">{"".join(cells)}</div>'
         "</div>"
     )
 
