@@ -14,7 +14,7 @@ from pathways_kernel.topology import Topology
 
 # Fault injection, chaos and the health check are implemented in their modules;
 # these are the API twins of %pathways fail/restore/chaos/health.
-from pathways_kernel.chaosmonkey import ChaosStatus, chaos, chaos_off
+from pathways_kernel.chaosmonkey import ChaosStatus, chaos, chaos_off, chaos_status
 from pathways_kernel.faults import FaultReport, fail_slice, is_lost, restore_slice
 from pathways_kernel.healthcheck import Health, health
 

@@ -196,6 +196,11 @@ def chaos(mtbf: float, mttr: float, seed: int = 0, min_up: int = 1) -> ChaosStat
     return _chaos().start(mtbf, mttr, seed, min_up)
 
 
+def chaos_status() -> ChaosStatus:
+    """Whether chaos is running, with its parameters and the slices down now."""
+    return _chaos().status()
+
+
 def chaos_off() -> ChaosStatus:
     """Stop chaos; slices stay as they are (``restore_slice`` brings one back).
 

@@ -121,6 +121,9 @@ class Healer:
         self.shell = shell
         self.events = EVENTS
         self._seen = self.events.last(1)[0].seq if len(self.events) else 0
+        # Unusable variables already reported, with the arrays they held then:
+        # one that is still lost is not announced again at the next loss.
+        self._reported: dict[str, tuple[int, ...]] = {}
 
     def check(self, *_: Any) -> HealingReport | None:
         """Heal if a slice went down since the last check; display the report."""
@@ -133,11 +136,20 @@ class Healer:
             return None
         hidden = frozenset(getattr(self.shell, "user_ns_hidden", {}))
         report = heal(self.shell.user_ns, lost, hidden)
+        report = dataclasses.replace(report, unusable=tuple(n for n in report.unusable if not self._already_reported(n)))
         if report:
             from IPython.display import display
 
             display(report)
         return report
+
+    def _already_reported(self, name: str) -> bool:
+        import jax
+
+        arrays = tuple(id(leaf) for leaf in jax.tree.leaves(self.shell.user_ns.get(name)))
+        seen = self._reported.get(name) == arrays
+        self._reported[name] = arrays
+        return seen
 
 
 def install(shell: Any) -> Healer:

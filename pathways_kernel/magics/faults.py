@@ -35,11 +35,13 @@ def restore(shell: Any, args: Any, cell: str | None):
 @argument("--min-up", type=int, default=1, help="slices that always stay up (default 1)")
 @argument("--off", action="store_true", help="stop chaos; slices stay as they are")
 def chaos(shell: Any, args: Any, cell: str | None):
-    """Random slice failures and repairs on a seeded schedule (local backend; off by default)."""
+    """Random slice failures and repairs on a seeded schedule (local backend; off by default; no options: status)."""
     if args.off:
         return api.chaos_off()
+    if args.mtbf is None and args.mttr is None:
+        return api.chaos_status()
     if args.mtbf is None or args.mttr is None:
-        raise UsageError("%pathways chaos: give --mtbf S and --mttr S (seconds), or --off")
+        raise UsageError("%pathways chaos: give both --mtbf S and --mttr S (seconds), or --off")
     return api.chaos(args.mtbf, args.mttr, seed=args.seed, min_up=args.min_up)
 
 
