@@ -46,7 +46,7 @@ from pathways_kernel import snapshots
 from pathways_kernel.errors import PathwaysError, one_line
 from pathways_kernel.session import Session, session
 
-#: Consecutive failures (without a completed step in between) before giving up.
+#: Consecutive failures (without a new good snapshot in between) before giving up.
 DEFAULT_MAX_RETRIES = 10
 DEFAULT_SNAPSHOT_EVERY = 10
 #: How long to wait for a slice to come back when none is up.
@@ -263,7 +263,7 @@ class Elastic:
             step = start
             last_snap = store.snap(state, snap_name, step)
             report.snapshots += 1
-            failures = 0
+            failures, resumed_at = 0, start
             # What the previous attempt left to do first: a recovery or a scale-up.
             # They run inside the try, so a slice lost meanwhile is one more retry.
             recover = scale_up = False
@@ -271,7 +271,7 @@ class Elastic:
                 try:
                     if recover:
                         mesh, state, step = self._recover(s, watch, mesh, state, step, store, snap_name, report)
-                        recover = False
+                        recover, resumed_at = False, step
                     if scale_up:
                         scale_up = False
                         mesh, state = self._scale_up(s, watch, mesh, state, step, report)
@@ -280,10 +280,14 @@ class Elastic:
                         state = self.step_fn(state, step, mesh)
                         step += 1
                         report.steps_executed += 1
-                        failures = 0
+                        # The newest snapshot copies while one step runs, no longer:
+                        # a loss then costs at most snapshot_every + 1 steps, and
+                        # at most one loop snapshot is in flight. A snapshot past
+                        # the last recovery point proves progress (errors of
+                        # asynchronous steps surface late), so failures reset.
+                        if _wait_quietly(last_snap) and last_snap.step > resumed_at:
+                            failures = 0
                         if step % self.snapshot_every == 0 and step < steps:
-                            # Backpressure: one loop snapshot in flight bounds host memory.
-                            _wait_quietly(last_snap)
                             last_snap = store.snap(state, snap_name, step)
                             report.snapshots += 1
                     self._check_boundary(s, watch, mesh)
@@ -411,13 +415,16 @@ def _block(state: Any) -> None:
     jax.block_until_ready(state)
 
 
-def _wait_quietly(snap: snapshots.Snapshot) -> None:
-    """Wait for a snapshot; a failed copy only means an older one is used."""
+def _wait_quietly(snap: snapshots.Snapshot) -> bool:
+    """Wait for a snapshot; returns whether it succeeded (a failed copy only
+    means an older one is used)."""
     try:
         snap.wait()
     except Exception as error:  # noqa: BLE001
         if not _is_slice_loss(error):
             raise
+        return False
+    return True
 
 
 def elastic(
@@ -435,10 +442,11 @@ def elastic(
     result as ``train(state, steps=N)``. See the module docstring.
 
     Args:
-      snapshot_every: steps between host snapshots (the most progress a loss
-        can cost, plus the steps a snapshot is still copying).
-      max_retries: consecutive slice losses without a completed step before
-        giving up (``None``: never).
+      snapshot_every: steps between host snapshots: a slice loss costs at
+        most this many steps (one more if it strikes while the newest
+        snapshot is still being copied, which takes at most one step).
+      max_retries: consecutive slice losses without progress (a new good
+        snapshot) in between before giving up (``None``: never).
       axes: mesh axis names (default ``("data", "model")``: ``data`` across
         slices, ``model`` within one).
       name: name for events and snapshots (default: the function's).
