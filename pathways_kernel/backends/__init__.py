@@ -20,6 +20,8 @@ BACKEND_ENV = "PATHWAYS_BACKEND"
 MAX_LOCAL_DEVICES = 4096
 
 _LOCAL = re.compile(r"^local(?::(?P<body>.*))?$")
+# HOST:PORT without a scheme: a proxy address missing its grpc://.
+_HOST_PORT = re.compile(r"^[\w.\-\[\]:]+:\d+$")
 
 
 def default_spec() -> str:
@@ -63,7 +65,7 @@ def from_spec(spec: str, *, timeout: float | None = None, insecure: bool | None 
     spec = spec.strip()
     if match := _LOCAL.match(spec):
         return LocalBackend(*parse_local(match.group("body")))
-    if spec.startswith("proxy:") or "://" in spec:
+    if spec.startswith("proxy:") or "://" in spec or _HOST_PORT.match(spec):
         from pathways_kernel.backends.proxy import ProxyBackend
 
         return ProxyBackend.from_spec(spec, timeout=timeout, insecure=insecure)

@@ -1,0 +1,205 @@
+"""Connecting a real kernel to a Pathways proxy address that is wrong in each usual way.
+
+No Pathways proxy server exists here, so every target is something a user can
+really hit by mistake: a closed port, a port that never answers, a bad host
+name, a non-gRPC listener, a wrong scheme, a gRPC server that is not a proxy.
+One stand-in (``fake_proxy``) answers the IFRT proxy's version check so that
+the pre-flight passes and JAX's real proxy client gets to run and fail. Each
+case must give one clear line within the pre-flight timeout + 1 s and leave the
+kernel usable (``local:2x4`` works right after); the kernel must then exit 0.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from concurrent import futures
+
+import grpc
+import pytest
+
+from kernels import Kernel
+
+pytestmark = pytest.mark.kernel
+
+#: Seconds given to the pre-flight of cases that wait out the timeout.
+TIMEOUT = 2.0
+#: Time to error per failure mode, printed at the end (pytest -s) for the notes.
+TIMES: dict[str, float] = {}
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    k = Kernel("pathways")
+    yield k
+    # The exit-code test shuts it down; this is for an early failure.
+    if k.km.is_alive():
+        k.shutdown()
+
+
+@pytest.fixture(scope="module")
+def servers():
+    """Listeners on 127.0.0.1 for the failure modes; yields their ports."""
+    closers = []
+
+    refused = socket.socket()
+    refused.bind(("127.0.0.1", 0))
+    refused_port = refused.getsockname()[1]
+    refused.close()  # nothing listens there now
+
+    # A listener whose accept queue is full drops new SYNs: connect times out,
+    # like a firewalled or unrouted address.
+    full = socket.socket()
+    full.bind(("127.0.0.1", 0))
+    full.listen(0)
+    fillers = []
+    for _ in range(4):
+        filler = socket.socket()
+        filler.setblocking(False)
+        try:
+            filler.connect(full.getsockname())
+        except BlockingIOError:
+            pass
+        fillers.append(filler)
+    closers += [full.close, *[f.close for f in fillers]]
+
+    # Accepts TCP and never says a word (e.g. a database or a stuck service).
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    held: list[socket.socket] = []
+
+    def accept_forever():
+        while True:
+            try:
+                held.append(silent.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept_forever, daemon=True).start()
+    closers += [silent.close, lambda: [c.close() for c in held]]
+
+    # A real gRPC server with no IFRT proxy service.
+    other = grpc.server(futures.ThreadPoolExecutor(2))
+    other_port = other.add_insecure_port("127.0.0.1:0")
+    other.start()
+    closers.append(lambda: other.stop(0))
+
+    # Stand-in for a proxy that passes the version check but cannot open a
+    # session, so JAX's real IFRT proxy client connects and fails.
+    def get_version(request, context):
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION, "stand-in proxy: no IFRT session here")
+
+    handler = grpc.method_handlers_generic_handler(
+        "xla.ifrt.proxy.GrpcIfrtService", {"GetVersion": grpc.unary_unary_rpc_method_handler(get_version)}
+    )
+    fake = grpc.server(futures.ThreadPoolExecutor(2), handlers=[handler])
+    fake_port = fake.add_insecure_port("127.0.0.1:0")
+    fake.start()
+    closers.append(lambda: fake.stop(0))
+
+    yield {
+        "refused": refused_port,
+        "unreachable": full.getsockname()[1],
+        "silent": silent.getsockname()[1],
+        "grpc": other_port,
+        "fake_proxy": fake_port,
+    }
+    for close in closers:
+        close()
+
+
+# (case, connect line (format with ports), words the one line must hold, seconds allowed)
+CASES = [
+    ("wrong scheme", "http://127.0.0.1:{refused}", ["scheme", "grpc://127.0.0.1:"], 1.0),
+    ("no scheme", "127.0.0.1:{refused}", ["scheme", "grpc://127.0.0.1:"], 1.0),
+    ("dns failure", "grpc://no-such-proxy.invalid:29000", ["dns failed", "does not resolve"], 5.0 + 1.0),
+    ("refused", "grpc://127.0.0.1:{refused} --insecure", ["connect failed", "refused", "kubectl port-forward"], 1.0),
+    ("unreachable", f"grpc://127.0.0.1:{{unreachable}} --insecure --timeout {TIMEOUT}", ["connect failed", "unreachable"], TIMEOUT + 1.0),
+    ("not gRPC (silent TCP)", f"grpc://127.0.0.1:{{silent}} --insecure --timeout {TIMEOUT}", ["handshake failed", "not a gRPC server"], TIMEOUT + 1.0),
+    ("gRPC, not a proxy", "grpc://127.0.0.1:{grpc} --insecure", ["proxy failed", "not a Pathways IFRT proxy"], 5.0 + 1.0),
+    ("credentials (ALTS vs plaintext)", "grpc://127.0.0.1:{grpc}", ["credentials failed", "--insecure"], 5.0 + 1.0),
+]
+
+
+@pytest.mark.parametrize("case,line,words,allowed", CASES, ids=[c[0] for c in CASES])
+def test_wrong_target_fails_fast_in_one_line_and_local_still_works(kernel, servers, case, line, words, allowed):
+    kernel.run("import jax.numpy as jnp; kept = jnp.arange(8.0)")
+    start = time.monotonic()
+    reply = kernel.run(f"%pathways connect {line.format(**servers)}")
+    elapsed = time.monotonic() - start
+    TIMES[case] = elapsed
+    assert reply.status == "error"
+    lines = [l for l in reply.error.splitlines() if l.strip()]
+    assert len(lines) == 1, reply.error
+    for word in words:
+        assert word in lines[0], lines[0]
+    assert elapsed < allowed, f"{case}: {elapsed:.2f} s"
+    # The working session is untouched: its arrays survive and local:2x4 connects.
+    assert kernel.run("print(float(kept.sum()))").text.strip() == "28.0"
+    after = kernel.run("%pathways connect local:2x4")
+    assert after.status == "ok", after.error
+    assert "local:2x4" in after.text and "slices    2/2 up" in after.text
+
+
+def test_client_failure_after_preflight_reports_and_restores_local(kernel, servers):
+    """The stand-in passes pre-flight; JAX's IFRT proxy client then fails for real."""
+    kernel.run("import os; os.environ['PATHWAYS_PROXY_CONNECTION_TIMEOUT_SECS'] = '2'")
+    start = time.monotonic()
+    reply = kernel.run(f"%pathways connect grpc://127.0.0.1:{servers['fake_proxy']} --insecure --force")
+    TIMES["proxy client fails after pre-flight"] = time.monotonic() - start
+    assert reply.status == "error"
+    assert "the Pathways client failed after pre-flight passed" in reply.error
+    assert "stand-in proxy" in reply.error
+    # The client's lifecycle callbacks reached the event log.
+    events = kernel.run("%pathways events --kind connection_update")
+    assert "Connecting to IFRT proxy server" in events.text
+    # JAX is back on the local CPU slices, not left pointing at the proxy.
+    devices = kernel.run("import jax; print(jax.devices()[0].platform, len(jax.devices()))")
+    assert devices.text.strip() == "cpu 8", devices.text + devices.error
+    assert "local:2x4" in kernel.run("%pathways status").text
+
+
+def test_disconnect_tells_what_is_gone_once(kernel):
+    # A real disconnect needs a proxy; the client's on_disconnect callback
+    # records this same event, which is what the notice follows.
+    kernel.run("pw.session().events.emit('disconnect', detail='grpc://127.0.0.1:29000: UNAVAILABLE: stand-in')")
+    first = kernel.run("1 + 1")
+    assert "Pathways connection lost" in first.text
+    assert "%pathways reconnect" in first.text
+    assert "Device arrays and compiled functions" in first.text
+    assert "Pathways connection lost" not in kernel.run("2 + 2").text
+
+
+def test_reconnect_clears_and_connects_again(kernel):
+    reply = kernel.run("%pathways reconnect")
+    assert reply.status == "ok", reply.error
+    assert "local:2x4" in reply.text
+    assert "connect" in kernel.run("%pathways events --last 1").text
+
+
+def test_sps_without_extras_or_tools_says_what_to_install(kernel):
+    missing = kernel.run("%pathways connect sps --cluster c")
+    assert missing.status == "error" and "--project" in missing.error and len(missing.error.splitlines()) == 1
+    full = "%pathways connect sps --cluster c --project p --region r --service head:29001 --tpu tpuv6e:2x2 --count 2 --bucket gs://b"
+    no_tools = kernel.run(
+        "import os; _path = os.environ['PATH']; os.environ['PATH'] = '/nonexistent'\n"
+        f"try:\n    get_ipython().run_line_magic('pathways', {full[len('%pathways '):]!r})\n"
+        "finally:\n    os.environ['PATH'] = _path"
+    )
+    assert "gcloud and kubectl" in no_tools.error
+    import importlib.util
+
+    if importlib.util.find_spec("kubernetes") is None:
+        no_extras = kernel.run(full)
+        assert no_extras.status == "error"
+        assert "pip install 'pathways-kernel[sps]'" in no_extras.error
+        assert len(no_extras.error.splitlines()) == 1
+
+
+def test_kernel_exits_cleanly_after_failed_connects(kernel):
+    assert kernel.shutdown() == 0
+    print("\ntime to error per failure mode:")
+    for case, seconds in TIMES.items():
+        print(f"  {case:<36} {seconds:.2f} s")
