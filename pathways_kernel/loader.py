@@ -31,7 +31,7 @@ import math
 import threading
 import time
 import weakref
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import Any, Callable
 
 from pathways_kernel.sidecar import (
@@ -41,8 +41,9 @@ from pathways_kernel.sidecar import (
     Worker,
     activity,
     colocated_mesh,
+    failure,
     nbytes,
-    wait,
+    timed_out,
 )
 from pathways_kernel.errors import MeshError, PathwaysError
 from pathways_kernel.events import format_bytes
@@ -142,6 +143,57 @@ class Layout:
         return jax.tree.unflatten(treedef0, out)
 
 
+class Pending:
+    """One step in flight: a future per slice's block, and ``joined``, the assembled batch.
+
+    The worker that finishes a step's last block assembles the global batch,
+    so the training loop's thread only picks it up. ``joined`` resolves to
+    ``(batch, {slice: (bytes, busy_s)})`` or to the ``SidecarError`` of the
+    lowest-numbered slice that failed.
+    """
+
+    def __init__(self, blocks: dict[int, Future], layout: Layout, name: str):
+        self.blocks = blocks
+        self.joined: Future = Future()
+        self._left = len(blocks)
+        self._lock = threading.Lock()
+        self._layout = layout
+        self._name = name
+        for future in blocks.values():
+            future.add_done_callback(self._block_done)
+
+    def cancel(self) -> None:
+        for future in self.blocks.values():
+            future.cancel()
+        self.joined.cancel()
+
+    def _block_done(self, _future: Future) -> None:
+        with self._lock:
+            self._left -= 1
+            if self._left:
+                return
+        if self.joined.cancelled() or any(f.cancelled() for f in self.blocks.values()):
+            self.joined.cancel()
+            return
+        try:
+            for index, future in sorted(self.blocks.items()):
+                if future.exception() is not None:
+                    raise failure(self._name, index, future.exception())
+            results = {index: future.result() for index, future in self.blocks.items()}
+            batch = self._layout.assemble({index: tree for index, (tree, _busy) in results.items()})
+            sizes = {index: (nbytes(tree), busy) for index, (tree, busy) in results.items()}
+        except Exception as exc:  # handed to the consumer, which re-raises it
+            self._settle(self.joined.set_exception, exc)
+            return
+        self._settle(self.joined.set_result, (batch, sizes))
+
+    def _settle(self, setter: Callable[[Any], None], value: Any) -> None:
+        try:
+            setter(value)
+        except InvalidStateError:
+            pass  # cancelled meanwhile by a reset: nobody wants this step any more
+
+
 def _axes(entry: Any) -> tuple[str, ...]:
     if entry is None:
         return ()
@@ -225,7 +277,7 @@ class Loader:
         self._lock = threading.RLock()
         self._layout = Layout(mesh, self.spec, self._session.topology)
         self._colocated = colocated_python(_remote_producer(make_batches, self.spec, self.name))
-        self._pending: dict[int, dict[int, Future]] = {}
+        self._pending: dict[int, Pending] = {}
         self._workers: dict[int, Worker] = {}
         self._closed = False
         self._counters = {"batches": 0, "waits": 0, "wait_s": 0.0, "bytes": 0}
@@ -270,28 +322,27 @@ class Loader:
             self.reset(step, mesh)
         with self._lock:
             self._schedule(step, 1 + self.prefetch)
-            futures = self._pending.pop(step)
-            layout = self._layout
-        waiting = not all(f.done() for f in futures.values())
+            pending = self._pending.pop(step)
+        waiting = not pending.joined.done()
         started = time.perf_counter()
         try:
-            results = wait(futures, self.name, self.timeout)
+            batch, sizes = pending.joined.result(timeout=self.timeout)
+        except TimeoutError:
+            hung = min(i for i, f in pending.blocks.items() if not f.done())
+            exc = timed_out(self.name, hung, self.timeout)
+            self._failed(pending.blocks, exc)
+            raise exc from None
         except SidecarError as exc:
-            self._failed(futures, exc)
+            self._failed(pending.blocks, exc)
             raise
-        trees = {index: tree for index, (tree, _busy) in results.items()}
-        batch = layout.assemble(trees)
         log = activity(self._session)
-        produced = 0
-        for index, (tree, busy) in results.items():
-            size = nbytes(tree)
-            produced += size
+        for index, (size, busy) in sizes.items():
             log.record(index, size, busy)
             self._summary["busy_s"] += busy
         with self._lock:
             c = self._counters
             c["batches"] += 1
-            c["bytes"] += produced
+            c["bytes"] += sum(size for size, _busy in sizes.values())
             if waiting:
                 c["waits"] += 1
                 c["wait_s"] += time.perf_counter() - started
@@ -339,7 +390,7 @@ class Loader:
     def state(self) -> dict[str, Any]:
         """Step, prefetch, queue depth (batches ready ahead), batches, waits and bytes so far."""
         with self._lock:
-            ready = sum(1 for futures in self._pending.values() if all(f.done() for f in futures.values()))
+            ready = sum(1 for pending in self._pending.values() if pending.joined.done())
             return {
                 "step": self.step,
                 "slices": list(self._layout.slices),
@@ -361,13 +412,11 @@ class Loader:
         """Have steps ``step .. step + count - 1`` submitted; drop any others (caller holds the lock)."""
         wanted = range(step, step + count)
         for stale in [s for s in self._pending if s not in wanted]:
-            for future in self._pending.pop(stale).values():
-                future.cancel()
+            self._pending.pop(stale).cancel()
         for s in wanted:
             if s not in self._pending:
-                self._pending[s] = {
-                    part.slice_index: self._worker(part.slice_index).submit(self._job(s, part)) for part in self._layout.parts
-                }
+                blocks = {part.slice_index: self._worker(part.slice_index).submit(self._job(s, part)) for part in self._layout.parts}
+                self._pending[s] = Pending(blocks, self._layout, self.name)
 
     def _job(self, step: int, part: Part) -> Callable[[], Any]:
         colocated = self._colocated
@@ -397,9 +446,8 @@ class Loader:
         return self._workers[index]
 
     def _drop_pending(self) -> None:
-        for futures in self._pending.values():
-            for future in futures.values():
-                future.cancel()
+        for pending in self._pending.values():
+            pending.cancel()
         self._pending.clear()
 
     def _failed(self, futures: dict[int, Future], exc: SidecarError) -> None:
@@ -408,7 +456,7 @@ class Loader:
         for index, future in futures.items():
             if not future.done():
                 log.record(index, timeout=True)
-            elif future.exception() is not None:
+            elif not future.cancelled() and future.exception() is not None:
                 log.record(index, error=True)
         with self._lock:
             self._drop_pending()
