@@ -1,0 +1,41 @@
+"""notebooks/elastic.ipynb runs headless on the `pathways` kernel: a slice fails mid-training, every step completes."""
+
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+pytestmark = pytest.mark.kernel
+
+NOTEBOOK = Path(__file__).parent.parent / "notebooks" / "elastic.ipynb"
+
+
+def outputs_text(cell) -> str:
+    parts = []
+    for out in cell.get("outputs", []):
+        if out["output_type"] == "stream":
+            parts.append(out["text"])
+        elif "data" in out:
+            parts.append(out["data"].get("text/plain", ""))
+    return "".join(parts)
+
+
+def test_elastic_notebook_survives_a_slice_loss_and_completes_every_step():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    assert nb.metadata.kernelspec.name == "pathways"
+    NotebookClient(nb, timeout=180, kernel_name="pathways").execute()
+    status, setup, loop, events, final = (outputs_text(c) for c in nb.cells if c.cell_type == "code")
+    assert "2/2 up" in status
+    assert "'data': 2, 'model': 4" in setup
+    # Every step ran: the last one is printed, on both slices again after the scale-up.
+    assert "step 59" in loop and "60 steps" in loop
+    assert "1 recoveries" in loop and "1 scale-ups" in loop
+    assert "step 29  loss" in loop and "on 1 slice(s)" in loop.split("step 29")[1].splitlines()[0]
+    assert "on 2 slice(s)" in loop.split("step 59")[1].splitlines()[0]
+    losses = [float(line.split("loss")[1].split()[0]) for line in loop.splitlines() if line.startswith("step")]
+    assert losses[-1] < losses[0]
+    for kind in ("slice_down", "retry", "restore", "reshard", "slice_up", "scale_up", "snapshot"):
+        assert kind in events, kind
+    assert "slices [0,1] -> [0]" in events and "slices [0] -> [0,1]" in events
+    assert "params on 8 devices, spec P(None, 'model')" in final
