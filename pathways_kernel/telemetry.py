@@ -113,6 +113,9 @@ class ClientSource(MetricsSource):
     def __init__(self) -> None:
         # id(sharding) -> (sharding, positions); the strong ref keeps the id unique.
         self._shardings: dict[int, tuple[Any, np.ndarray]] = {}
+        # Same, keyed by the device-assignment tuple JAX caches per mesh, so a new
+        # sharding object over a known mesh costs no per-device work.
+        self._assignments: dict[int, tuple[Any, np.ndarray]] = {}
         self._shard_bytes: dict[tuple[int, tuple, Any], int] = {}
         self._layout_id = -1
         self._stats_devices: list[Any] | None = None
@@ -123,11 +126,13 @@ class ClientSource(MetricsSource):
         if id(layout) != self._layout_id:
             self._shardings.clear()
             self._shard_bytes.clear()
+            self._assignments.clear()
             self._layout_id = id(layout)
             self._stats_devices = _devices_with_memory_stats(layout)
         if len(self._shardings) > _SHARDING_CACHE:
             self._shardings.clear()
             self._shard_bytes.clear()
+            self._assignments.clear()
         n = layout.chips
         busy = np.zeros(n, np.float32)
         memory = np.zeros(n, np.int64)
@@ -141,7 +146,7 @@ class ClientSource(MetricsSource):
                 sharding = array.sharding
                 key = (id(sharding), array.shape, array.dtype)
                 if key[0] not in shardings:
-                    shardings[key[0]] = (sharding, layout.positions(_devices_of(sharding)))
+                    shardings[key[0]] = (sharding, self._positions(layout, sharding))
                 counts[key] += 1
                 if not array.is_ready():
                     pending.add(key[0])
@@ -160,6 +165,15 @@ class ClientSource(MetricsSource):
         if self._stats_devices is not None:
             memory, limit = _memory_stats(self._stats_devices, n)
         return Sample(time.time(), busy, memory, limit)
+
+
+    def _positions(self, layout: Layout, sharding: Any) -> np.ndarray:
+        devices = _devices_of(sharding)
+        cached = self._assignments.get(id(devices))
+        if cached is None or cached[0] is not devices:
+            cached = (devices, layout.positions(devices))
+            self._assignments[id(devices)] = cached
+        return cached[1]
 
 
 def _devices_of(sharding: Any) -> Sequence[Any]:

@@ -1,0 +1,211 @@
+"""The telemetry hub on real JAX CPU devices (local:2x4), in process."""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import pathways_kernel as pw
+from pathways_kernel import telemetry
+from pathways_kernel.monitor import protocol
+from pathways_kernel.monitor.comm import Connection, MonitorServer
+from pathways_kernel.session import session as current_session
+
+
+@pytest.fixture(scope="module")
+def session():
+    s = current_session()
+    if s.backend.spec != "local:2x4":
+        s = pw.connect("local:2x4", force=True)
+    return s
+
+
+class Collector:
+    def __init__(self):
+        self.metrics: list[telemetry.Metrics] = []
+        self.events = []
+        self.topologies = []
+        self.closed = threading.Event()
+        self.cond = threading.Condition()
+
+    def on_metrics(self, m):
+        with self.cond:
+            self.metrics.append(m)
+            self.cond.notify_all()
+
+    def on_event(self, e):
+        with self.cond:
+            self.events.append(e)
+            self.cond.notify_all()
+
+    def on_topology(self, t, seq):
+        with self.cond:
+            self.topologies.append((t, seq))
+            self.cond.notify_all()
+
+    def wait(self, predicate, timeout=10.0):
+        with self.cond:
+            assert self.cond.wait_for(predicate, timeout), "timed out waiting for the hub"
+
+    def subscribe(self, hub, rate=None):
+        return hub.subscribe(self.on_metrics, self.on_event, self.on_topology, self.closed.set, rate=rate)
+
+
+def _slice_mesh(session, index):
+    import jax
+
+    devices = session.topology.slice(index).devices
+    return jax.sharding.Mesh(np.array(devices), ("model",))
+
+
+def test_memory_is_counted_per_chip_and_per_slice(session):
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    hub = telemetry.hub(session)
+    c = Collector()
+    sub = c.subscribe(hub, rate=10)
+    try:
+        c.wait(lambda: c.metrics)
+        base = c.metrics[-1]
+        # 4 MiB over slice 0's 4 chips: 1 MiB each; slice 1 holds none of it.
+        x = jax.device_put(jnp.ones((1024, 1024), jnp.float32), NamedSharding(_slice_mesh(session, 0), P("model")))
+        x.block_until_ready()
+        n = len(c.metrics)
+        c.wait(lambda: len(c.metrics) > n + 1)
+        m = c.metrics[-1]
+        grew = m.memory - base.memory
+        assert list(grew[:4]) == [2**20] * 4 and list(grew[4:]) == [0] * 4
+        assert m.slices[0].memory_bytes - base.slices[0].memory_bytes == 4 * 2**20
+        assert m.slices[0].memory_limit_bytes is None  # CPU devices report no memory_stats
+        del x
+    finally:
+        sub.close()
+
+
+def test_utilization_follows_work_in_flight(session):
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    hub = telemetry.hub(session)
+    hub.configure(sample_hz=20, window_s=0.5)
+    c = Collector()
+    sub = c.subscribe(hub, rate=20)
+    try:
+        x = jax.device_put(jnp.ones((1024, 1024), jnp.float32), NamedSharding(_slice_mesh(session, 0), P("model")))
+        f = jax.jit(lambda a: jnp.tanh(a @ a.T) / 1024)
+        f(x).block_until_ready()
+        busy_seen = []
+        for _ in range(3):  # a long chain in flight on slice 0 only
+            y = x
+            for _ in range(40):
+                y = f(y)
+            n = len(c.metrics)
+            c.wait(lambda: len(c.metrics) > n + 3 or y.is_ready(), timeout=30)
+            busy_seen.append(max(m.slices[0].utilization for m in c.metrics[n:]) if len(c.metrics) > n else 0.0)
+            y.block_until_ready()
+            if max(busy_seen) > 0.5:
+                break
+        assert max(busy_seen) > 0.5, f"slice 0 never looked busy: {busy_seen}"
+        assert all(m.slices[1].utilization == 0 for m in c.metrics), "slice 1 had no work"
+        # Once idle, the window drains back to 0.
+        n = len(c.metrics)
+        c.wait(lambda: len(c.metrics) > n + 15)
+        assert c.metrics[-1].slices[0].utilization == 0
+    finally:
+        sub.close()
+        hub.configure(sample_hz=telemetry.DEFAULT_SAMPLE_HZ, window_s=telemetry.DEFAULT_WINDOW_S)
+
+
+def test_slice_down_changes_topology_zeroes_its_chips_and_reaches_subscribers(session):
+    hub = telemetry.hub(session)
+    c = Collector()
+    sub = c.subscribe(hub, rate=10)
+    seq = hub.topology_seq
+    try:
+        session.set_slice_state(1, "down", detail="test")
+        c.wait(lambda: c.topologies and any(e.kind == "slice_down" for e in c.events))
+        topology, new_seq = c.topologies[-1]
+        assert new_seq == seq + 1 and not topology.slice(1).up
+        c.wait(lambda: c.metrics and c.metrics[-1].topology_seq == new_seq)
+        m = c.metrics[-1]
+        assert m.slices[1].state == "down" and m.slices[1].utilization == 0 and m.slices[1].memory_bytes == 0
+        assert not m.memory[4:].any()
+    finally:
+        session.set_slice_state(1, "up", detail="test")
+        sub.close()
+
+
+def test_rates_pause_and_idle(session):
+    hub = telemetry.hub(session)
+    paused = Collector()
+    sub = paused.subscribe(hub, rate=0)
+    try:
+        session.events.emit("compile", detail="from test_rates_pause_and_idle")
+        paused.wait(lambda: paused.events)
+        time.sleep(0.6)
+        assert paused.metrics == [], "rate 0 still received metrics"
+        assert sub.set_rate(100) == hub.sample_hz  # capped at the sampling rate
+        paused.wait(lambda: paused.metrics)
+    finally:
+        sub.close()
+    # Nobody subscribed: the hub stops sampling.
+    time.sleep(0.4)
+    seq = hub.latest().seq
+    time.sleep(0.8)
+    assert hub.latest().seq == seq
+    with pytest.raises(pw.PathwaysError, match="sample rate"):
+        hub.configure(sample_hz=0)
+
+
+class RecordingComm:
+    """An in-process stand-in for a kernel comm: decodes what a frontend would get."""
+
+    def __init__(self):
+        self.sent: list[tuple[dict, list]] = []
+        self.cond = threading.Condition()
+        self._closed = False
+
+    def on_msg(self, callback):
+        self.callback = callback
+
+    def on_close(self, callback):
+        pass
+
+    def send(self, data=None, metadata=None, buffers=None):
+        with self.cond:
+            self.sent.append((data, list(buffers or [])))
+            self.cond.notify_all()
+
+    def close(self, data=None, metadata=None, buffers=None):
+        self._closed = True
+        self.send(data)
+
+    def wait(self, predicate, timeout=15.0):
+        with self.cond:
+            assert self.cond.wait_for(lambda: any(predicate(d, b) for d, b in self.sent), timeout)
+            return next((d, b) for d, b in self.sent if predicate(d, b))
+
+
+def test_connection_follows_a_backend_switch_and_goes_stale(session):
+    comm = RecordingComm()
+    server = MonitorServer(stale_after_s=3.0)
+    conn = Connection(comm, server)
+    conn.start(contextvars.copy_context())
+    data, buffers = comm.wait(lambda d, b: d.get("type") == "topology")
+    assert protocol.decode_topology(data, buffers).chips == 8
+    pw.connect("local:4x2", force=True)
+    data, buffers = comm.wait(lambda d, b: d.get("type") == "topology" and d["backend"] == "local:4x2")
+    assert [s.chip_count for s in protocol.decode_topology(data, buffers).slices] == [2, 2, 2, 2]
+    data, buffers = comm.wait(lambda d, b: d.get("type") == "metrics" and d["chips"] == 8 and len(d["slices"]) == 4)
+    protocol.decode_metrics(data, buffers)
+    # Never heard from: closed as stale, with the reason.
+    data, _ = comm.wait(lambda d, b: d.get("type") == "closed")
+    assert data["reason"] == "stale" and comm._closed and conn.closed
+    pw.connect("local:2x4", force=True)
