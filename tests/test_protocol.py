@@ -191,11 +191,30 @@ def test_malformed_metrics_are_rejected(mutate, message):
         p.decode_metrics(data, buffers)
 
 
-def test_topology_offsets_must_cover_every_chip():
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda d: d["slices"][1].update(chip_count=3), "add up to 7"),
+        (lambda d: d["slices"][1].update(chip_offset=3), "chip_offset is 3, expected 4"),
+        (lambda d: d["slices"][1].update(index=0), "ascending"),
+        (lambda d: d["slices"][0].update(shape=[2, "2"]), "'shape'"),
+        (lambda d: d.update(topology_seq=0), "'topology_seq' must be >= 1"),
+        (lambda d: d.update(supports_fault_injection=1), "boolean"),
+    ],
+)
+def test_malformed_topologies_are_rejected(mutate, message):
     data, buffers = p.encode_topology(_topology())
-    data["slices"][1]["chip_count"] = 3
-    with pytest.raises(p.ProtocolError, match="chip_count"):
+    mutate(data)
+    with pytest.raises(p.ProtocolError, match=message):
         p.decode_topology(data, buffers)
+
+
+def test_topology_with_wrong_buffers_is_rejected():
+    data, buffers = p.encode_topology(_topology())
+    with pytest.raises(p.ProtocolError, match="chip_coords"):
+        p.decode_topology(data, [buffers[0], buffers[1], buffers[2][:-2]])
+    with pytest.raises(p.ProtocolError, match="3 binary buffers"):
+        p.decode_topology(data, buffers[:2])
 
 
 def test_close_reasons():

@@ -251,8 +251,15 @@ def decode_topology(data: dict[str, Any], buffers: Sequence[Any]) -> TopologyMes
         )
         for s in _list_of_dicts(data, "slices")
     )
-    if sum(s.chip_count for s in slices) != n:
-        raise ProtocolError("topology: slices' chip_count do not add up to chips")
+    expected = 0
+    for i, s in enumerate(slices):
+        if i and s.index <= slices[i - 1].index:
+            raise ProtocolError("topology: slices must be in ascending index order")
+        if s.chip_offset != expected:
+            raise ProtocolError(f"topology: slices[{i}].chip_offset is {s.chip_offset}, expected {expected}")
+        expected += s.chip_count
+    if expected != n:
+        raise ProtocolError(f"topology: slices' chip_count add up to {expected}, but chips is {n}")
     _buffer_count(buffers, 3, "topology")
     return TopologyMessage(
         _int(data, "topology_seq", low=1),
@@ -400,13 +407,13 @@ def _expect_kernel_envelope(data: Any, kind: str) -> None:
         raise ProtocolError(f"expected a {kind} message, got {data.get('type')!r}")
 
 
-def _missing(d: dict, key: str, context: str) -> ProtocolError:
+def _missing(key: str, context: str) -> ProtocolError:
     return ProtocolError(f"{context + ': ' if context else ''}field '{key}' is missing")
 
 
 def _int(d: dict, key: str, low: int | None = None, context: str = "") -> int:
     if key not in d:
-        raise _missing(d, key, context)
+        raise _missing(key, context)
     value = d[key]
     if type(value) is not int:
         raise ProtocolError(f"{context + ': ' if context else ''}'{key}' must be an integer, not {_json_type(value)}")
@@ -417,7 +424,7 @@ def _int(d: dict, key: str, low: int | None = None, context: str = "") -> int:
 
 def _number(d: dict, key: str, context: str = "") -> float:
     if key not in d:
-        raise _missing(d, key, context)
+        raise _missing(key, context)
     value = d[key]
     if type(value) not in (int, float) or not math.isfinite(value):
         raise ProtocolError(f"{context + ': ' if context else ''}'{key}' must be a finite number, not {value!r}")
@@ -433,7 +440,7 @@ def _fraction(d: dict, key: str) -> float:
 
 def _str(d: dict, key: str) -> str:
     if key not in d:
-        raise _missing(d, key, "")
+        raise _missing(key, "")
     if not isinstance(d[key], str):
         raise ProtocolError(f"'{key}' must be a string, not {_json_type(d[key])}")
     return d[key]
