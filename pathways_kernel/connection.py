@@ -82,29 +82,34 @@ def connect_shared_service(
     return install(SharedServiceBackend(request, timeout), force=True)
 
 
-class DisconnectNotice:
-    """Turns the next ``disconnect`` event into one notice for the user."""
+class ConnectionNotice:
+    """One pending notice about the connection, shown before the next cell.
+
+    Posted on a ``disconnect`` event (cleared by a later ``connect``), or by
+    the kernel when its backend could not be reached at start.
+    """
 
     def __init__(self, events: EventLog):
-        self.pending: Event | None = None
+        self.pending: str | None = None
         self.unsubscribe = events.subscribe(self._on_event)
 
     def _on_event(self, event: Event) -> None:
         if event.kind == "disconnect":
-            self.pending = event
+            self.post(
+                f"Pathways connection lost ({event.detail}). Device arrays and compiled functions of that "
+                "connection are gone. Run `%pathways reconnect` (pw.reconnect()), then rebuild the mesh and "
+                "restore state from a snapshot or checkpoint."
+            )
         elif event.kind == "connect":
             self.pending = None
 
+    def post(self, text: str) -> None:
+        self.pending = text
+
     def take(self) -> str | None:
-        """The notice, once, if a disconnect happened since the last call."""
-        event, self.pending = self.pending, None
-        if event is None:
-            return None
-        return (
-            f"Pathways connection lost ({event.detail}). Device arrays and compiled functions of that "
-            "connection are gone. Run `%pathways reconnect` (pw.reconnect()), then rebuild the mesh and "
-            "restore state from a snapshot or checkpoint."
-        )
+        """The notice, once, if one was posted since the last call."""
+        text, self.pending = self.pending, None
+        return text
 
 
-NOTICE = DisconnectNotice(EVENTS)
+NOTICE = ConnectionNotice(EVENTS)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from ipykernel.ipkernel import IPythonKernel
 
 from pathways_kernel import __version__
+from pathways_kernel.errors import PathwaysError, one_line
 
 
 class PathwaysKernel(IPythonKernel):
@@ -25,7 +26,14 @@ class PathwaysKernel(IPythonKernel):
         pathways_kernel.load_ipython_extension(self.shell)
         self.shell.user_ns.setdefault("pw", pathways_kernel)
         # Activate (configure JAX for) the backend now; devices start lazily.
-        session()
+        try:
+            session()
+        except PathwaysError as exc:
+            # Start anyway: a wrong proxy address must not cost the kernel.
+            from pathways_kernel.connection import NOTICE
+
+            self.log.error(one_line(exc))
+            NOTICE.post(f"The kernel started without a backend. {one_line(exc)}. `%pathways connect local:2x4` gives the embedded one.")
         from pathways_kernel import compile_cache
 
         compile_cache.from_env()  # the kernelspec's --compile-cache, if any

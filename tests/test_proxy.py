@@ -181,7 +181,7 @@ def test_reconnect_clears_and_connects_again(kernel):
 
 def test_sps_without_extras_or_tools_says_what_to_install(kernel):
     missing = kernel.run("%pathways connect sps --cluster c")
-    assert missing.status == "error" and "--project" in missing.error and len(missing.error.splitlines()) == 1
+    assert missing.status == "error" and "--project" in missing.error and len(missing.error.strip().splitlines()) == 1
     full = "%pathways connect sps --cluster c --project p --region r --service head:29001 --tpu tpuv6e:2x2 --count 2 --bucket gs://b"
     no_tools = kernel.run(
         "import os; _path = os.environ['PATH']; os.environ['PATH'] = '/nonexistent'\n"
@@ -195,7 +195,7 @@ def test_sps_without_extras_or_tools_says_what_to_install(kernel):
         no_extras = kernel.run(full)
         assert no_extras.status == "error"
         assert "pip install 'pathways-kernel[sps]'" in no_extras.error
-        assert len(no_extras.error.splitlines()) == 1
+        assert len(no_extras.error.strip().splitlines()) == 1
 
 
 def test_kernel_exits_cleanly_after_failed_connects(kernel):
@@ -203,3 +203,38 @@ def test_kernel_exits_cleanly_after_failed_connects(kernel):
     print("\ntime to error per failure mode:")
     for case, seconds in TIMES.items():
         print(f"  {case:<36} {seconds:.2f} s")
+
+
+def test_kernel_started_on_an_unreachable_proxy_still_starts_and_says_why(servers):
+    import os
+
+    env = dict(os.environ, PATHWAYS_BACKEND=f"proxy:grpc://127.0.0.1:{servers['refused']}")
+    k = Kernel("pathways", env=env)
+    try:
+        first = k.run("%pathways status")
+        assert "The kernel started without a backend" in first.text + first.error
+        assert first.status == "error" and "connection refused" in first.error.strip().splitlines()[-1]
+        after = k.run("%pathways connect local:2x4")
+        assert after.status == "ok" and "local:2x4" in after.text
+    finally:
+        assert k.shutdown() == 0
+
+
+def test_install_a_kernelspec_for_the_proxy_without_connecting(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "pathways_kernel", "install", "--name", "pathways-gke",
+         "--backend", "proxy:grpc://localhost:29000", "--prefix", str(tmp_path)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    spec = json.loads((tmp_path / "share/jupyter/kernels/pathways-gke/kernel.json").read_text())
+    assert spec["env"]["PATHWAYS_BACKEND"] == "proxy:grpc://localhost:29000"
+    bad = subprocess.run(
+        [sys.executable, "-m", "pathways_kernel", "install", "--backend", "http://localhost:29000", "--prefix", str(tmp_path)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert bad.returncode == 2 and "grpc://localhost:29000" in bad.stderr

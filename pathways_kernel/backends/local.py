@@ -55,7 +55,9 @@ class LocalBackend(Backend):
                 return
             # Safe only because the session refuses to switch once arrays
             # exist; clearing costs ~3 ms.
-            jax.extend.backend.clear_backends()
+            from jax.extend import backend as jax_backend
+
+            jax_backend.clear_backends()
             jax.clear_caches()
         jax.config.update("jax_platforms", "cpu")
         jax.config.update("jax_num_cpu_devices", self.num_devices)
