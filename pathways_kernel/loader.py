@@ -279,11 +279,14 @@ class Loader:
         self._colocated = colocated_python(_remote_producer(make_batches, self.spec, self.name))
         self._pending: dict[int, Pending] = {}
         self._workers: dict[int, Worker] = {}
-        self._closed = False
+        self._closed = True  # until the hooks below exist, there is nothing to close
         self._counters = {"batches": 0, "waits": 0, "wait_s": 0.0, "bytes": 0}
         self._summary = {"time": time.monotonic(), "batches": 0, "bytes": 0, "busy_s": 0.0}
-        self._unwatch = activity(self._session).watch_queue(self.name, self.state)
+        # Weak references only: a loader the notebook drops is collected, and closes.
+        ref = weakref.ref(self)
+        self._unwatch = activity(self._session).watch_queue(self.name, lambda: _state_of(ref))
         self._unhook = _follow_elastic(self)
+        self._closed = False
         self._session.events.emit(
             "sidecar",
             slices_after=self._layout.slices,
@@ -380,6 +383,10 @@ class Loader:
         self._unwatch()
         if self._unhook is not None:
             self._unhook()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            self.close()
 
     def __enter__(self) -> "Loader":
         return self
@@ -483,6 +490,11 @@ class Loader:
             detail=f"loader {self.name}: {c['batches'] - s['batches']} batches, queue depth {depth}, {c['waits']} waits",
         )
         self._summary = {"time": now, "batches": c["batches"], "bytes": c["bytes"], "busy_s": 0.0}
+
+
+def _state_of(ref: "weakref.ref[Loader]") -> dict[str, Any]:
+    target = ref()
+    return target.state() if target is not None else {}
 
 
 def _follow_elastic(loader: Loader) -> Callable[[], None] | None:

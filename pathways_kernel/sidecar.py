@@ -182,6 +182,8 @@ def live_slices(chosen: tuple[int, ...] | None, session: Any = None) -> list[Any
 
     topology = (session or current()).topology
     if chosen is None:
+        if not topology.up_slices:
+            raise PathwaysError("no slice is up: restore a slice before running a sidecar")
         return list(topology.up_slices)
     picked = []
     for index in chosen:

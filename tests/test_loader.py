@@ -189,3 +189,14 @@ def test_meshes_that_do_not_split_by_slice_are_refused(session):
     mesh = pw.mesh(axes=("data", "model"), dcn=(1, 2), ici=(4, 1))
     with pytest.raises(pw.PathwaysError, match="only the batch dimension"):
         pw.loader(samples, mesh=mesh, spec=P("data", "model"))
+
+
+def test_a_dropped_loader_is_collected_and_stops(session):
+    import gc
+
+    batches = pw.loader(samples, prefetch=2, name="dropped")
+    next(batches)
+    assert "dropped" in stats()["loaders"]
+    del batches
+    gc.collect()
+    assert "dropped" not in stats()["loaders"]
