@@ -408,6 +408,10 @@ class Sidecar:
         self._workers: dict[int, Worker] = {}
         self._lock = threading.Lock()
 
+    def __del__(self) -> None:
+        for worker in getattr(self, "_workers", {}).values():
+            worker.retire()
+
     def __repr__(self) -> str:
         where = "all live slices" if self.slices is None else "slices " + ",".join(map(str, self.slices))
         return f"<sidecar {self.name} on {where}, timeout {self.timeout:g} s>"
