@@ -437,7 +437,13 @@ class TelemetryHub:
             now = time.monotonic()
             if subs and now >= next_sample:
                 started = time.perf_counter()
-                metrics = self._sample()
+                try:
+                    metrics = self._sample()
+                except Exception:
+                    # E.g. the backend being torn down under us by a connect: skip this sample.
+                    _log().warning("telemetry sample failed", exc_info=True)
+                    next_sample = now + 1.0
+                    continue
                 self.last_sample_s = time.perf_counter() - started
                 period = 1.0 / self.sample_hz
                 next_sample = now + max(period, self.last_sample_s / MAX_DUTY)
@@ -491,9 +497,13 @@ def _call(fn: Callable, *args: Any) -> None:
     try:
         fn(*args)
     except Exception:
-        import logging
+        _log().exception("telemetry subscriber failed")
 
-        logging.getLogger("pathways_kernel.telemetry").exception("telemetry subscriber failed")
+
+def _log() -> Any:
+    import logging
+
+    return logging.getLogger("pathways_kernel.telemetry")
 
 
 def _backend_source(session: Any, layout: Layout) -> MetricsSource | None:

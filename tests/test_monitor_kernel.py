@@ -207,15 +207,15 @@ def test_twenty_reloads_keep_live_comms_bounded(frontend, kernel):
     opened = [frontend.open() for _ in range(20)]
     last = opened[-1]
     assert frontend.wait_for(lambda m: _is(m, last, "topology"), timeout=30) is not None
-    reply = kernel.run("from pathways_kernel.monitor import comm as _mc; print(len(_mc.server().connections), _mc.MAX_COMMS)")
-    live, cap = map(int, reply.text.split())
-    assert live <= cap, f"{live} live monitor comms after 20 opens (cap {cap})"
-    # The oldest were told why they were closed; the newest still streams.
+    # The oldest were told why they were closed; the newest still answers.
     closed = frontend.wait_for(lambda m: _closed(m, opened[0]), timeout=10)
     assert closed is not None and closed["content"]["data"] == {"v": 1, "type": "closed", "reason": "evicted"}
     mark = len(frontend.inbox)
     request_id = frontend.request(last, "ping")
     assert frontend.reply_to(last, request_id, timeout=10, since=mark)["ok"] is True
+    reply = kernel.run("from pathways_kernel.monitor import comm as _mc; print(len(_mc.server().connections), _mc.MAX_COMMS)")
+    live, cap = map(int, reply.text.split())
+    assert live <= cap, f"{live} live monitor comms after 20 opens (cap {cap})"
 
 
 def test_notebook_dashboard_updates_while_a_later_cell_runs(kernel):
@@ -240,3 +240,17 @@ def test_notebook_dashboard_updates_while_a_later_cell_runs(kernel):
     assert after > before
     reply = kernel.run("%pathways monitor --rate 0")
     assert "rate must be within" in reply.error and "Traceback" not in reply.error
+
+
+def test_comm_follows_a_backend_switch(frontend, kernel):
+    comm = frontend.open()
+    assert frontend.wait_for(lambda m: _is(m, comm, "topology"), timeout=30) is not None
+    mark = len(frontend.inbox)
+    # Not kernel.run: it would swallow the comm's messages while it waits for the cell.
+    kernel.kc.execute("pw.connect('local:4x2', force=True)")
+    msg = frontend.wait_for(lambda m: _is(m, comm, "topology") and m["content"]["data"]["backend"] == "local:4x2",
+                            timeout=15, since=mark)
+    assert msg is not None, "no topology for the new backend"
+    assert [s.chip_count for s in p.decode_topology(msg["content"]["data"], msg["buffers"]).slices] == [2, 2, 2, 2]
+    assert frontend.wait_for(lambda m: _is(m, comm, "metrics") and len(m["content"]["data"]["slices"]) == 4,
+                             timeout=15, since=mark) is not None

@@ -171,8 +171,16 @@ class Connection:
 
     # -- sending ----------------------------------------------------------------
     def _subscribe(self) -> None:
-        hub = telemetry.hub()
-        sub = hub.subscribe(self._on_metrics, self._on_event, self._on_topology, self._on_hub_close, rate=self.rate)
+        for attempt in range(3):
+            hub = telemetry.hub()
+            try:
+                sub = hub.subscribe(self._on_metrics, self._on_event, self._on_topology, self._on_hub_close,
+                                    rate=self.rate)
+                break
+            except RuntimeError:  # the session closed between hub() and subscribe()
+                if attempt == 2:
+                    raise
+                time.sleep(0.1)
         topology = hub.layout.topology
         with self._cond:
             self._sub = sub
