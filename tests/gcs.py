@@ -63,6 +63,13 @@ class GcsServer:
         }
 
     def start(self) -> None:
+        # fake-gcs-server writes each object to a hidden temp file and renames it; a SIGKILL
+        # mid-write leaves that file behind, and the restarted server then answers 404 to
+        # every listing of the bucket. Real GCS never exposes an unfinished upload, so the
+        # restart clears them, as the server's own start-up should.
+        for leftover in (self.root / "data").rglob(".*"):
+            if leftover.is_file():
+                leftover.unlink()
         self.process = subprocess.Popen(
             [
                 str(binary()),
