@@ -15,9 +15,13 @@ what an interactive session needs around it:
   draw real TPU slices;
 - a guard against the client's late callback aborting the process at exit.
 
-Utilization on this backend is the monitor's client-side measure. A server
-side source (Pathways' own metrics) would plug in as ``Backend.metrics_source``
-(not yet defined) without changing the topology or the protocol.
+Utilization on this backend is the telemetry hub's client-side measure
+(``telemetry.ClientSource``: live arrays' readiness and shard bytes, plus
+``memory_stats()`` where the proxy's devices report it). The seam for a
+server-side source (Pathways' own per-chip metrics, once the proxy exposes
+them) is a ``metrics_source(layout) -> telemetry.MetricsSource`` method on this
+class: the hub uses it when a backend defines it, and nothing downstream (the
+protocol, the monitor) changes. It is deliberately not defined yet.
 """
 
 from __future__ import annotations
