@@ -19,7 +19,8 @@ from pathways_kernel.session import session as current_session
 @pytest.fixture(scope="module")
 def session():
     s = current_session()
-    if s.backend.spec != "local:2x4":
+    if s.backend.spec != "local:2x4" or s.topology.down_slices:
+        # Another module left this process's session elsewhere: start clean.
         s = pw.connect("local:2x4", force=True)
     return s
 
