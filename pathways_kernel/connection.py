@@ -10,7 +10,6 @@ do next.
 from __future__ import annotations
 
 from pathways_kernel.session import EVENTS, Session, install, session
-from pathways_kernel.session import connect as connect_backend
 from pathways_kernel.events import Event, EventLog
 
 
@@ -28,18 +27,22 @@ def reconnect(timeout: float | None = None) -> Session:
       ConnectError: the backend cannot be reached (the session is left
         without a backend; ``%pathways connect local:2x4`` works).
     """
-    from pathways_kernel.backends.proxy import ProxyBackend
+    from pathways_kernel import backends
+    from pathways_kernel.backends.proxy import ProxyBackend, clear_jax
     from pathways_kernel.backends.sps import SharedServiceBackend
 
-    current = session()
-    backend = current.backend
-    if isinstance(backend, SharedServiceBackend):
-        return connect_shared_service(backend.request, timeout=timeout if timeout is not None else backend.timeout)
-    if isinstance(backend, ProxyBackend):
-        return connect_backend(
-            backend.spec, force=True, timeout=timeout if timeout is not None else backend.timeout, insecure=backend.insecure
-        )
-    return connect_backend(backend.spec, force=True)
+    old = session().backend
+    if isinstance(old, SharedServiceBackend):
+        return connect_shared_service(old.request, timeout=timeout if timeout is not None else old.timeout)
+    if isinstance(old, ProxyBackend):
+        new = backends.from_spec(old.spec, timeout=timeout if timeout is not None else old.timeout, insecure=old.insecure)
+    else:
+        new = backends.from_spec(old.spec)
+    # Check first: with JAX's clients cleared, the next JAX call would make a
+    # new proxy client, which waits its full connect timeout on a dead address.
+    new.preflight()
+    clear_jax()
+    return install(new, force=True)
 
 
 def connect_shared_service(

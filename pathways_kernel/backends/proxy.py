@@ -101,7 +101,7 @@ class ProxyBackend(Backend):
         if self.report is None:
             self.preflight()
         self._previous = (jax.config.jax_platforms, jax.config.read("jax_backend_target"), os.environ.get(INSECURE_ENV))
-        _clear_jax()
+        clear_jax()
         if self.insecure:
             os.environ[INSECURE_ENV] = "true"
         else:
@@ -132,7 +132,7 @@ class ProxyBackend(Backend):
 
         platforms, target, insecure = self._previous
         self._previous = None
-        _clear_jax()
+        clear_jax()
         jax.config.update("jax_platforms", platforms)
         jax.config.update("jax_backend_target", target)
         if insecure is None:
@@ -224,7 +224,7 @@ def _strip_timestamp(message: str) -> str:
     return rest if sep and head[:4].isdigit() and "T" in head else message
 
 
-def _clear_jax() -> None:
+def clear_jax() -> None:
     import jax
     from jax._src import xla_bridge
     from jax.extend import backend as jax_backend
