@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from pathways_kernel.monitor import protocol as p
+from pathways_kernel.monitor.comm import STALE_AFTER_S
 
 
 class Frontend:
@@ -36,15 +37,17 @@ class Frontend:
                 return reply["content"]["subshell_id"]
         raise AssertionError("no create_subshell_reply")
 
-    def _send(self, msg_type: str, content: dict[str, Any], buffers: list[bytes] | None = None) -> None:
+    def _send(self, msg_type: str, content: dict[str, Any], buffers: list[bytes] | None = None,
+              main_shell: bool = False) -> None:
         msg = self.kc.session.msg(msg_type, content)
-        msg["header"]["subshell_id"] = self.subshell
+        if not main_shell:
+            msg["header"]["subshell_id"] = self.subshell
         self.kc.shell_channel.send(msg) if not buffers else self.kc.session.send(
             self.kc.shell_channel.socket, msg, buffers=buffers)
 
-    def open(self) -> str:
+    def open(self, main_shell: bool = False) -> str:
         comm_id = uuid.uuid4().hex
-        self._send("comm_open", {"comm_id": comm_id, "target_name": p.TARGET, "data": {}})
+        self._send("comm_open", {"comm_id": comm_id, "target_name": p.TARGET, "data": {}}, main_shell=main_shell)
         return comm_id
 
     def send(self, comm_id: str, data: Any, buffers: list[bytes] | None = None) -> None:
@@ -251,6 +254,25 @@ def test_notebook_dashboard_updates_while_a_later_cell_runs(kernel):
     assert reply.status == "ok", reply.error
     live, cap, first_closed = reply.text.split()[-3:]
     assert int(live) <= int(cap) and first_closed == "True", reply.text
+
+
+def test_a_long_cell_does_not_make_a_main_shell_comm_stale(frontend, kernel):
+    # A frontend without subshells cannot ping while a cell runs; its comm must survive the cell.
+    assert kernel.run("from pathways_kernel.monitor import comm as _mc; _mc.server().stale_after_s = 1.5").status == "ok"
+    try:
+        comm = frontend.open(main_shell=True)
+        assert frontend.wait_for(lambda m: _is(m, comm, "topology"), timeout=30) is not None
+        mark = len(frontend.inbox)
+        frontend.kc.execute("import time; time.sleep(4)")
+        started = time.time()
+        closed = frontend.wait_for(lambda m: _closed(m, comm), timeout=3.5, since=mark)
+        assert closed is None, f"closed as stale {time.time() - started:.1f} s into a running cell"
+        # Once the cell is over, silence counts again.
+        closed = frontend.wait_for(lambda m: _closed(m, comm), timeout=15, since=mark)
+        assert closed is not None and closed["content"]["data"]["reason"] == "stale"
+        assert time.time() - started > 4
+    finally:
+        kernel.run(f"_mc.server().stale_after_s = {STALE_AFTER_S}")
 
 
 def test_comm_follows_a_backend_switch(frontend, kernel):

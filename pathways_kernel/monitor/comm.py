@@ -120,9 +120,11 @@ _encoded_metrics = _EncodedMetrics()
 class Connection:
     """One frontend's comm: a sender thread, a hub subscription, request handling."""
 
-    def __init__(self, comm: Any, server: "MonitorServer"):
+    def __init__(self, comm: Any, server: "MonitorServer", subshell_id: str | None = None):
         self.comm = comm
         self.server = server
+        #: The subshell the frontend opened the comm on; None: the main shell.
+        self.subshell_id = subshell_id
         self.opened = time.monotonic()
         self.last_heard = self.opened
         self.rate: float | None = None  # None: the hub's publish rate
@@ -203,6 +205,7 @@ class Connection:
                         deadline = self.last_heard + self.server.stale_after_s
                     if self.closed:
                         return
+                    self._excuse_busy_main_shell()
                     batch = list(self._queue)
                     self._queue.clear()
                     metrics, self._metrics = self._metrics, None
@@ -211,7 +214,7 @@ class Connection:
                 if metrics is not None:
                     data, buffers = _encoded_metrics.get(metrics)
                     self.comm.send(data, buffers=buffers)
-                if time.monotonic() - self.last_heard > self.server.stale_after_s:
+                if self.stale(time.monotonic()):
                     self.close("stale")
                     return
         except Exception:
@@ -219,6 +222,15 @@ class Connection:
             self.close("shutdown")
         finally:
             self._flush_close()
+
+    def _excuse_busy_main_shell(self) -> None:
+        # Requests on a main-shell comm wait for the running cell: a long cell is not a dead page.
+        if self.subshell_id is None and self.server.main_shell_busy:
+            self.last_heard = time.monotonic()
+
+    def stale(self, now: float) -> bool:
+        self._excuse_busy_main_shell()
+        return now - self.last_heard > self.server.stale_after_s
 
     def _flush_close(self) -> None:
         # Close from the sender thread, inside the comm_open context, after the last message.
@@ -297,6 +309,8 @@ class MonitorServer:
         self.stale_after_s = stale_after_s
         self._lock = threading.Lock()
         self._connections: list[Connection] = []
+        #: Whether the main shell runs a cell (kept by IPython's pre/post_execute hooks).
+        self.main_shell_busy = False
 
     @property
     def connections(self) -> list[Connection]:
@@ -306,10 +320,11 @@ class MonitorServer:
     def open(self, comm: Any, open_msg: dict[str, Any]) -> None:
         """comm_open handler: evict what is over the cap, start the connection's sender."""
         context = contextvars.copy_context()
-        conn = Connection(comm, self)
+        conn = Connection(comm, self, (open_msg.get("header") or {}).get("subshell_id"))
+        now = time.monotonic()
         with self._lock:
             live = [c for c in self._connections if not c.closed]
-            stale = [c for c in live if time.monotonic() - c.last_heard > self.stale_after_s]
+            stale = [c for c in live if c.stale(now)]
             fresh = sorted((c for c in live if c not in stale), key=lambda c: c.last_heard)
             evict = fresh[: max(0, len(fresh) - self.max_comms + 1)]
             self._connections = [conn, *(c for c in fresh if c not in evict)]
@@ -396,4 +411,18 @@ def register(shell: Any) -> bool:
     import comm
 
     comm.get_comm_manager().register_target(protocol.TARGET, server().open)
+    if _main_shell_busy not in shell.events.callbacks["pre_execute"]:
+        shell.events.register("pre_execute", _main_shell_busy)
+        shell.events.register("post_execute", _main_shell_idle)
     return True
+
+
+# Cells on subshells run these hooks too; only the main shell's count.
+def _main_shell_busy() -> None:
+    if threading.current_thread() is threading.main_thread():
+        server().main_shell_busy = True
+
+
+def _main_shell_idle() -> None:
+    if threading.current_thread() is threading.main_thread():
+        server().main_shell_busy = False
