@@ -1,8 +1,8 @@
 """Progress bars in the notebook for transfers that take more than a second.
 
 A view over ``transfers``: when a transfer starts on the kernel's main thread
-(inside a cell) an empty output is reserved in that cell; a single daemon
-thread turns it into a progress bar once the transfer has run for
+(inside a cell) an empty output is reserved in that cell; a daemon thread
+per transfer turns it into a progress bar once the transfer has run for
 ``THRESHOLD_S`` and into a one-line summary (or the failure) when it ends.
 Updates go through IPython display ids, which the frontend applies wherever
 the output is, even after the cell has finished (the upload is async).
@@ -10,6 +10,7 @@ the output is, even after the cell has finished (the upload is async).
 
 from __future__ import annotations
 
+import contextvars
 import html
 import threading
 import time
@@ -21,9 +22,6 @@ from pathways_kernel.events import format_bytes
 THRESHOLD_S = 1.0
 INTERVAL_S = 0.25
 
-_active: list[tuple[transfers.Transfer, Any]] = []
-_lock = threading.Lock()
-_thread: threading.Thread | None = None
 _installed = False
 
 
@@ -45,36 +43,22 @@ def _in_kernel() -> bool:
 
 
 def _watch(transfer: transfers.Transfer) -> None:
-    global _thread
     if threading.current_thread() is not threading.main_thread() or not _in_kernel():
         return
     from IPython.display import display
 
     handle = display({"text/plain": ""}, raw=True, display_id=True)
-    with _lock:
-        _active.append((transfer, handle))
-        if _thread is None or not _thread.is_alive():
-            _thread = threading.Thread(target=_loop, name="pathways-progress", daemon=True)
-            _thread.start()
+    # The cell's context goes with the thread, so updates carry that cell as their parent.
+    context = contextvars.copy_context()
+    threading.Thread(target=context.run, args=(_follow, transfer, handle), name="pathways-progress", daemon=True).start()
 
 
-def _loop() -> None:
-    while True:
+def _follow(transfer: transfers.Transfer, handle: Any) -> None:
+    while not transfer.done():
         time.sleep(INTERVAL_S)
-        with _lock:
-            items = list(_active)
-        if not items:
-            with _lock:
-                if not _active:
-                    return
-            continue
-        for transfer, handle in items:
-            if transfer.done():
-                handle.update(render(transfer), raw=True)
-                with _lock:
-                    _active.remove((transfer, handle))
-            elif transfer.elapsed_s() >= THRESHOLD_S:
-                handle.update(render(transfer), raw=True)
+        if not transfer.done() and transfer.elapsed_s() >= THRESHOLD_S:
+            handle.update(render(transfer), raw=True)
+    handle.update(render(transfer), raw=True)
 
 
 def render(transfer: transfers.Transfer) -> dict[str, str]:

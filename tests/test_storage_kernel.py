@@ -1,0 +1,177 @@
+"""Durable state from the notebook: real kernels talking to a real fake-gcs-server.
+
+%pathways snapshot --to / snapshots list|restore, pw.persist/pw.restore,
+%pathways checkpoint, %pathways cache and PATHWAYS_COMPILE_CACHE, progress
+updates, bad input as one line, and the storage server dying under an upload
+while the kernel stays up.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from gcs import gcs_server  # noqa: F401  (fixture)
+from kernels import Kernel
+
+pytestmark = pytest.mark.kernel
+
+SETUP = """
+import numpy as np, jax, jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+m = pw.mesh()
+state = {"w": jax.device_put(jnp.arange(64 * 32, dtype=jnp.float32).reshape(64, 32), NamedSharding(m, P("data", "model"))),
+         "b": jnp.ones(8, jnp.bfloat16)}
+ref = {k: np.asarray(v).copy() for k, v in state.items()}
+def same(tree):
+    return all(np.asarray(tree[k]).tobytes() == ref[k].tobytes() and tree[k].dtype == ref[k].dtype for k in ref)
+"""
+
+
+def start_kernel(server, **extra: str) -> Kernel:
+    return Kernel("pathways", env={**os.environ, **server.env, **extra})
+
+
+@pytest.fixture(scope="module")
+def nb(gcs_server):
+    gcs_server.make_bucket("notebook")
+    k = start_kernel(gcs_server)
+    reply = k.run(SETUP)
+    assert reply.status == "ok", reply.error
+    yield k
+    k.shutdown()
+
+
+def ok(k: Kernel, code: str, timeout: float = 120):
+    reply = k.run(code, timeout=timeout)
+    assert reply.status == "ok", reply.error
+    return reply
+
+
+def one_line_error(k: Kernel, code: str) -> str:
+    reply = k.run(code)
+    assert reply.status == "error", reply.text
+    lines = [line for line in reply.error.splitlines() if line.strip()]
+    assert len(lines) == 1, reply.error  # no traceback
+    assert ok(k, "1 + 1").text.strip() == "2"  # the kernel is still up
+    return lines[0]
+
+
+def wait_for(k: Kernel, condition: str, timeout: float = 60) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if ok(k, f"print(bool({condition}))").text.strip() == "True":
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"not true after {timeout} s: {condition}")
+
+
+def test_snapshot_to_bucket_then_list_and_restore_on_fewer_slices(nb):
+    reply = ok(nb, "%pathways snapshot state --step 1 --to gs://notebook/run")
+    assert "persisting to gs://notebook/run/state-step1 in the background" in reply.text
+    wait_for(nb, "[e for e in pw.events(kind='transfer') if 'state-step1' in e.detail]")
+
+    listing = ok(nb, "%pathways snapshots list gs://notebook/run").text
+    assert "state-step1" in listing and "step 1" in listing
+
+    ok(nb, "pw.fail_slice(1)")
+    try:
+        reply = ok(nb, "%pathways snapshots restore gs://notebook/run/state-step1 --name back")
+        assert "bound to 'back'" in reply.text
+        check = ok(nb, "print(same(back), len(back['w'].sharding.device_set), back['w'].sharding.spec)").text
+        assert check.split()[:2] == ["True", "4"], check  # restored bit-exact onto the 4 chips left
+        assert "P('data', 'model')" in check
+    finally:
+        ok(nb, "pw.restore_slice(1)")
+
+    # The Python twins.
+    reply = ok(nb, "print([i.id for i in pw.snapshots_list('gs://notebook/run')], same(pw.restore('gs://notebook/run')))")
+    assert reply.text.strip() == "['state-step1'] True"
+
+
+def test_bad_input_is_one_line_and_the_kernel_stays_up(nb):
+    assert "unsupported storage URL 's3://x/y'" in one_line_error(nb, "%pathways snapshots list s3://x/y")
+    assert "not a bucket name" in one_line_error(nb, "%pathways snapshots list gs://UPPER/x")
+    assert "bucket 'no-such-bucket-here' does not exist" in one_line_error(
+        nb, "%pathways snapshot state --to gs://no-such-bucket-here/p")
+    ok(nb, "pw.persist(state, 'gs://notebook/dupe', name='state').wait()")
+    assert "already exists" in one_line_error(nb, "%pathways snapshot state --to gs://notebook/dupe")
+    assert "no committed snapshot" in one_line_error(nb, "pw.restore('gs://notebook/nothing-here')")
+
+
+def test_progress_is_shown_for_a_long_transfer(nb):
+    reply = ok(nb, (
+        "import pathways_kernel.progress as progress\n"
+        "progress.THRESHOLD_S, progress.INTERVAL_S = 0.0, 0.05\n"
+        "big = jnp.ones((4096, 4096), jnp.float32)\n"
+        "t = pw.persist(big, 'gs://notebook/progress', name='big')\n"
+        "t.wait()\n"
+        "import time; time.sleep(0.3)\n"
+        "progress.THRESHOLD_S, progress.INTERVAL_S = 1.0, 0.25"
+    ))
+    updates = [m["content"]["data"] for m in reply.messages if m["header"]["msg_type"] == "update_display_data"]
+    assert updates, [m["header"]["msg_type"] for m in reply.messages]
+    assert "done, 64.0 MiB" in updates[-1]["text/plain"]
+    assert any("<progress" in u.get("text/html", "") for u in updates[:-1])
+    event = ok(nb, "print(pw.events(kind='transfer')[-1].to_text())").text
+    assert "64.0 MiB" in event and "/s)" in event
+
+
+def test_storage_server_killed_mid_upload_kernel_says_what_failed_and_retry_works(nb, gcs_server):
+    ok(nb, "big2 = jnp.arange(16 * 1024 * 1024, dtype=jnp.float32)")
+    ok(nb, "t = pw.persist(big2, 'gs://notebook/killed', name='big2')")
+    gcs_server.kill()
+    try:
+        line = one_line_error(nb, "t.wait()")
+        assert "StorageError" in line and "cannot reach Cloud Storage" in line, line
+        event = ok(nb, "print(pw.events(kind='transfer')[-1].detail)").text
+        assert "FAILED" in event
+    finally:
+        gcs_server.start()
+    assert ok(nb, "print(pw.snapshots_list('gs://notebook/killed'))").text.startswith("no committed snapshots")
+    ok(nb, "pw.persist(big2, 'gs://notebook/killed', name='big2').wait()")
+    assert ok(nb, "print(bool((pw.restore('gs://notebook/killed') == big2).all()))").text.strip() == "True"
+
+
+def test_checkpoint_save_list_restore_onto_a_smaller_mesh(nb):
+    reply = ok(nb, "%pathways checkpoint save gs://notebook/ckpt --step 3 --vars state --wait")
+    assert "done" in reply.text
+    assert "steps 3" in ok(nb, "%pathways checkpoint list gs://notebook/ckpt").text
+    assert "already exists" in one_line_error(nb, "%pathways checkpoint save gs://notebook/ckpt --step 3 --vars state")
+    ok(nb, "pw.fail_slice(1)")
+    try:
+        ok(nb, "del state")
+        reply = ok(nb, "%pathways checkpoint restore gs://notebook/ckpt")
+        assert "restored state" in reply.text
+        check = ok(nb, "print(same(state), len(state['w'].sharding.device_set))").text.split()
+        assert check == ["True", "4"], check
+    finally:
+        ok(nb, "pw.restore_slice(1)")
+    assert ok(nb, "print(pw.checkpoints_list('gs://notebook/ckpt'))").text.strip().endswith("(latest 3)")
+    assert "no checkpoint step 9" in one_line_error(nb, "%pathways checkpoint restore gs://notebook/ckpt --step 9")
+
+
+def test_compile_cache_in_bucket_is_warm_in_a_fresh_kernel(gcs_server):
+    gcs_server.make_bucket("jaxcache")
+    code = (
+        "import jax, jax.numpy as jnp\n"
+        "f = jax.jit(lambda x: jnp.tanh(x @ x.T).sum())\n"
+        "f(jnp.ones((128, 128))).block_until_ready()\n"
+        "print([e.detail for e in pw.events(kind='compile') if 'lambda' in e.detail])"
+    )
+    cold = start_kernel(gcs_server)
+    try:
+        reply = ok(cold, "%pathways cache gs://jaxcache/cache --min-compile-s 0")
+        assert "gs://jaxcache/cache" in reply.text
+        assert "cache miss" in ok(cold, code).text
+        assert "misses" in ok(cold, "%pathways cache").text
+    finally:
+        cold.shutdown()
+    warm = start_kernel(gcs_server, PATHWAYS_COMPILE_CACHE="gs://jaxcache/cache")
+    try:
+        assert "cache hit" in ok(warm, code).text
+        assert ok(warm, "%pathways cache off").text.strip() == "persistent compilation cache: off"
+    finally:
+        warm.shutdown()
