@@ -83,10 +83,7 @@ def metrics_message(m: telemetry.Metrics) -> protocol.MetricsMessage:
         source=m.source,
         window_s=m.window_s if m.window_s > 0 else 1e-3,
         memory_unit=unit,
-        slices=tuple(
-            protocol.SliceMetrics(s.index, s.state, s.utilization, s.memory_bytes, s.memory_limit_bytes)
-            for s in m.slices
-        ),
+        slices=m.slices,
         utilization=m.total_utilization,
         memory_bytes=m.memory_bytes,
         chip_utilization=protocol.quantize_utilization(m.utilization),

@@ -4,7 +4,8 @@ The contract is docs/protocol.md; field names here are the TypeScript side's
 (``labextension/src/protocol.ts``). A message is ``(data, buffers)``: ``data``
 the comm's JSON object, ``buffers`` its binary frames (little-endian arrays in
 topology chip order). Pure functions, no Jupyter or JAX imports, so both the
-comm and the benchmarks use exactly this path.
+comm and the benchmarks use exactly this path. Per-slice aggregates are the
+telemetry hub's ``SliceMetrics``, field for field.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from pathways_kernel.errors import PathwaysError
+from pathways_kernel.telemetry import SliceMetrics
 
 VERSION = 1
 TARGET = "pathways.monitor"
@@ -79,15 +81,6 @@ class TopologyMessage:
     @property
     def chips(self) -> int:
         return int(self.chip_id.shape[0])
-
-
-@dataclasses.dataclass(frozen=True)
-class SliceMetrics:
-    index: int
-    state: str
-    utilization: float
-    memory_bytes: int
-    memory_limit_bytes: int | None
 
 
 @dataclasses.dataclass(frozen=True)
