@@ -46,11 +46,22 @@ JAX's default device is on it, the default moves to the first live device
 (pathwaysutils' ``Manager.default_device`` does the same), and back when the
 slice returns.
 
+Losing a slice from another thread (chaos, a monitor request) while the
+notebook or a snapshot thread reads an array is safe: jaxlib keeps pointers
+into an array while it waits without the GIL, so each swap waits until no
+other thread is in a host read of that array (seen from ``jax/_src/array.py``
+frames, checked with the GIL held right before the swap), and the old buffers
+stay alive ``_GRACE_S`` seconds for C++ paths with no frame of ours (numpy's
+buffer protocol). Without these guards, both races crash the process.
+
 Limits
 ------
-- The data is not actually gone from host RAM until the last reference to the
-  old buffers drops (a numpy view taken earlier with ``np.asarray`` on CPU
-  keeps reading the old bytes: it is host memory, as a host copy would be).
+- The data is not actually gone from host RAM at once: the old buffers live
+  ``_GRACE_S`` (5) seconds more, and as long as a numpy view taken earlier
+  with ``np.asarray`` (zero-copy on CPU) holds them; that view keeps reading
+  the old bytes, as a host copy would.
+- A host read in progress on another thread delays its array's loss until
+  the read is done (a ``float(loss)`` waiting on a long step: that long).
 - An array computed after ``restore_slice`` from a lost input is lost too, but
   the ``jit`` call returns before the error is known (asynchronous dispatch);
   ``is_lost`` waits for it.
@@ -63,9 +74,13 @@ Limits
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
+import os
+import sys
 import threading
+import time
 from typing import Any, Iterable
 
 from pathways_kernel.errors import PathwaysError
@@ -77,6 +92,8 @@ _lost_devices: frozenset = frozenset()
 _slice_of_device: dict[Any, int] = {}
 _hooks_lock = threading.Lock()
 _hooks_installed = False
+#: The module whose methods start host reads (see ``_arrays_being_read``).
+_ARRAY_MODULE = os.path.join("jax", "_src", "array.py")
 
 
 # -- the error a lost slice produces ------------------------------------------
@@ -89,13 +106,6 @@ def lost_array_message(slice_index: int) -> str:
 
 def placed_on_lost_message(slice_index: int, what: str) -> str:
     return f"DATA_LOSS: slice {slice_index} is down; {what} placed data on it"
-
-
-def data_loss_error(message: str) -> Exception:
-    """A ``JaxRuntimeError`` as the runtime raises it for lost data."""
-    import jax
-
-    return jax.errors.JaxRuntimeError(f"INTERNAL: {message}")
 
 
 def _lost_slice_of(devices: Iterable[Any]) -> int | None:
@@ -111,20 +121,130 @@ def _array_devices(array: Any) -> Iterable[Any]:
     return array.sharding._internal_device_list
 
 
-def _make_lost(array: Any, message: str) -> None:
-    """Swap ``array``'s buffers for error buffers carrying ``message``."""
+def _error_like(array: Any, message: str) -> Any:
+    """An array of ``array``'s shape, dtype and sharding whose buffers hold ``message``."""
     import jax
     from jaxlib import _jax
 
     sharding = array.sharding
+    client = next(iter(sharding.device_set)).client
+    return _jax._make_error_array(client, jax.ShapeDtypeStruct(array.shape, array.dtype, sharding=sharding), message)
+
+
+def _make_lost(array: Any, message: str) -> None:
+    """Swap ``array``'s buffers for error buffers carrying ``message``.
+
+    Only for arrays no other thread can hold yet (fresh results); see
+    ``_make_lost_when_unread`` for the others.
+    """
     try:
-        client = next(iter(sharding.device_set)).client
-        error = _jax._make_error_array(client, jax.ShapeDtypeStruct(array.shape, array.dtype, sharding=sharding), message)
-        array._replace_with(error)
+        array._replace_with(_error_like(array, message))
     except (TypeError, ValueError, RuntimeError, AttributeError):
         # Some exotic layout jaxlib cannot express: losing it outright is
         # still truthful, only the error text differs.
         array.delete()
+
+
+def _arrays_being_read() -> set[int]:
+    """``id``s of the arrays other threads are reading to the host right now.
+
+    jaxlib's host copy (``ArrayImpl._value``) keeps pointers into the array
+    while it waits without the GIL; swapping the array's buffers at that moment
+    crashes the process. Every such wait is entered from a method of
+    ``jax/_src/array.py``, so a thread with that file on its stack may be in
+    one: its ``self`` and the per-device arrays it reads through (``_arrays``,
+    the cached fully-replicated shard) are busy.
+    """
+    from jaxlib import _jax
+
+    busy: set[int] = set()
+    me = threading.get_ident()
+    for ident, frame in sys._current_frames().items():
+        while frame is not None and ident != me:
+            if frame.f_code.co_filename.endswith(_ARRAY_MODULE):
+                owner = frame.f_locals.get("self")
+                if isinstance(owner, _jax.ArrayImpl):
+                    busy.add(id(owner))
+                    if not owner.is_deleted():
+                        busy.update(id(a) for a in owner._arrays)
+                        if owner.is_fully_replicated:
+                            busy.add(id(owner._fully_replicated_shard()))
+            frame = frame.f_back
+    return busy
+
+
+#: (when, array) pairs holding the buffers of arrays lost less than
+#: ``_GRACE_S`` ago; see ``_make_lost_when_unread``.
+_graveyard: collections.deque = collections.deque()
+_graveyard_lock = threading.Lock()
+_sweeper: threading.Timer | None = None
+_GRACE_S = 5.0
+
+
+def _bury(array: Any) -> None:
+    """Keep ``array``'s current buffers alive for a grace period."""
+    keeper = _error_like(array, "DATA_LOSS: buffers kept for readers in flight")
+    keeper._replace_with(array)  # the keeper now shares array's buffers
+    with _graveyard_lock:
+        _graveyard.append((time.monotonic(), keeper))
+
+
+def _sweep_graveyard() -> None:
+    """Release buried buffers once their grace period is over (and they are ready)."""
+    global _sweeper
+    released = []
+    with _graveyard_lock:
+        now = time.monotonic()
+        for _ in range(len(_graveyard)):
+            when, keeper = _graveyard.popleft()
+            if now - when < _GRACE_S or not keeper.is_ready():
+                _graveyard.append((when, keeper))
+            else:
+                released.append(keeper)
+        _sweeper = None
+        if _graveyard:
+            _sweeper = threading.Timer(_GRACE_S, _sweep_graveyard)
+            _sweeper.daemon = True
+            _sweeper.start()
+    del released  # the buffers go here, outside the lock
+
+
+def _make_lost_when_unread(arrays: list[Any], message: str) -> None:
+    """``_make_lost`` each array without pulling buffers from under a reader.
+
+    Two races with threads reading these arrays, both seen as crashes:
+    - a host copy in progress (``_value``) uses the array's own fields: each
+      swap waits until no other thread is in such a read of that array
+      (``_arrays_being_read``), checked right before the swap with the GIL
+      held, so no read can start in between. A read in progress delays its
+      array's loss until it is done, as if the slice failed a moment later.
+    - numpy's buffer protocol (``np.asarray`` of a one-device array) and
+      other C++ paths hold plain pointers to the buffers while they wait
+      without the GIL, entered with no frame of ours to see: the old buffers
+      are kept alive ``_GRACE_S`` seconds after the swap (and until ready).
+    """
+    pending = []
+    for array in arrays:
+        try:
+            error = _error_like(array, message)
+            _bury(array)
+        except (TypeError, ValueError, RuntimeError, AttributeError):
+            array.delete()
+            continue
+        pending.append((array, error))
+    while pending:
+        busy = _arrays_being_read()
+        waiting = []
+        for array, error in pending:
+            if id(array) in busy:
+                waiting.append((array, error))
+            elif not array.is_deleted():
+                array._replace_with(error)
+        pending = waiting
+        if pending:
+            time.sleep(0.001)
+    if _sweeper is None:
+        _sweep_graveyard()
 
 
 def _lose_results(results: Any, what: str) -> None:
@@ -271,14 +391,12 @@ class FaultInjector:
             self._down[index] = devices
             self._publish()
             _clear_dispatch_caches()
-            count = nbytes = 0
-            message = lost_array_message(index)
-            for array in jax.live_arrays():
-                if array.is_deleted() or devices.isdisjoint(_array_devices(array)) or _holds_data_loss(array):
-                    continue
-                count += 1
-                nbytes += array.nbytes
-                _make_lost(array, message)
+            lost = [
+                array for array in jax.live_arrays()
+                if not array.is_deleted() and not devices.isdisjoint(_array_devices(array)) and not _holds_data_loss(array)
+            ]
+            count, nbytes = len(lost), sum(array.nbytes for array in lost)
+            _make_lost_when_unread(lost, lost_array_message(index))
             self._move_default_device()
             self.session.set_slice_state(index, "down", detail=f"{detail}: {count} arrays lost")
             topology = self.session.topology
