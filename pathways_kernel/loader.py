@@ -34,6 +34,8 @@ import weakref
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, Callable
 
+from pathways_kernel.errors import MeshError, PathwaysError
+from pathways_kernel.events import format_bytes
 from pathways_kernel.sidecar import (
     DEFAULT_TIMEOUT_S,
     SidecarError,
@@ -45,8 +47,6 @@ from pathways_kernel.sidecar import (
     nbytes,
     timed_out,
 )
-from pathways_kernel.errors import MeshError, PathwaysError
-from pathways_kernel.events import format_bytes
 
 #: Seconds between the loader's periodic ``sidecar`` summary events.
 SUMMARY_EVERY_S = 5.0
@@ -102,8 +102,10 @@ class Layout:
                         f"spec {spec} splits a non-batch dimension over axis '{axis}', which spans slices; "
                         f"only the batch dimension (first) may be split across slices"
                     )
-            spans = {(r[0].start or 0, parts_total if r[0].stop is None else r[0].stop) for d in local.devices.flat for r in [rows[d]]}
+            spans = {(rows[d][0].start or 0, parts_total if rows[d][0].stop is None else rows[d][0].stop) for d in local.devices.flat}
             lo, hi = min(s for s, _ in spans), max(e for _, e in spans)
+            if {u for start, stop in spans for u in range(start, stop)} != set(range(lo, hi)):
+                raise MeshError(f"spec {spec} gives slice {index} rows that are not one block of the batch on this mesh")
             blocks[index] = (lo, hi)
             meshes[index] = local
         widths = {hi - lo for lo, hi in blocks.values()}
@@ -273,7 +275,6 @@ class Loader:
         self.prefetch = prefetch
         self.timeout = timeout
         self.step = start
-        self._make_batches = make_batches
         self._lock = threading.RLock()
         self._layout = Layout(mesh, self.spec, self._session.topology)
         self._colocated = colocated_python(_remote_producer(make_batches, self.spec, self.name))

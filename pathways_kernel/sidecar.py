@@ -28,6 +28,7 @@ the slice; one that does not finish within its timeout raises
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import contextvars
 import dataclasses
@@ -35,6 +36,7 @@ import inspect
 import queue
 import threading
 import time
+import weakref
 from concurrent.futures import Future
 from typing import Any, Callable, Iterator, Sequence
 
@@ -230,6 +232,7 @@ class Worker:
         self._retired = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
+        _WORKERS.add(self)
 
     def submit(self, job: Callable[[], Any]) -> Future:
         future: Future = Future()
@@ -256,6 +259,28 @@ class Worker:
                 future.set_result(context.run(job))
             except BaseException as exc:  # handed to the waiter, which re-raises it
                 future.set_exception(exc)
+
+
+_WORKERS: "weakref.WeakSet[Worker]" = weakref.WeakSet()
+
+#: Seconds the interpreter waits at exit for workers to finish the job in hand.
+EXIT_GRACE_S = 5.0
+
+
+@atexit.register
+def _stop_workers() -> None:
+    """Let each worker finish its current job before the interpreter exits.
+
+    A daemon thread that is still inside XLA when the interpreter finalizes
+    is torn down mid-C++ and aborts the process; a hung sidecar is still
+    left behind after ``EXIT_GRACE_S``.
+    """
+    workers = list(_WORKERS)
+    for worker in workers:
+        worker.retire()
+    deadline = time.monotonic() + EXIT_GRACE_S
+    for worker in workers:
+        worker._thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def failure(name: str, slice_index: int, exc: BaseException) -> SidecarError:
