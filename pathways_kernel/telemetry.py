@@ -8,15 +8,18 @@ session's events and topology changes. It samples only while someone
 subscribes.
 
 The default source, ``ClientSource``, measures from the client alone, so it
-works on every backend: a chip is busy at a sample instant when a live array
-with a shard on it is not ready yet (dispatched work not complete), and its
+works on every backend: a chip is busy at a sample instant when its shard of
+a live array is not ready yet (dispatched work not complete), and its
 memory is the bytes of live array shards on it (or ``memory_stats()`` where the
 backend reports it; CPU devices report nothing). A backend that can ask its
 server instead (the Pathways proxy) plugs in its own source by defining
 ``metrics_source(layout) -> MetricsSource``.
 
-Cost: one pass over ``jax.live_arrays()`` per sample (~2 us per array) plus
-numpy work per distinct sharding, never per chip. If a sample costs more than
+Cost: one pass over ``jax.live_arrays()`` per sample (~2 us per array), a
+readiness check per shard only for arrays not ready (whole-array beyond
+``MAX_SHARDS_CHECKED`` shards), numpy work per distinct sharding, no Python
+loop over chips, except ``memory_stats()`` (one call per chip, every
+``STATS_EVERY`` samples) where a backend has it. If a sample costs more than
 ``MAX_DUTY`` of the sampling period, the hub samples less often.
 """
 
@@ -42,6 +45,10 @@ DEFAULT_WINDOW_S = 2.0
 MAX_DUTY = 0.05
 #: Distinct shardings remembered between samples (ids of live shardings).
 _SHARDING_CACHE = 4096
+#: A pending array with more shards than this counts as busy on all its chips.
+MAX_SHARDS_CHECKED = 1024
+#: ``memory_stats()`` is read every this many samples (it costs a call per chip).
+STATS_EVERY = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +126,8 @@ class ClientSource(MetricsSource):
         self._shard_bytes: dict[tuple[int, tuple, Any], int] = {}
         self._layout_id = -1
         self._stats_devices: list[Any] | None = None
+        self._stats: tuple[np.ndarray, np.ndarray | None] | None = None
+        self._samples = 0
 
     def sample(self, layout: Layout) -> Sample:
         import jax
@@ -129,6 +138,7 @@ class ClientSource(MetricsSource):
             self._assignments.clear()
             self._layout_id = id(layout)
             self._stats_devices = _devices_with_memory_stats(layout)
+            self._stats = None
         if len(self._shardings) > _SHARDING_CACHE:
             self._shardings.clear()
             self._shard_bytes.clear()
@@ -149,7 +159,8 @@ class ClientSource(MetricsSource):
                     shardings[key[0]] = (sharding, self._positions(layout, sharding))
                 counts[key] += 1
                 if not array.is_ready():
-                    pending.add(key[0])
+                    if not _mark_pending_shards(array, shardings[key[0]][1], busy):
+                        pending.add(key[0])
             except Exception:  # an array of a lost slice raises DATA_LOSS on access
                 continue
         for sid in pending:
@@ -163,9 +174,11 @@ class ClientSource(MetricsSource):
             memory[shardings[key[0]][1]] += per_shard * count
         limit = None
         if self._stats_devices is not None:
-            memory, limit = _memory_stats(self._stats_devices, n)
+            if self._stats is None or self._samples % STATS_EVERY == 0:
+                self._stats = _memory_stats(self._stats_devices, n)
+            memory, limit = self._stats
+        self._samples += 1
         return Sample(time.time(), busy, memory, limit)
-
 
     def _positions(self, layout: Layout, sharding: Any) -> np.ndarray:
         devices = _devices_of(sharding)
@@ -174,6 +187,20 @@ class ClientSource(MetricsSource):
             cached = (devices, layout.positions(devices))
             self._assignments[id(devices)] = cached
         return cached[1]
+
+
+def _mark_pending_shards(array: Any, positions: np.ndarray, busy: np.ndarray) -> bool:
+    """Mark busy only the chips whose shard of ``array`` is not ready (a straggling
+    slice stays busy longer). False when the shards cannot be matched to chips
+    or are too many to check one by one: the caller marks the whole array."""
+    if len(positions) > MAX_SHARDS_CHECKED:
+        return False
+    shards = getattr(array, "_arrays", None)  # one single-device array per shard, in device-assignment order
+    if shards is None or len(shards) != len(positions):
+        return False
+    not_ready = [i for i, shard in enumerate(shards) if not shard.is_ready()]
+    busy[positions[not_ready]] = 1.0
+    return True
 
 
 def _devices_of(sharding: Any) -> Sequence[Any]:

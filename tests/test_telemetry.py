@@ -208,3 +208,24 @@ def test_connection_streams_the_protocol_and_closes_when_stale(session):
     data, _ = comm.wait(lambda d, b: d.get("type") == "closed")
     assert data == {"v": 1, "type": "closed", "reason": "stale"} and comm._closed and conn.closed
     assert server.connections == []
+
+
+def test_memory_stats_are_used_where_the_backend_reports_them(session):
+    # Stand-in devices: CPU devices report no memory_stats(), TPUs (not here) do.
+    import types
+
+    from pathways_kernel.backends.base import Placement
+    from pathways_kernel.topology import Topology
+
+    def device(i):
+        stats = {"bytes_in_use": (i + 1) * 2**20, "bytes_limit": 16 * 2**30}
+        return types.SimpleNamespace(id=1000 + i, platform="tpu", memory_stats=lambda: stats)
+
+    devices = [device(i) for i in range(4)]
+    placements = [Placement(i // 2, (i % 2, 0, 0), 0, "TPU v5p") for i in range(4)]
+    layout = telemetry.Layout.of(Topology.from_placements(devices, placements, "tpu"))
+    sample = telemetry.ClientSource().sample(layout)
+    assert list(sample.memory) == [2**20, 2 * 2**20, 3 * 2**20, 4 * 2**20]
+    m = telemetry.aggregate(layout, 1, 1, "client", 2.0, sample.busy, sample.memory, sample.memory_limit)
+    assert [s.memory_bytes for s in m.slices] == [3 * 2**20, 7 * 2**20]
+    assert [s.memory_limit_bytes for s in m.slices] == [32 * 2**30, 32 * 2**30]
