@@ -11,7 +11,9 @@ kernel usable (``local:2x4`` works right after); the kernel must then exit 0.
 
 from __future__ import annotations
 
+import shutil
 import socket
+import subprocess
 import threading
 import time
 from concurrent import futures
@@ -39,7 +41,7 @@ def kernel():
 
 
 @pytest.fixture(scope="module")
-def servers():
+def servers(tmp_path_factory):
     """Listeners on 127.0.0.1 for the failure modes; yields their ports."""
     closers = []
 
@@ -99,7 +101,23 @@ def servers():
     fake.start()
     closers.append(lambda: fake.stop(0))
 
+    # A gRPC server behind TLS (self-signed), where --insecure speaks plaintext.
+    tls_port = 0
+    if shutil.which("openssl"):
+        key, cert = tmp_path_factory.mktemp("tls") / "key.pem", tmp_path_factory.getbasetemp() / "cert.pem"
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+             "-keyout", str(key), "-out", str(cert)],
+            check=True, capture_output=True, timeout=60,
+        )
+        tls = grpc.server(futures.ThreadPoolExecutor(2))
+        credentials = grpc.ssl_server_credentials([(key.read_bytes(), cert.read_bytes())])
+        tls_port = tls.add_secure_port("127.0.0.1:0", credentials)
+        tls.start()
+        closers.append(lambda: tls.stop(0))
+
     yield {
+        "tls": tls_port,
         "refused": refused_port,
         "unreachable": full.getsockname()[1],
         "silent": silent.getsockname()[1],
@@ -120,11 +138,14 @@ CASES = [
     ("not gRPC (silent TCP)", f"grpc://127.0.0.1:{{silent}} --insecure --timeout {TIMEOUT}", ["handshake failed", "not a gRPC server"], TIMEOUT + 1.0),
     ("gRPC, not a proxy", "grpc://127.0.0.1:{grpc} --insecure", ["proxy failed", "not a Pathways IFRT proxy"], 5.0 + 1.0),
     ("credentials (ALTS vs plaintext)", "grpc://127.0.0.1:{grpc}", ["credentials failed", "--insecure"], 5.0 + 1.0),
+    ("credentials (plaintext vs TLS)", "grpc://127.0.0.1:{tls} --insecure", ["credentials failed", "expects TLS"], 5.0 + 1.0),
 ]
 
 
 @pytest.mark.parametrize("case,line,words,allowed", CASES, ids=[c[0] for c in CASES])
 def test_wrong_target_fails_fast_in_one_line_and_local_still_works(kernel, servers, case, line, words, allowed):
+    if "{tls}" in line and not servers["tls"]:
+        pytest.skip("openssl is not installed (needed for the TLS server's certificate)")
     kernel.run("import jax.numpy as jnp; kept = jnp.arange(8.0)")
     start = time.monotonic()
     reply = kernel.run(f"%pathways connect {line.format(**servers)}")

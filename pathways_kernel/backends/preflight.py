@@ -146,12 +146,22 @@ def preflight(target: Target, timeout: float = DEFAULT_TIMEOUT_S, secure: bool =
                 "Connect with --insecure (pw.connect(..., insecure=True))",
             )
         return Report(target, address, True, "unknown", time.monotonic() - start)
+    if speaks == "closed" and _speaks_tls(target, address, left()):
+        speaks = "tls"
     if speaks == "tls":
         raise fail(
             "credentials",
-            "the server expects TLS/ALTS but --insecure uses plaintext",
-            "Drop --insecure to use ALTS (works on Google Cloud VMs only), or port-forward to the proxy's "
-            "plaintext port",
+            "the server expects TLS but --insecure uses plaintext (and the proxy client speaks plaintext or ALTS, "
+            "never TLS)",
+            "Point at the proxy's plaintext port through kubectl port-forward, or drop --insecure for ALTS "
+            "(Google Cloud VMs only)",
+        )
+    if speaks == "closed":
+        raise fail(
+            "handshake",
+            f"{target.authority} closed the connection at the plaintext HTTP/2 handshake: not a plaintext gRPC server",
+            "Drop --insecure if the proxy uses ALTS (Google Cloud VMs only), or check the port (the proxy listens "
+            f"on {PROXY_PORT})",
         )
     _check_grpc(target, left, fail)
     return Report(target, address, False, "pathways-proxy", time.monotonic() - start)
@@ -251,6 +261,26 @@ def _handshake(target: Target, sock: socket.socket, seconds: float, fail) -> str
         f"{target.authority} answered {shown}, not HTTP/2: not a gRPC server",
         f"Check the port: the Pathways proxy listens on {PROXY_PORT} (kubectl port-forward ... LOCAL:{PROXY_PORT})",
     )
+
+
+def _speaks_tls(target: Target, address: str, seconds: float) -> bool:
+    """Whether the listener answers a TLS ClientHello (certificate not checked)."""
+    import ssl
+
+    if seconds <= 0:
+        return False
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=seconds) as raw:
+            with context.wrap_socket(raw, server_hostname=target.host):
+                return True
+    except ssl.SSLError:
+        return True  # a TLS alert is still TLS
+    except OSError:
+        return False
 
 
 def _check_grpc(target: Target, left: Callable[[], float], fail) -> None:
