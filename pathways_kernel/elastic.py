@@ -42,7 +42,7 @@ import threading
 import time
 from typing import Any, Callable, Sequence
 
-from pathways_kernel import snapshots
+from pathways_kernel import meshes, snapshots
 from pathways_kernel.errors import PathwaysError, one_line
 from pathways_kernel.session import Session, session
 
@@ -223,6 +223,7 @@ class Elastic:
         axes: Sequence[str] | None = None,
         name: str | None = None,
         wait_s: float = DEFAULT_WAIT_S,
+        prepare: Callable[[Any], Any] | None = None,
     ):
         if snapshot_every < 1:
             raise PathwaysError(f"snapshot_every must be at least 1, got {snapshot_every}")
@@ -236,6 +237,9 @@ class Elastic:
         self.axes = tuple(axes) if axes else None
         self.name = name or getattr(step_fn, "__name__", "elastic")
         self.wait_s = wait_s
+        self.prepare = prepare
+        #: Set once ``prepare`` has run for every fallback mesh of the current run.
+        self.prepared = threading.Event()
         self.last_run: RunReport | None = None
         functools.update_wrapper(self, step_fn)
 
@@ -260,6 +264,7 @@ class Elastic:
         began = time.perf_counter()
         try:
             mesh = s.mesh(self.axes)
+            self._start_prepare(s, mesh)
             step = start
             last_snap = store.snap(state, snap_name, step)
             report.snapshots += 1
@@ -313,6 +318,37 @@ class Elastic:
         finally:
             report.duration_s = time.perf_counter() - began
             watch.close()
+
+    # -- compiling ahead ------------------------------------------------------
+    def _start_prepare(self, s: Session, mesh: Any) -> None:
+        """Run ``prepare(fallback_mesh)`` in the background for each mesh of one
+        slice fewer, so a recovery finds its step already compiled."""
+        self.prepared.clear()
+        if self.prepare is None:
+            self.prepared.set()
+            return
+        current = set(_mesh_slices(s, mesh))
+        fallbacks = []
+        for lost in sorted(current):
+            survivors = [sl for sl in s.topology.slices if sl.index in current - {lost}]
+            if survivors:
+                fallbacks.append((lost, meshes.build(survivors, self.axes)))
+
+        def work() -> None:
+            for lost, fallback in fallbacks:
+                start = time.perf_counter()
+                try:
+                    self.prepare(fallback)
+                except Exception as error:  # noqa: BLE001  (a failed warm-up only costs a compile later)
+                    s.events.emit("compile", detail=f"'{self.name}' prepare for losing slice {lost} failed: {_reason(error)}")
+                    continue
+                s.events.emit(
+                    "compile", duration_s=time.perf_counter() - start,
+                    slices_after=_mesh_slices(s, fallback), detail=f"'{self.name}' prepared for losing slice {lost}",
+                )
+            self.prepared.set()
+
+        threading.Thread(target=work, name=f"pathways-elastic-prepare-{self.name}", daemon=True).start()
 
     # -- boundaries -----------------------------------------------------------
     def _check_boundary(self, s: Session, watch: _SliceWatch, mesh: Any) -> None:
@@ -395,6 +431,25 @@ class Elastic:
             watch.up.clear()
 
 
+def abstract(tree: Any, mesh: Any) -> Any:
+    """``tree`` as ``jax.ShapeDtypeStruct``s laid out on ``mesh`` with each
+    leaf's PartitionSpec (as a reshard would place it): for ``prepare``, e.g.
+    ``lambda mesh: step.lower(*elastic.abstract(args, mesh)).compile()``."""
+    import jax
+    from jax.sharding import NamedSharding
+
+    def leaf(x: Any) -> Any:
+        if not isinstance(x, jax.Array):
+            return x
+        if isinstance(x.sharding, NamedSharding):
+            sharding = NamedSharding(mesh, snapshots.fit_spec(x.sharding.spec, x.shape, mesh))
+        else:
+            sharding = jax.sharding.SingleDeviceSharding(mesh.devices.flat[0])
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+
+    return jax.tree.map(leaf, tree)
+
+
 def _is_slice_loss(error: BaseException) -> bool:
     import jax
     from pathwaysutils.elastic.elastic import is_error_due_to_slice_down
@@ -435,6 +490,7 @@ def elastic(
     axes: Sequence[str] | None = None,
     name: str | None = None,
     wait_s: float = DEFAULT_WAIT_S,
+    prepare: Callable[[Any], Any] | None = None,
 ):
     """Make ``fn(state, step, mesh) -> state`` an elastic training loop.
 
@@ -451,10 +507,14 @@ def elastic(
         slices, ``model`` within one).
       name: name for events and snapshots (default: the function's).
       wait_s: how long to wait for a slice when none is up.
+      prepare: called as ``prepare(mesh)`` in a background thread at the
+        start of a run, once per mesh of one slice fewer, to compile the step
+        for it ahead of a loss (see ``abstract``); ``.prepared`` is set when
+        done.
     """
 
     def wrap(f: Callable) -> Elastic:
-        return Elastic(f, snapshot_every, max_retries, axes, name, wait_s)
+        return Elastic(f, snapshot_every, max_retries, axes, name, wait_s, prepare)
 
     return wrap(fn) if fn is not None else wrap
 
@@ -462,6 +522,7 @@ def elastic(
 # ``pw.elastic`` is this function, which shadows the module on the package:
 # keep ``from pathways_kernel import elastic; elastic.on_restore(...)`` working.
 elastic.on_restore = on_restore  # type: ignore[attr-defined]
+elastic.abstract = abstract  # type: ignore[attr-defined]
 
 
-__all__ = ["Elastic", "ElasticError", "RunReport", "Rollback", "elastic", "on_restore"]
+__all__ = ["Elastic", "ElasticError", "RunReport", "Rollback", "abstract", "elastic", "on_restore"]

@@ -1,0 +1,155 @@
+"""Elastic recovery time against its floor, and snapshot throughput against numpy.
+
+1 GiB of training state (``--gib``), a pytree of arrays sharded over
+``local:2x4`` (half ``P("data", "model")``, half ``P(None, "model")``), trained
+by ``pw.elastic`` with host snapshots. At a fixed step slice 1 fails
+(``pw.fail_slice``); we measure from the ``slice_down`` event to the end of
+the first step completed on the reduced mesh (detection, mesh rebuild,
+snapshot restore, recompile, one step). In the same run, the floor: one
+``jax.device_put`` of the same host snapshot onto the reduced mesh.
+
+The step is deliberately light (a block of each big table is read, the
+small dense head is trained), so the figure measures recovery, not the model's own
+step time; a step that rewrote all 1 GiB would add its own cost on top.
+
+Snapshot throughput: device-to-host copy of the state by ``pw.snapshot``
+(start to ``wait()``) against a plain numpy copy of the same bytes
+(``ndarray.copy``), alternating, medians of ``--reps``.
+
+Prints ``recovery/floor`` (goal <= 1.5) and ``snapshot/numpy throughput``
+(goal >= 0.7), the figures last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gib", type=float, default=1.0, help="training state size in GiB (default 1)")
+    parser.add_argument("--reps", type=int, default=5, help="repetitions of each throughput measurement")
+    parser.add_argument("--cycles", type=int, default=3, help="failure/repair cycles (one recovery measured each)")
+    args = parser.parse_args()
+
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import pathways_kernel as pw
+    from pathways_kernel import snapshots
+
+    pw.connect("local:2x4")
+    session = pw.session()
+    mesh = session.mesh()
+    tables, rows = 8, 1024
+    cols = max(8, int(args.gib * (1 << 30)) // tables // rows // 4 // 8 * 8)
+    specs = [P("data", "model"), P(None, "model")] * (tables // 2)
+    state = {
+        "tables": [
+            jax.device_put(np.full((rows, cols), 0.01 * (i + 1), np.float32), NamedSharding(mesh, spec))
+            for i, spec in enumerate(specs)
+        ],
+        "head": jax.device_put(np.zeros((tables, 16), np.float32), NamedSharding(mesh, P())),
+    }
+    jax.block_until_ready(state)
+    nbytes = sum(x.nbytes for x in jax.tree.leaves(state))
+
+    @jax.jit
+    def update_head(tables, head, target):
+        # Reads a block of each (frozen) table, takes a gradient step on the head.
+        feats = jnp.stack([t[:8, :16].mean(axis=0) for t in tables])
+        return head - 0.1 * 2 * (head * feats - target)
+
+    target = jnp.float32(1.0)
+    cycle_len, fail_offset, restore_offset = 20, 12, 18
+    recoveries: list[float] = []
+    floors: list[float] = []
+    marks: dict[str, float] = {}
+    done_cycles: set[int] = set()
+
+    def step_fn(st, step, mesh):
+        cycle, offset = divmod(step, cycle_len)
+        if cycle < args.cycles and offset == fail_offset and cycle not in done_cycles:
+            done_cycles.add(cycle)
+            loop.prepared.wait()
+            pw.fail_slice(1)
+        if cycle < args.cycles and offset == restore_offset and mesh.shape["data"] == 1:
+            pw.restore_slice(1)
+        out = {"tables": st["tables"], "head": update_head(st["tables"], st["head"], target)}
+        if mesh.shape["data"] == 1 and "down" in marks:
+            jax.block_until_ready(out)
+            recoveries.append(time.perf_counter() - marks.pop("down"))
+            floors.append(floor_now(mesh))
+        return out
+
+    def floor_now(mesh) -> float:
+        """One device_put of the snapshot the loop restored, onto the same reduced mesh."""
+        snap = snapshots.store().latest("elastic:bench")
+        shardings = [sh for sh in snapshots.shardings_for(snap, mesh) if sh is not None]
+        hosts = [leaf.host for leaf in snap.leaves if leaf.on_device]
+        start = time.perf_counter()
+        placed = jax.device_put(hosts, shardings)
+        jax.block_until_ready(placed)
+        elapsed = time.perf_counter() - start
+        del placed
+        return elapsed
+
+    def on_event(event):
+        if event.kind == "slice_down":
+            marks["down"] = time.perf_counter()
+
+    loop = pw.elastic(
+        step_fn,
+        snapshot_every=5,
+        name="bench",
+        # Compile the step for the one-slice mesh ahead of a loss.
+        prepare=lambda m: update_head.lower(
+            pw.elastic.abstract(state["tables"], m), pw.elastic.abstract(state["head"], m), target
+        ).compile(),
+    )
+    unsubscribe = session.events.subscribe(on_event)
+    try:
+        final = loop(state, steps=args.cycles * cycle_len)
+    finally:
+        unsubscribe()
+    del state, final
+    snap = snapshots.store().latest("elastic:bench")
+    ratios = [r / f for r, f in zip(recoveries, floors)]
+
+    # Snapshot D2H throughput vs numpy copying the same bytes (both into fresh memory).
+    on_device = snapshots.restore(snap, session.mesh())
+    jax.block_until_ready(on_device)
+    snap_times, copy_times = [], []
+    for _ in range(args.reps):
+        start = time.perf_counter()
+        taken = snapshots.take(on_device, "bench-throughput").wait()
+        snap_times.append(time.perf_counter() - start)
+        host = [leaf.host for leaf in taken.leaves if leaf.on_device]
+        del taken
+        start = time.perf_counter()
+        copies = [h.copy() for h in host]
+        copy_times.append(time.perf_counter() - start)
+        del copies, host
+    snap_s, copy_s = statistics.median(snap_times), statistics.median(copy_times)
+
+    report = loop.last_run
+    gib = nbytes / (1 << 30)
+    ms = lambda xs: ", ".join(f"{x * 1000:.0f}" for x in xs)  # noqa: E731
+    print(f"state                {gib:.2f} GiB in {len(snap.leaves)} arrays on local:2x4")
+    print(f"run                  {report.summary()}")
+    print(f"recovery             {ms(recoveries)} ms (slice_down -> first step done on 1 slice, per cycle)")
+    print(f"floor                {ms(floors)} ms (device_put of the same snapshot onto 1 slice, per cycle)")
+    print(f"snapshot D2H         {gib / snap_s:.2f} GiB/s (median {snap_s * 1000:.0f} ms; runs {ms(snap_times)})")
+    print(f"numpy copy           {gib / copy_s:.2f} GiB/s (median {copy_s * 1000:.0f} ms; runs {ms(copy_times)})")
+    print(f"recovery/floor                {statistics.median(ratios):.2f}  (median of {len(ratios)} cycles; goal <= 1.5)")
+    print(f"snapshot/numpy throughput     {copy_s / snap_s:.2f}  (goal >= 0.7)")
+
+
+if __name__ == "__main__":
+    main()
