@@ -35,7 +35,8 @@ def reconnect(timeout: float | None = None) -> Session:
     if isinstance(old, SharedServiceBackend):
         return connect_shared_service(old.request, timeout=timeout if timeout is not None else old.timeout)
     if isinstance(old, ProxyBackend):
-        new = backends.from_spec(old.spec, timeout=timeout if timeout is not None else old.timeout, insecure=old.insecure)
+        timeout = old.timeout if timeout is None else timeout
+        new = backends.from_spec(old.spec, timeout=timeout, insecure=old.insecure)
     else:
         new = backends.from_spec(old.spec)
     # Check first: with JAX's clients cleared, the next JAX call would make a

@@ -191,7 +191,9 @@ def _resolve(target: Target, seconds: float, fail) -> list[tuple]:
     try:
         infos = _within(seconds, lambda: socket.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM))
     except TimeoutError:
-        raise fail("dns", f"resolving '{target.host}' took longer than the timeout", "Check the host name and your DNS, or raise --timeout") from None
+        raise fail(
+            "dns", f"resolving '{target.host}' took longer than the timeout", "Check the host name and DNS, or raise --timeout"
+        ) from None
     except socket.gaierror as exc:
         raise fail(
             "dns",
@@ -220,7 +222,9 @@ def _connect(target: Target, addresses: list[tuple], deadline: float, fail) -> t
         except OSError as exc:
             unreachable = exc.strerror or str(exc)
         sock.close()
-    if refused is not None and unreachable is None:
+    # On a dual-stack name one family may be unreachable while the other
+    # refuses: "refused" is the one that says what to fix.
+    if refused is not None:
         raise fail(
             "connect",
             f"connection refused at {target.authority}: nothing listens there",
@@ -308,7 +312,9 @@ def _check_grpc(target: Target, left: Callable[[], float], fail) -> None:
                     f"Point at the proxy's port ({PROXY_PORT} on the proxy pod), not another service",
                 ) from None
             if code == grpc.StatusCode.UNAUTHENTICATED:
-                raise fail("credentials", f"the proxy refused the credentials ({exc.details()})", "Drop --insecure to use ALTS") from None
+                raise fail(
+                    "credentials", f"the proxy refused the credentials ({exc.details()})", "Drop --insecure to use ALTS"
+                ) from None
             if code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
                 raise fail(
                     "proxy",

@@ -64,7 +64,9 @@ class ServiceRequest:
             raise SpecError(f"bad --count {self.count}: ask for at least 1 slice")
         host, _, port = self.service.rpartition(":")
         if not host or not port.isdigit():
-            raise SpecError(f"bad --service '{self.service}': expected HOST:PORT of the Pathways head, e.g. pathways-head:29001")
+            raise SpecError(
+                f"bad --service '{self.service}': expected HOST:PORT of the Pathways head, e.g. pathways-head:29001"
+            )
 
     @property
     def spec(self) -> str:
