@@ -45,6 +45,7 @@ from pathways_kernel.sidecar import (
     colocated_mesh,
     failure,
     nbytes,
+    slice_lost,
     timed_out,
 )
 
@@ -150,8 +151,8 @@ class Pending:
 
     The worker that finishes a step's last block assembles the global batch,
     so the training loop's thread only picks it up. ``joined`` resolves to
-    ``(batch, {slice: (bytes, busy_s)})`` or to the ``SidecarError`` of the
-    lowest-numbered slice that failed.
+    ``(batch, {slice: (bytes, busy_s)})`` or to the error of the
+    lowest-numbered slice that failed (see ``sidecar.failure``).
     """
 
     def __init__(self, blocks: dict[int, Future], layout: Layout, name: str):
@@ -257,6 +258,7 @@ class Loader:
         start: int = 0,
         timeout: float = DEFAULT_TIMEOUT_S,
         name: str | None = None,
+        follow_elastic: bool = True,
     ):
         from jax.experimental.colocated_python import colocated_python
 
@@ -286,7 +288,7 @@ class Loader:
         # Weak references only: a loader the notebook drops is collected, and closes.
         ref = weakref.ref(self)
         self._unwatch = activity(self._session).watch_queue(self.name, lambda: _state_of(ref))
-        self._unhook = _follow_elastic(self)
+        self._unhook = _follow_elastic(self) if follow_elastic else None
         self._closed = False
         self._session.events.emit(
             "sidecar",
@@ -336,8 +338,9 @@ class Loader:
             exc = timed_out(self.name, hung, self.timeout)
             self._failed(pending.blocks, exc)
             raise exc from None
-        except SidecarError as exc:
-            self._failed(pending.blocks, exc)
+        except Exception as exc:
+            if isinstance(exc, SidecarError) or slice_lost(exc):
+                self._failed(pending.blocks, exc)
             raise
         log = activity(self._session)
         for index, (size, busy) in sizes.items():
@@ -458,7 +461,7 @@ class Loader:
             pending.cancel()
         self._pending.clear()
 
-    def _failed(self, futures: dict[int, Future], exc: SidecarError) -> None:
+    def _failed(self, futures: dict[int, Future], exc: BaseException) -> None:
         log = activity(self._session)
         timeout = isinstance(exc, SidecarTimeout)
         for index, future in futures.items():
@@ -523,6 +526,7 @@ def loader(
     start: int = 0,
     timeout: float | None = None,
     name: str | None = None,
+    follow_elastic: bool = True,
 ) -> Loader:
     """Globally sharded batches, each slice's block produced by a sidecar colocated with it.
 
@@ -538,8 +542,13 @@ def loader(
       start: the first step ``next()`` returns.
       timeout: seconds a slice's sidecar may take for one block (default 60).
       name: shown in events and stats (default: ``make_batches.__name__``).
+      follow_elastic: follow every elastic reshard or rollback
+        (``elastic.on_restore``) until closed; ``batch(step, mesh)`` follows
+        the mesh it is given either way.
 
     Raises:
       MeshError: the mesh/spec does not split batches into per-slice blocks.
     """
-    return Loader(make_batches, mesh, spec, prefetch, start, DEFAULT_TIMEOUT_S if timeout is None else timeout, name)
+    return Loader(
+        make_batches, mesh, spec, prefetch, start, DEFAULT_TIMEOUT_S if timeout is None else timeout, name, follow_elastic
+    )

@@ -283,9 +283,25 @@ def _stop_workers() -> None:
         worker._thread.join(max(0.0, deadline - time.monotonic()))
 
 
-def failure(name: str, slice_index: int, exc: BaseException) -> SidecarError:
-    """The one-line error for a sidecar ``name`` that raised ``exc`` on ``slice_index``."""
+def failure(name: str, slice_index: int, exc: BaseException) -> BaseException:
+    """What to raise for a sidecar ``name`` that raised ``exc`` on ``slice_index``.
+
+    A lost slice is not a bug in the sidecar: its ``JaxRuntimeError``
+    (``DATA_LOSS`` and the like) is passed through unchanged, so that an
+    elastic loop recognises it and recovers. Anything else becomes a one-line
+    ``SidecarError`` naming the slice.
+    """
+    if slice_lost(exc):
+        return exc
     return SidecarError(f"sidecar '{name}' failed on slice {slice_index}: {one_line(exc)}")
+
+
+def slice_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` is the runtime reporting a lost slice (pathwaysutils' classification)."""
+    import jax
+    from pathwaysutils.elastic.elastic import is_error_due_to_slice_down
+
+    return isinstance(exc, jax.errors.JaxRuntimeError) and is_error_due_to_slice_down(exc)
 
 
 def timed_out(name: str, slice_index: int, timeout: float) -> SidecarTimeout:
@@ -312,7 +328,10 @@ def wait(futures: dict[int, Future], name: str, timeout: float) -> dict[int, Any
         except SidecarError:
             raise
         except Exception as exc:
-            raise failure(name, index, exc) from exc
+            error = failure(name, index, exc)
+            if error is exc:
+                raise
+            raise error from exc
     return results
 
 
@@ -469,9 +488,10 @@ class Sidecar:
         log = activity()
         try:
             results = wait(futures, self.name, self.timeout)
-        except SidecarError as exc:
-            timeout = isinstance(exc, SidecarTimeout)
-            if timeout:
+        except Exception as exc:
+            if not (isinstance(exc, SidecarError) or slice_lost(exc)):
+                raise
+            if isinstance(exc, SidecarTimeout):
                 self._abandon()
             for index, future in futures.items():
                 if not future.done():
@@ -481,7 +501,7 @@ class Sidecar:
                 else:
                     tree, busy = future.result()
                     log.record(index, nbytes(tree), busy)
-            session().events.emit("sidecar", duration_s=time.perf_counter() - started, detail=str(exc))
+            session().events.emit("sidecar", duration_s=time.perf_counter() - started, detail=one_line(exc) if slice_lost(exc) else str(exc))
             raise
         total = 0
         for index, (tree, busy) in results.items():

@@ -167,5 +167,8 @@ def test_notebook_feeds_a_training_loop_from_per_slice_loaders():
         for out in cell.outputs
     )
     assert "every sample exactly once: True" in text
+    assert "committed steps saw every sample exactly once: True" in text
+    assert "1 recoveries" in text and "1 scale-ups" in text
+    assert "replay from step 10 on 1 shards" in text
     assert "batch sharded over slices [0, 1]" in text
     assert "sidecar calls" in text
