@@ -113,9 +113,15 @@ def test_failure_and_repair_replays_exactly_the_fault_free_samples(session):
     assert "loader samples: replay from step 8 on 2 shards" in details
 
 
-def test_elastic_loop_with_a_lost_and_restored_slice_commits_the_fault_free_samples(session):
-    """The elastic loop rolls back to a snapshot on slice 0 alone, then scales up; the loader follows."""
-    batches = pw.loader(samples, spec=P("data"), prefetch=2)
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_elastic_loop_with_a_lost_and_restored_slice_commits_the_fault_free_samples(session, prefetch):
+    """The elastic loop rolls back to a snapshot on slice 0 alone, then scales up; the loader follows.
+
+    With prefetch 0 the lost step's block is produced after the loss, so the
+    sidecar itself meets DATA_LOSS: it must reach the loop as the runtime's
+    error, which the loop recognises, not as a SidecarError.
+    """
+    batches = pw.loader(samples, spec=P("data"), prefetch=prefetch)
     consumed = {}
     chaos = {5: "down", 9: "up"}
 
