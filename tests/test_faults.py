@@ -143,6 +143,43 @@ def test_chaos_in_the_kernel_follows_its_seeded_schedule(lost):
     lost.run("pw.restore_slice(0); pw.restore_slice(1); pw.fail_slice(1)")
 
 
+STRESS = """
+import threading, time
+def expected(exc):
+    return isinstance(exc, pw.PathwaysError) or (isinstance(exc, jax.errors.JaxRuntimeError) and is_error_due_to_slice_down(exc, log_traceback=False))
+latest, stop, reads = {}, threading.Event(), [0]
+def reader():
+    while not stop.is_set():
+        try:
+            x = latest.get("w")
+            if x is not None:
+                [np.asarray(s.data) for s in x.addressable_shards]; jax.device_get(x); reads[0] += 1
+        except Exception as exc:
+            if not expected(exc): raise
+thread = threading.Thread(target=reader); thread.start()
+pw.chaos(0.02, 0.02, seed=3)
+steps, end = 0, time.time() + 3
+while time.time() < end:
+    try:
+        w = jax.device_put(np.ones((128, 128), np.float32), NamedSharding(pw.mesh(), P("data", "model")))
+        for _ in range(3):
+            w = double(w); latest["w"] = w
+        float(w.sum()); pw.snapshot({"w": w}, name="stress"); steps += 1
+    except Exception as exc:
+        if not expected(exc): raise
+status = pw.chaos_off(); stop.set(); thread.join()
+print(status.applied >= 20, reads[0] > 0)
+"""
+
+
+def test_chaos_while_threads_read_arrays_keeps_the_kernel_alive(lost):
+    # Swapping buffers under a host read in flight used to abort the process.
+    reply = lost.run(STRESS, timeout=120)
+    assert reply.status == "ok", reply.error
+    assert "True True" in reply.text.splitlines()
+    lost.run("pw.restore_slice(0); pw.restore_slice(1); pw.fail_slice(1)")
+
+
 # -- without a kernel ---------------------------------------------------------
 def test_chaos_schedule_is_deterministic_for_a_seed():
     first = list(itertools.islice(chaosmonkey.schedule([0, 1, 2], 10.0, 2.0, seed=5), 200))
