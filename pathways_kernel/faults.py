@@ -257,19 +257,6 @@ def _lose_results(results: Any, what: str) -> None:
                 _make_lost(result, placed_on_lost_message(slice_index, what))
 
 
-def _holds_data_loss(array: Any) -> bool:
-    """Whether a finished ``array`` already holds a DATA_LOSS error (no waiting)."""
-    import jax
-
-    if not array.is_ready():
-        return False
-    try:
-        array.block_until_ready()
-    except jax.errors.JaxRuntimeError as exc:
-        return "DATA_LOSS" in str(exc)
-    return False
-
-
 def _check_readable(value: Any) -> None:
     """Raise DATA_LOSS now if ``value`` is a ready array holding lost data."""
     from jaxlib import _jax
@@ -393,7 +380,7 @@ class FaultInjector:
             _clear_dispatch_caches()
             lost = [
                 array for array in jax.live_arrays()
-                if not array.is_deleted() and not devices.isdisjoint(_array_devices(array)) and not _holds_data_loss(array)
+                if not array.is_deleted() and not devices.isdisjoint(_array_devices(array)) and not is_lost(array, wait=False)
             ]
             count, nbytes = len(lost), sum(array.nbytes for array in lost)
             _make_lost_when_unread(lost, lost_array_message(index))
@@ -514,14 +501,17 @@ def restore_slice(index: int) -> FaultReport:
     return injector().restore(index)
 
 
-def is_lost(array: Any) -> bool:
+def is_lost(array: Any, wait: bool = True) -> bool:
     """Whether reading ``array`` raises ``DATA_LOSS`` (it had a shard on a lost slice).
 
-    Waits for a pending computation to finish: its result may be lost too.
+    With ``wait`` (the default), a pending computation is waited for: its
+    result may be lost too; without, a pending array counts as not lost.
     """
     import jax
 
     if not isinstance(array, jax.Array) or isinstance(array, jax.core.Tracer) or array.is_deleted():
+        return False
+    if not wait and not array.is_ready():
         return False
     try:
         array.block_until_ready()

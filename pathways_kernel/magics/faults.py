@@ -35,7 +35,7 @@ def restore(shell: Any, args: Any, cell: str | None):
 @argument("--min-up", type=int, default=1, help="slices that always stay up (default 1)")
 @argument("--off", action="store_true", help="stop chaos; slices stay as they are")
 def chaos(shell: Any, args: Any, cell: str | None):
-    """Random slice failures and repairs on a seeded schedule (local backend; off by default; no options: status)."""
+    """Random slice failures and repairs from a seeded schedule (local backend; off by default)."""
     if args.off:
         return api.chaos_off()
     if args.mtbf is None and args.mttr is None:
