@@ -2,8 +2,9 @@
 
 Layout under a prefix (``gs://BUCKET/PREFIX`` or a directory)::
 
-    PREFIX/ID/manifest.json            written last, only if absent
-    PREFIX/ID/data.TOKEN/LLLL.CCCC     leaf L, chunk C: raw bytes, <= 8 MiB
+    PREFIX/ID/manifest.json                 written last, only if absent
+    PREFIX/ID/data.TOKEN/LLLL/zarr.json     leaf L: its bytes as a 1-D uint8 zarr3 array,
+    PREFIX/ID/data.TOKEN/LLLL/c/N           8 MiB per chunk object, each with a CRC32C
 
 A snapshot exists once its manifest does. The manifest (checksums, sizes,
 dtypes, shapes, PartitionSpecs, object generations) is written last with
@@ -14,11 +15,14 @@ overwritten one. Data objects carry a per-upload token so that two uploads of
 the same id cannot touch each other's bytes; the loser of the manifest race
 is refused as a duplicate.
 
-Bulk bytes go through tensorstore's kvstore (its C++ threads do not hold the
-GIL; see shared/NOTES.md); manifests and listings through
-google-cloud-storage. Restore reads the manifest, checks that the data fits
-in host memory, reads and verifies every chunk (CRC32C), and hands a host
-``Snapshot`` to ``snapshots.restore`` for the mesh.
+Bulk bytes go through tensorstore (zarr3 arrays written straight from the
+host arrays by its C++ threads, which do not hold the GIL; see
+shared/NOTES.md); manifests and listings through google-cloud-storage. The
+manifest records every data object's size, CRC32C and generation as the
+server reported them after the upload. Restore reads the manifest, checks
+that the data fits in host memory and that every object is still there and
+unchanged, reads the chunks (tensorstore verifies each chunk's own CRC32C)
+and hands a host ``Snapshot`` to ``snapshots.restore`` for the mesh.
 
 Pointing at an emulator: ``STORAGE_EMULATOR_HOST=http://HOST:PORT`` is enough;
 the tensorstore and gcsfs settings are derived from it (``emulator_env``).
@@ -26,7 +30,6 @@ the tensorstore and gcsfs settings are derived from it (``emulator_env``).
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import json
 import os
@@ -46,11 +49,11 @@ from pathways_kernel.transfers import Transfer
 
 FORMAT = "pathways-snapshot/1"
 MANIFEST = "manifest.json"
-#: Size of each data object; small enough that copying one into ``bytes``
-#: holds the GIL for ~1 ms, large enough for full-speed uploads.
+#: Size of each data object: large enough for full-speed uploads, small
+#: enough for a smooth progress bar and cheap retries.
 CHUNK_BYTES = 8 << 20
-#: Chunks in flight at once (bounds the extra host memory of an upload).
-WINDOW = 16
+#: Requests in flight at once.
+CONCURRENCY = 16
 #: Seconds of retries before an unreachable server is reported (env override).
 RETRY_ENV = "PATHWAYS_STORAGE_RETRY_S"
 DEFAULT_RETRY_S = 60.0
@@ -366,16 +369,15 @@ def objects_for(location: Location) -> _Objects:
     return _Gcs(location.bucket) if location.scheme == "gs" else _Local()
 
 
-def _kvstore(objects: _Objects, location: Location):
+def _context() -> Any:
     import tensorstore as ts
 
     retries = retry_seconds()
-    context = ts.Context({
+    return ts.Context({
         # ~retries seconds of exponential backoff, capped at 2 s per wait.
         "gcs_request_retries": {"max_retries": max(1, int(retries / 2) + 3), "initial_delay": "0.1s", "max_delay": "2s"},
-        "gcs_request_concurrency": {"limit": WINDOW},
+        "gcs_request_concurrency": {"limit": CONCURRENCY},
     })
-    return ts.KvStore.open(objects.kvstore(location), context=context).result()
 
 
 # -- manifests ----------------------------------------------------------------
@@ -437,12 +439,6 @@ def _tree_from_keys(keys: list[list[list[Any]]], values: list[Any]) -> Any:
             else:
                 node = node.setdefault(k, child)
     return root
-
-
-def _crc32c(data: bytes) -> str:
-    import google_crc32c
-
-    return base64.b64encode(google_crc32c.value(data).to_bytes(4, "big")).decode()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -591,7 +587,7 @@ def _persist(transfer: Transfer, snapshot: Any, location: Location, snapshot_id:
         token = secrets.token_hex(8)
         data_dir = f"data.{token}"
         paths = _leaf_key_paths(snapshot)
-        kv = _kvstore(objects, target)
+        context = _context()
         leaves, pending = [], []
         for index, leaf in enumerate(snapshot.leaves):
             array, value = _leaf_array(leaf)
@@ -599,29 +595,35 @@ def _persist(transfer: Transfer, snapshot: Any, location: Location, snapshot_id:
                 "path": leaf.path, "keys": paths[index], "on_device": bool(getattr(leaf, "on_device", True)),
                 "spec": _spec_to_json(leaf.spec), "mesh_axes": [list(a) for a in leaf.mesh_axes],
             }
+            leaves.append(entry)
             if array is None:
-                entry.update(value=value, shape=None, dtype=None, nbytes=0, objects=[])
-                leaves.append(entry)
+                entry.update(value=value, shape=None, dtype=None, nbytes=0, array=None, objects=[])
                 continue
             flat = array.reshape(-1).view(np.uint8)
             entry.update(shape=list(array.shape), dtype=array.dtype.name, nbytes=int(flat.size), objects=[])
-            for chunk, start in enumerate(range(0, flat.size, CHUNK_BYTES)):
-                data = flat[start:start + CHUNK_BYTES].tobytes()
-                name = f"{data_dir}/{index:04d}.{chunk:04d}"
-                entry["objects"].append({"name": name, "size": len(data), "crc32c": _crc32c(data)})
-                pending.append((kv.write(name, data), len(data)))
-                if len(pending) >= WINDOW:
-                    _drain(pending, transfer, keep=WINDOW // 2)
-            leaves.append(entry)
-        _drain(pending, transfer, keep=0)
-        # What the server stored, checked against what we sent, before anything refers to it.
-        stored = objects.list(target.key(data_dir) + "/")
+            if not flat.size:
+                entry["array"] = None
+                continue
+            entry["array"] = f"{data_dir}/{index:04d}"
+            stored = _open_array(objects, target, entry["array"], flat.size, context, create=True)
+            # One write per chunk: tensorstore copies and uploads from its own threads, without the GIL.
+            for start in range(0, flat.size, CHUNK_BYTES):
+                end = min(start + CHUNK_BYTES, flat.size)
+                pending.append((stored[start:end].write(flat[start:end]), end - start))
+        for future, size in pending:
+            future.result()
+            transfer.advance(size)
+        # What the server holds now is what the manifest will promise: names, sizes, CRC32Cs, generations.
+        listed = objects.list(target.key(data_dir) + "/")
+        prefix = target.key("")
         for entry in leaves:
-            for obj in entry["objects"]:
-                meta = stored.get(target.key(obj["name"]))
-                if meta is None or meta["size"] != obj["size"] or (meta["crc32c"] and meta["crc32c"] != obj["crc32c"]):
-                    raise StorageError(f"persist {target.url} failed: object {obj['name']} did not arrive intact; retry")
-                obj["generation"] = meta["generation"]
+            if entry["array"]:
+                entry["objects"] = [
+                    {"name": name[len(prefix):], **meta} for name, meta in sorted(listed.items())
+                    if name[len(prefix):].startswith(entry["array"] + "/")
+                ]
+                if len(entry["objects"]) < 2:  # zarr.json and at least one chunk
+                    raise StorageError(f"persist {target.url} failed: the data of {entry['path']} did not arrive; retry")
         manifest = {
             "format": FORMAT, "id": snapshot_id, "token": token, "name": snapshot.name, "step": snapshot.step,
             "created": snapshot.created, "committed": time.time(), "nbytes": int(snapshot.nbytes),
@@ -648,11 +650,22 @@ def _persist(transfer: Transfer, snapshot: Any, location: Location, snapshot_id:
         transfer.checked()
 
 
-def _drain(pending: list, transfer: Transfer, keep: int) -> None:
-    while len(pending) > keep:
-        future, size = pending.pop(0)
-        future.result()
-        transfer.advance(size)
+def _open_array(objects: _Objects, target: Location, key: str, nbytes: int, context: Any, create: bool) -> Any:
+    """One leaf's bytes as a 1-D uint8 zarr3 array: CHUNK_BYTES per object, each with a CRC32C."""
+    import tensorstore as ts
+
+    kvstore = objects.kvstore(target)
+    spec: dict[str, Any] = {"driver": "zarr3", "kvstore": {**kvstore, "path": kvstore["path"] + key + "/"}}
+    if create:
+        spec.update(create=True, metadata={
+            "shape": [nbytes], "data_type": "uint8", "fill_value": 0,
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [min(CHUNK_BYTES, nbytes)]}},
+            # Tensorstore checks each chunk's CRC32C when it reads it back.
+            "codecs": [{"name": "bytes"}, {"name": "crc32c"}],
+        })
+    else:
+        spec["open"] = True
+    return ts.open(spec, context=context).result()
 
 
 def _leaf_key_paths(snapshot: Any) -> list[list[list[Any]]]:
@@ -769,41 +782,45 @@ def load(url: str, events: Any = None, memory_limit: int | None = None, like: An
 
 
 def _download(transfer: Transfer, objects: _Objects, target: Location, manifest: dict[str, Any], treedef: Any) -> Any:
+    import jax
     import jax.numpy as jnp
 
     from pathways_kernel.snapshots import Snapshot
 
     transfer.checked()
     try:
-        kv = _kvstore(objects, target)
-        values, specs, keys = [], [], []
-        pending: list[tuple[Any, dict[str, Any], np.ndarray, int]] = []
-        for entry in manifest["leaves"]:
-            keys.append(entry["keys"])
-            specs.append(_spec_from_json(entry["spec"]))
+        _verify_objects(objects, target, manifest)
+        context = _context()
+        values: list[Any] = []
+        pending = []
+        for index, entry in enumerate(manifest["leaves"]):
             if entry["dtype"] is None:
                 values.append(entry["value"])
                 continue
-            array = np.empty(tuple(entry["shape"]), np.dtype(jnp.dtype(entry["dtype"])))
-            flat = array.reshape(-1).view(np.uint8)
-            offset = 0
-            for obj in entry["objects"]:
-                pending.append((kv.read(obj["name"]), obj, flat, offset))
-                offset += obj["size"]
-                if len(pending) >= WINDOW:
-                    _drain_reads(pending, transfer, target, keep=WINDOW // 2)
-            if offset != flat.size:
-                raise StorageError(f"snapshot {target.url} is damaged: leaf {entry['path']} has {offset} of {flat.size} bytes")
-            values.append(array)
-        _drain_reads(pending, transfer, target, keep=0)
+            dtype = np.dtype(jnp.dtype(entry["dtype"]))
+            if not entry["array"]:
+                values.append(np.zeros(entry["shape"], dtype))
+                continue
+            stored = _open_array(objects, target, entry["array"], entry["nbytes"], context, create=False)
+            if stored.shape != (entry["nbytes"],):
+                raise StorageError(f"snapshot {target.url} is damaged: {entry['path']} holds {stored.shape[0]} of {entry['nbytes']} bytes")
+            pending.append((index, stored.read(), dtype))
+            values.append(None)
+        for index, future, dtype in pending:
+            entry = manifest["leaves"][index]
+            values[index] = future.result().view(dtype).reshape(entry["shape"])
+            transfer.advance(entry["nbytes"])
     except StorageError:
         raise
+    except ValueError as exc:
+        if "digest mismatch" in str(exc).lower():
+            raise StorageError(f"snapshot {target.url} is damaged: a chunk fails its CRC32C check") from exc
+        raise storage_error(exc, "restore", target) from exc
     except Exception as exc:
         raise storage_error(exc, "restore", target) from exc
-    import jax
-
+    specs = [_spec_from_json(e["spec"]) for e in manifest["leaves"]]
     if treedef is None:
-        tree = _tree_from_keys(keys, list(range(len(values))))
+        tree = _tree_from_keys([e["keys"] for e in manifest["leaves"]], list(range(len(values))))
         treedef = jax.tree_util.tree_structure(tree)
         order = jax.tree_util.tree_leaves(tree)  # manifest leaf index, in the rebuilt tree's order
     else:
@@ -820,17 +837,20 @@ def _download(transfer: Transfer, objects: _Objects, target: Location, manifest:
     return snap
 
 
-def _drain_reads(pending: list, transfer: Transfer, target: Location, keep: int) -> None:
-    while len(pending) > keep:
-        future, obj, flat, offset = pending.pop(0)
-        result = future.result()
-        if result.state != "value":
-            raise StorageError(f"snapshot {target.url} is damaged: object {obj['name']} is missing")
-        data = result.value
-        if len(data) != obj["size"] or _crc32c(data) != obj["crc32c"]:
-            raise StorageError(f"snapshot {target.url} is damaged: object {obj['name']} fails its CRC32C check")
-        flat[offset:offset + len(data)] = np.frombuffer(data, np.uint8)
-        transfer.advance(len(data))
+def _verify_objects(objects: _Objects, target: Location, manifest: dict[str, Any]) -> None:
+    """Every object the manifest names is there, unchanged since the commit."""
+    listed = objects.list(target.key(f"data.{manifest['token']}") + "/")
+    for entry in manifest["leaves"]:
+        for obj in entry["objects"]:
+            meta = listed.get(target.key(obj["name"]))
+            if meta is None:
+                raise StorageError(f"snapshot {target.url} is damaged: object {obj['name']} is missing")
+            for field in ("size", "crc32c", "generation"):
+                if obj.get(field) is not None and meta[field] != obj[field]:
+                    raise StorageError(
+                        f"snapshot {target.url} is damaged: object {obj['name']} changed since the commit ({field}); "
+                        "restore another snapshot"
+                    )
 
 
 def restore(source: Any, mesh: Any = None, *, like: Any = None, events: Any = None) -> Any:

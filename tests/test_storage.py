@@ -93,7 +93,7 @@ def test_persist_list_restore_bit_exact(gcs_server):
 
     manifest = listed[0].manifest
     objects = [o for leaf in manifest["leaves"] for o in leaf["objects"]]
-    assert objects and all(o["crc32c"] and o["generation"] for o in objects)
+    assert objects and all(o["crc32c"] and o["generation"] and o["size"] for o in objects)
     assert {leaf["dtype"] for leaf in manifest["leaves"]} >= {"float32", "int8", "bfloat16"}
 
     for source in (info.url, url):  # a snapshot, or a prefix (its newest)
@@ -150,12 +150,24 @@ def test_racing_uploads_of_one_id_commit_exactly_one(gcs_server):
 def test_corrupted_object_is_detected_on_restore(gcs_server):
     url = gcs_server.make_bucket("corrupt") + "/p"
     info = persist(host_snapshot(30), url, "victim")
-    name = info.manifest["leaves"][-1]["objects"][0]["name"]
+    name = next(o["name"] for leaf in info.manifest["leaves"] for o in leaf["objects"] if "/c/" in o["name"])
     blob = gcs_server.client().bucket("corrupt").blob(f"p/victim/{name}")
     data = bytearray(blob.download_as_bytes())
     data[0] ^= 0xFF
     blob.upload_from_string(bytes(data))
-    with pytest.raises(StorageError, match="damaged.*CRC32C"):
+    with pytest.raises(StorageError, match=f"damaged: object {name} changed since the commit"):
+        load(info.url)
+
+
+def test_corrupted_local_chunk_fails_its_crc32c(tmp_path):
+    """Locally there are no server checksums or generations: the chunk's own CRC32C catches it."""
+    info = persist(host_snapshot(31), str(tmp_path), "victim")
+    name = next(o["name"] for leaf in info.manifest["leaves"] for o in leaf["objects"] if "/c/" in o["name"])
+    chunk = tmp_path / "victim" / name
+    data = bytearray(chunk.read_bytes())
+    data[0] ^= 0xFF
+    chunk.write_bytes(bytes(data))
+    with pytest.raises(StorageError, match="damaged: a chunk fails its CRC32C check"):
         load(info.url)
 
 
