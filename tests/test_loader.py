@@ -31,15 +31,8 @@ def samples(step, shard, num_shards):
 
 
 @pytest.fixture
-def session():
-    s = pw.session()
-    if s.backend.spec != "local:2x4":
-        s = pw.connect("local:2x4", force=True)
-    for sl in s.topology.down_slices:
-        restore_slice(sl.index)
-    yield s
-    for sl in s.topology.down_slices:
-        restore_slice(sl.index)
+def session(local_session):
+    return local_session
 
 
 def slice_devices(s, index):

@@ -22,16 +22,9 @@ from pathways_kernel.sidecar import stats
 NOTEBOOK = Path(__file__).parent.parent / "notebooks" / "sidecar.ipynb"
 
 
-@pytest.fixture(scope="module")
-def session():
-    s = pw.session()
-    if s.backend.spec != "local:2x4":
-        s = pw.connect("local:2x4", force=True)
-    for sl in s.topology.down_slices:
-        restore_slice(sl.index)
-    yield s
-    for sl in s.topology.down_slices:
-        restore_slice(sl.index)
+@pytest.fixture
+def session(local_session):
+    return local_session
 
 
 def test_runs_on_every_slice_and_returns_arrays_on_that_slice(session):
