@@ -105,6 +105,8 @@ class Lab:
             f"--ServerApp.root_dir={root}",
             "--LabApp.news_url=None",
             f"--LabApp.app_settings_dir={settings}",
+            # window.jupyterapp: tests run commands and read state like a user's clicks would.
+            "--LabApp.expose_app_in_browser=True",
         ]
         if os.geteuid() == 0:
             argv.append("--allow-root")
@@ -136,7 +138,8 @@ class Lab:
             return json.loads(r.read())
 
     def log_text(self) -> str:
-        self.log.flush()
+        if not self.log.closed:
+            self.log.flush()
         return (self.root / ".lab" / "server.log").read_text(errors="replace")
 
     def stop(self) -> None:

@@ -1,0 +1,143 @@
+"""The Pathways panel in a real JupyterLab, driven through Debian's Chromium.
+
+One JupyterLab server per module (see lab.py); each test opens its own page.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+import lab as labtools
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(labtools.missing() is not None, reason=labtools.missing() or ""),
+]
+
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+PANEL = "#pathways-monitor"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lab")
+    labtools.notebook(root / "monitor.ipynb", ["import jax.numpy as jnp\nx = jnp.ones((8, 256))\nprint('cell ran', x.shape)"])
+    labtools.notebook(root / "plain.ipynb", ["print('plain python')"], kernel="python3")
+    lab = labtools.Lab(root)
+    yield lab
+    lab.stop()
+
+
+@pytest.fixture(scope="module")
+def context(server, tmp_path_factory):
+    with labtools.browser(tmp_path_factory.mktemp("chromium")) as ctx:
+        yield ctx
+
+
+@pytest.fixture
+def page(context):
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    yield page
+    page.close()
+
+
+def open_notebook(page, server, name: str) -> None:
+    page.goto(server.url(name))
+    page.locator(".jp-Notebook .jp-Cell").first.wait_for()
+    # The kernel is up once the toolbar's status says idle.
+    page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(timeout=90_000)
+
+
+def run_first_cell(page, expect: str) -> None:
+    page.locator(".jp-Notebook .jp-Cell .jp-InputArea-editor").first.click()
+    page.keyboard.press("Shift+Enter")
+    page.locator(".jp-OutputArea-output", has_text=expect).first.wait_for(timeout=90_000)
+
+
+def open_monitor(page, palette: bool = False) -> None:
+    """Run "Pathways: Open Monitor": typed into the command palette, or through the app's command registry."""
+    if palette:
+        # The modal palette closes on blur: the notebook must hold the focus first.
+        page.locator(".jp-Notebook .jp-InputArea-editor").first.click()
+        page.keyboard.press("Control+Shift+c")
+        page.locator(".lm-CommandPalette-input").fill("Pathways: Open Monitor")
+        page.locator(".lm-CommandPalette-item[data-command='pathways:open-monitor']").click()
+    else:
+        page.evaluate("window.jupyterapp.commands.execute('pathways:open-monitor')")
+    page.locator(PANEL).wait_for(state="visible")
+
+
+def test_panel_shows_slices_and_a_failed_slice_live(page, server):
+    open_notebook(page, server, "monitor.ipynb")
+    page.locator(f"{PANEL}[data-state='live']").wait_for(state="attached", timeout=60_000)
+    run_first_cell(page, "cell ran (8, 256)")
+    open_monitor(page, palette=True)
+
+    canvas = page.locator(f"{PANEL} canvas.jp-PathwaysPanel-canvas[data-slices='2'][data-chips='8']")
+    canvas.wait_for(timeout=30_000)
+    assert canvas.get_attribute("aria-label") == "2 slices × 4 chips"
+    assert page.locator(f"{PANEL} [data-field='slices']").inner_text().endswith("2/2 up")
+    assert page.locator(f"{PANEL} .jp-PathwaysPanel-slice").count() == 2
+    page.locator(".jp-PathwaysStatus", has_text="Pathways 2/2 slices").wait_for()
+
+    page.get_by_role("button", name="fail slice 1").click()
+    clicked = time.monotonic()
+    page.locator(f"{PANEL} .jp-PathwaysPanel-slice[data-slice='1'][data-state='down']").wait_for(timeout=2_000)
+    page.locator(f"{PANEL} li.jp-PathwaysPanel-event[data-kind='slice_down']").first.wait_for(timeout=2_000)
+    seen_after = time.monotonic() - clicked
+    assert seen_after <= 2.0, f"slice_down shown {seen_after:.2f} s after the click"
+    page.locator(f"{PANEL} canvas[data-down='1']").wait_for(timeout=2_000)
+    newest = page.locator(f"{PANEL} li.jp-PathwaysPanel-event").first
+    assert newest.get_attribute("data-kind") == "slice_down"
+    assert "[0,1] → [0]" in newest.inner_text()
+    page.locator(".jp-PathwaysStatus", has_text="Pathways 1/2 slices").wait_for(timeout=5_000)
+    page.get_by_role("button", name="restore slice 1").wait_for()
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "monitor.png"))
+
+    page.get_by_role("button", name="restore slice 1").click()
+    page.locator(f"{PANEL} .jp-PathwaysPanel-slice[data-slice='1'][data-state='up']").wait_for(timeout=10_000)
+    assert page.locator(f"{PANEL} li.jp-PathwaysPanel-event").first.get_attribute("data-kind") == "slice_up"
+
+
+def test_a_plain_python_notebook_gets_a_friendly_message(page, server):
+    open_notebook(page, server, "plain.ipynb")
+    open_monitor(page)
+    page.locator(f"{PANEL}[data-state='not-pathways']").wait_for(timeout=30_000)
+    message = page.locator(f"{PANEL} .jp-PathwaysPanel-message")
+    assert "not a Pathways kernel" in message.inner_text()
+    assert page.locator(f"{PANEL} .jp-PathwaysPanel-body").is_hidden()
+
+
+def live_monitor_comms(server) -> int:
+    """Comms on `pathways.monitor` open in the notebook's kernel, asked of the kernel itself."""
+    from jupyter_client import BlockingKernelClient
+
+    (kernel,) = [k for k in server.get("sessions") if k["path"].endswith("monitor.ipynb")]
+    (connection_file,) = glob.glob(f"{server.env['JUPYTER_RUNTIME_DIR']}/kernel-{kernel['kernel']['id']}.json")
+    client = BlockingKernelClient(connection_file=connection_file)
+    client.load_connection_file()
+    client.start_channels()
+    try:
+        reply = client.comm_info(target_name="pathways.monitor", reply=True, timeout=30)
+        return len(reply["content"]["comms"])
+    finally:
+        client.stop_channels()
+
+
+def test_reloading_the_page_20_times_keeps_live_comms_bounded(page, server):
+    open_notebook(page, server, "monitor.ipynb")
+    page.locator(f"{PANEL}[data-state='live']").wait_for(state="attached", timeout=30_000)
+    for _ in range(20):
+        page.reload()
+        page.locator(f"{PANEL}[data-state='live']").wait_for(state="attached", timeout=60_000)
+    live = live_monitor_comms(server)
+    # The kernel keeps at most MAX_COMMS (8) and closes stale ones; without that, 21.
+    assert 1 <= live <= 8, f"{live} live monitor comms after 20 reloads"
