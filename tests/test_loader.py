@@ -30,16 +30,11 @@ def samples(step, shard, num_shards):
     return {"ids": ids.astype(np.int32), "x": np.repeat(ids[:, None], 3, axis=1).astype(np.float32)}
 
 
-@pytest.fixture
-def session(local_session):
-    return local_session
-
-
 def slice_devices(s, index):
     return set(s.topology.slice(index).devices)
 
 
-def test_every_sample_once_in_order_and_each_slice_holds_its_block(session):
+def test_every_sample_once_in_order_and_each_slice_holds_its_block(local_session):
     with pw.loader(samples, mesh=pw.mesh(), spec=P("data"), prefetch=2) as batches:
         seen = []
         for step, batch in zip(range(6), batches):
@@ -50,7 +45,7 @@ def test_every_sample_once_in_order_and_each_slice_holds_its_block(session):
                 rows = np.asarray(shard.data)
                 # slice 0 holds rows 0..7 of the step, slice 1 rows 8..15
                 expected_slice = 0 if rows[0] - step * B < B // 2 else 1
-                assert shard.device in slice_devices(session, expected_slice)
+                assert shard.device in slice_devices(local_session, expected_slice)
     assert seen == list(range(6 * B))
 
 
@@ -78,7 +73,7 @@ def run_committed(batches, steps, events=None):
     return np.asarray(state), commit
 
 
-def test_failure_and_repair_replays_exactly_the_fault_free_samples(session):
+def test_failure_and_repair_replays_exactly_the_fault_free_samples(local_session):
     """Drives the reshard through the loader's own reset API and the mesh of live slices."""
     with pw.loader(samples, spec=P("data"), prefetch=3) as batches:
         expected_state, expected = run_committed(batches, 12)
@@ -107,7 +102,7 @@ def test_failure_and_repair_replays_exactly_the_fault_free_samples(session):
 
 
 @pytest.mark.parametrize("prefetch", [0, 2])
-def test_elastic_loop_with_a_lost_and_restored_slice_commits_the_fault_free_samples(session, prefetch):
+def test_elastic_loop_with_a_lost_and_restored_slice_commits_the_fault_free_samples(local_session, prefetch):
     """The elastic loop rolls back to a snapshot on slice 0 alone, then scales up; the loader follows.
 
     With prefetch 0 the lost step's block is produced after the loss, so the
@@ -140,7 +135,7 @@ def test_elastic_loop_with_a_lost_and_restored_slice_commits_the_fault_free_samp
     np.testing.assert_allclose(np.asarray(state["sum"]), expected)
 
 
-def test_a_failing_producer_names_the_slice_when_its_step_is_consumed(session):
+def test_a_failing_producer_names_the_slice_when_its_step_is_consumed(local_session):
     def flaky(step, shard, num_shards):
         if step == 3 and shard == 1:
             raise OSError(f"cannot read shard file {shard} for step {step}")
@@ -155,7 +150,7 @@ def test_a_failing_producer_names_the_slice_when_its_step_is_consumed(session):
     assert message == "sidecar 'flaky' failed on slice 1: OSError: cannot read shard file 1 for step 3"
 
 
-def test_a_hanging_producer_times_out_cleanly(session):
+def test_a_hanging_producer_times_out_cleanly(local_session):
     def stalls(step, shard, num_shards):
         if step == 1 and shard == 0:
             time.sleep(30)
@@ -171,7 +166,7 @@ def test_a_hanging_producer_times_out_cleanly(session):
         assert np.asarray(batches.batch(2)["ids"]).tolist() == list(range(2 * B, 3 * B))
 
 
-def test_prefetch_keeps_batches_ready_and_reports_queue_depth(session):
+def test_prefetch_keeps_batches_ready_and_reports_queue_depth(local_session):
     with pw.loader(samples, prefetch=3, name="ahead") as batches:
         next(batches)
         deadline = time.monotonic() + 10
@@ -184,13 +179,13 @@ def test_prefetch_keeps_batches_ready_and_reports_queue_depth(session):
     assert "ahead" not in stats()["loaders"]
 
 
-def test_meshes_that_do_not_split_by_slice_are_refused(session):
+def test_meshes_that_do_not_split_by_slice_are_refused(local_session):
     mesh = pw.mesh(axes=("data", "model"), dcn=(1, 2), ici=(4, 1))
     with pytest.raises(pw.PathwaysError, match="only the batch dimension"):
         pw.loader(samples, mesh=mesh, spec=P("data", "model"))
 
 
-def test_a_dropped_loader_is_collected_and_stops(session):
+def test_a_dropped_loader_is_collected_and_stops(local_session):
     import gc
 
     batches = pw.loader(samples, prefetch=2, name="dropped")

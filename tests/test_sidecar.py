@@ -22,12 +22,7 @@ from pathways_kernel.sidecar import stats
 NOTEBOOK = Path(__file__).parent.parent / "notebooks" / "sidecar.ipynb"
 
 
-@pytest.fixture
-def session(local_session):
-    return local_session
-
-
-def test_runs_on_every_slice_and_returns_arrays_on_that_slice(session):
+def test_runs_on_every_slice_and_returns_arrays_on_that_slice(local_session):
     @pw.sidecar
     def shard_info(n, slice_index):
         return {"rows": np.arange(n) + 100 * slice_index, "slice": slice_index}
@@ -37,17 +32,17 @@ def test_runs_on_every_slice_and_returns_arrays_on_that_slice(session):
     for index, out in results.items():
         assert np.asarray(out["rows"]).tolist() == [100 * index, 100 * index + 1, 100 * index + 2]
         assert int(out["slice"]) == index
-        assert out["rows"].devices() == set(session.topology.slice(index).devices)
+        assert out["rows"].devices() == set(local_session.topology.slice(index).devices)
 
 
-def test_chosen_slices_only(session):
+def test_chosen_slices_only(local_session):
     results = pw.run_sidecar(lambda slice_index: slice_index * 2, slices="1")
     assert list(results) == [1]
     assert int(results[1]) == 2
     assert "slice 1: Array(2" in repr(results)
 
 
-def test_an_exception_comes_back_naming_the_slice(session):
+def test_an_exception_comes_back_naming_the_slice(local_session):
     @pw.sidecar
     def fragile(slice_index):
         if slice_index == 1:
@@ -64,7 +59,7 @@ def test_an_exception_comes_back_naming_the_slice(session):
     assert pw.events(kind="sidecar")[-1].detail == message
 
 
-def test_a_hanging_sidecar_times_out_and_the_next_call_works(session):
+def test_a_hanging_sidecar_times_out_and_the_next_call_works(local_session):
     hang = {"on": True}
 
     @pw.sidecar(timeout=1.5)
@@ -82,7 +77,7 @@ def test_a_hanging_sidecar_times_out_and_the_next_call_works(session):
     assert sorted(int(v) for v in stuck().values()) == [0, 1]
 
 
-def test_bad_slice_choices_are_one_line_errors(session):
+def test_bad_slice_choices_are_one_line_errors(local_session):
     with pytest.raises(pw.PathwaysError, match="no slice 7"):
         pw.run_sidecar(lambda: 0, slices="7")
     with pytest.raises(pw.PathwaysError, match="bad --slices"):
@@ -96,7 +91,7 @@ def test_bad_slice_choices_are_one_line_errors(session):
         restore_slice(1)
 
 
-def test_stats_are_what_the_monitor_reads(session):
+def test_stats_are_what_the_monitor_reads(local_session):
     pw.run_sidecar(lambda: np.zeros(256, np.float32))
     s = pw.sidecar.stats()
     assert {"calls", "bytes", "busy_s", "errors", "timeouts", "queue_depth", "slices", "loaders"} <= set(s)
