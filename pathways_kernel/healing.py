@@ -46,23 +46,22 @@ class HealingReport:
     def __bool__(self) -> bool:
         return bool(self.restored or self.unusable or self.failed)
 
-    def lines(self) -> list[str]:
-        lost = ", ".join(map(str, self.lost_slices))
-        live = ",".join(map(str, self.live_slices))
-        lines = []
+    def header(self) -> str:
+        lost = ("slices " if len(self.lost_slices) > 1 else "slice ") + ", ".join(map(str, self.lost_slices))
+        return f"{lost} lost: variables with data on it were healed" if self.restored else f"{lost} lost"
+
+    def details(self) -> list[str]:
+        out = []
         if self.restored:
-            names = ", ".join(f"{h.name} ({_age(h.age_s)} ago{'' if h.step is None else f', step {h.step}'})" for h in self.restored)
-            lines.append(f"restored from snapshots onto slices [{live}]: {names}")
+            live = ",".join(map(str, self.live_slices))
+            out.append(f"restored from snapshots onto slices [{live}]: " + ", ".join(map(_describe, self.restored)))
         if self.unusable:
-            lines.append(f"no snapshot, now unusable (DATA_LOSS): {', '.join(self.unusable)}; recompute or reload them")
-        for name, why in self.failed:
-            lines.append(f"could not restore {name}, now unusable: {why}")
-        return [f"slice {lost} lost: variables with data on it were healed" if self.restored else f"slice {lost} lost"] + [
-            "  " + line for line in lines
-        ]
+            out.append(f"no snapshot, now unusable (DATA_LOSS): {', '.join(self.unusable)}; recompute or reload them")
+        out.extend(f"could not restore {name}, now unusable: {why}" for name, why in self.failed)
+        return out
 
     def to_text(self) -> str:
-        return "\n".join(self.lines())
+        return "\n".join([self.header()] + ["  " + line for line in self.details()])
 
     def __str__(self) -> str:
         return self.to_text()
@@ -71,9 +70,13 @@ class HealingReport:
         p.text(self.to_text())
 
     def _repr_html_(self) -> str:
-        head, *rest = self.lines()
-        items = "".join(f"<li>{html.escape(line.strip())}</li>" for line in rest)
-        return f'<div class="pathways-healing"><b>{html.escape(head)}</b><ul>{items}</ul></div>'
+        items = "".join(f"<li>{html.escape(line)}</li>" for line in self.details())
+        return f'<div class="pathways-healing"><b>{html.escape(self.header())}</b><ul>{items}</ul></div>'
+
+
+def _describe(healed: Healed) -> str:
+    step = "" if healed.step is None else f", step {healed.step}"
+    return f"{healed.name} ({_age(healed.age_s)} ago{step})"
 
 
 def _age(seconds: float) -> str:
