@@ -92,6 +92,7 @@ def main() -> None:
     server = MonitorServer()
 
     on, off = [], []
+    cpu_before, wall_before = hub.sample_cpu_s, time.perf_counter()
     for i in range(2 * args.blocks):
         monitored = i % 2 == 0
         conn = None
@@ -112,6 +113,7 @@ def main() -> None:
     print(f"step time, hub off     {med_off * 1000:.2f} ms (median of blocks)")
     print(f"step time, hub on      {med_on * 1000:.2f} ms (4 Hz sampling, subscribed comm)")
     print(f"hub's last sample took {hub.last_sample_s * 1000:.2f} ms")
+    print(f"hub sampling CPU       {(hub.sample_cpu_s - cpu_before) / (time.perf_counter() - wall_before):.2%} of one core over the run")
     print(f"frames sent            {comm.messages} ({comm.bytes} buffer bytes)")
     print(f"ratio of medians       {med_on / med_off:.3f}")
     print(f"paired ratios IQR      {q1:.3f} .. {q3:.3f} (noise of this machine)")

@@ -350,8 +350,9 @@ class TelemetryHub:
         self._latest: Metrics | None = None
         self._reset_window()
         self._unlisten = session.events.subscribe(self._on_event)
-        #: Seconds the last sample took (the hub's own cost).
+        #: Wall seconds the last sample took; CPU seconds of all samples so far (the hub's own cost).
         self.last_sample_s = 0.0
+        self.sample_cpu_s = 0.0
 
     # -- configuration --------------------------------------------------------
     def configure(self, sample_hz: float | None = None, publish_hz: float | None = None,
@@ -463,7 +464,7 @@ class TelemetryHub:
                 self._deliver_events(events, subs)
             now = time.monotonic()
             if subs and now >= next_sample:
-                started = time.perf_counter()
+                started, cpu_started = time.perf_counter(), time.thread_time()
                 try:
                     metrics = self._sample()
                 except Exception:
@@ -472,6 +473,7 @@ class TelemetryHub:
                     next_sample = now + 1.0
                     continue
                 self.last_sample_s = time.perf_counter() - started
+                self.sample_cpu_s += time.thread_time() - cpu_started
                 period = 1.0 / self.sample_hz
                 next_sample = now + max(period, self.last_sample_s / MAX_DUTY)
                 now = time.monotonic()
