@@ -31,9 +31,22 @@ TIMEOUT = 2.0
 TIMES: dict[str, float] = {}
 
 
+def patient(k: Kernel) -> Kernel:
+    # The exit code is the point, not the speed: on a loaded machine a kernel
+    # can take more than jupyter_client's default 5 s and be SIGTERMed.
+    k.km.shutdown_wait_time = 60.0
+    return k
+
+
+def kernel_seconds(reply) -> float:
+    """Seconds the kernel spent on the cell (execute_input to its last output)."""
+    stamps = [m["header"]["date"] for m in reply.messages if m["header"]["msg_type"] != "status"]
+    return (max(stamps) - min(stamps)).total_seconds()
+
+
 @pytest.fixture(scope="module")
 def kernel():
-    k = Kernel("pathways")
+    k = patient(Kernel("pathways"))
     yield k
     # The exit-code test shuts it down; this is for an early failure.
     if k.km.is_alive():
@@ -149,14 +162,15 @@ def test_wrong_target_fails_fast_in_one_line_and_local_still_works(kernel, serve
     kernel.run("import jax.numpy as jnp; kept = jnp.arange(8.0)")
     start = time.monotonic()
     reply = kernel.run(f"%pathways connect {line.format(**servers)}")
-    elapsed = time.monotonic() - start
-    TIMES[case] = elapsed
+    round_trip = time.monotonic() - start
+    elapsed = TIMES[case] = kernel_seconds(reply)
     assert reply.status == "error"
     lines = [l for l in reply.error.splitlines() if l.strip()]
     assert len(lines) == 1, reply.error
     for word in words:
         assert word in lines[0], lines[0]
-    assert elapsed < allowed, f"{case}: {elapsed:.2f} s"
+    assert elapsed < allowed, f"{case}: {elapsed:.2f} s in the kernel"
+    assert round_trip < allowed + 3.0, f"{case}: {round_trip:.2f} s from the client (machine loaded?)"
     # The working session is untouched: its arrays survive and local:2x4 connects.
     assert kernel.run("print(float(kept.sum()))").text.strip() == "28.0"
     after = kernel.run("%pathways connect local:2x4")
@@ -167,9 +181,8 @@ def test_wrong_target_fails_fast_in_one_line_and_local_still_works(kernel, serve
 def test_client_failure_after_preflight_reports_and_restores_local(kernel, servers):
     """The stand-in passes pre-flight; JAX's IFRT proxy client then fails for real."""
     kernel.run("import os; os.environ['PATHWAYS_PROXY_CONNECTION_TIMEOUT_SECS'] = '2'")
-    start = time.monotonic()
     reply = kernel.run(f"%pathways connect grpc://127.0.0.1:{servers['fake_proxy']} --insecure --force")
-    TIMES["proxy client fails after pre-flight"] = time.monotonic() - start
+    TIMES["proxy client fails after pre-flight"] = kernel_seconds(reply)
     assert reply.status == "error"
     assert "the Pathways client failed after pre-flight passed" in reply.error
     assert "stand-in proxy" in reply.error
@@ -230,7 +243,7 @@ def test_kernel_started_on_an_unreachable_proxy_still_starts_and_says_why(server
     import os
 
     env = dict(os.environ, PATHWAYS_BACKEND=f"proxy:grpc://127.0.0.1:{servers['refused']}")
-    k = Kernel("pathways", env=env)
+    k = patient(Kernel("pathways", env=env))
     try:
         first = k.run("%pathways status")
         assert "The kernel started without a backend" in first.text + first.error
