@@ -236,6 +236,7 @@ class Worker:
 
     def submit(self, job: Callable[[], Any]) -> Future:
         future: Future = Future()
+        # The submitter's context: ipykernel routes a job's prints to the cell that submitted it.
         self._jobs.put((job, future, contextvars.copy_context()))
         return future
 
@@ -246,12 +247,10 @@ class Worker:
     def _loop(self) -> None:
         while True:
             item = self._jobs.get()
-            if item is None or self._retired:
+            if self._retired:  # set before retire() queues its None
                 if item is not None:
                     item[1].cancel()
-                if self._retired:
-                    return
-                continue
+                return
             job, future, context = item
             if not future.set_running_or_notify_cancel():
                 continue
