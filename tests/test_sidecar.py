@@ -110,6 +110,7 @@ def test_cell_magic_defines_sidecars_for_the_chosen_slices(kernel):
         "import numpy as np\n"
         "@pw.sidecar\n"
         "def host_rows(n, slice_index):\n"
+        "    print(f'reading {n} rows on slice {slice_index}')\n"
         "    return np.full(n, slice_index)\n"
     )
     assert reply.status == "ok", reply.error
@@ -117,6 +118,7 @@ def test_cell_magic_defines_sidecars_for_the_chosen_slices(kernel):
     reply = kernel.run("r = host_rows(3); print(list(r), r[1].tolist())")
     assert reply.status == "ok", reply.error
     assert "[1] [1, 1, 1]" in reply.text
+    assert "reading 3 rows on slice 1" in reply.text  # a sidecar's prints show in the calling cell
     reply = kernel.run("%pathways sidecar")
     assert "sidecar calls" in reply.text and "slice 1: 1 calls" in reply.text
 
