@@ -48,6 +48,7 @@ class Transfer:
         self._lock = threading.Lock()
         self._future: concurrent.futures.Future | None = None
         self._checked = threading.Event()
+        self._running = threading.Event()
 
     # -- worker side ----------------------------------------------------------
     def advance(self, nbytes: int) -> None:
@@ -65,6 +66,8 @@ class Transfer:
         return self
 
     def _run(self, job: Callable[["Transfer"], Any]) -> Any:
+        self._running.set()
+        self.started = time.time()
         start = time.perf_counter()
         try:
             result = job(self)
@@ -87,9 +90,12 @@ class Transfer:
         """Wait up to ``timeout`` s for the quick checks; raise what they raised.
 
         Lets ``persist`` report a missing bucket or a duplicate id at once,
-        as one line, while the bulk upload continues in the background.
+        as one line, while the bulk upload continues in the background. A
+        transfer queued behind others is not waited for: its checks run
+        when it starts, and their failure shows in its progress and events.
         """
-        self._checked.wait(timeout)
+        if self._running.wait(0.05):
+            self._checked.wait(timeout)
         if self.done():
             exc = self.exception()
             if exc is not None:
@@ -123,6 +129,8 @@ class Transfer:
         return f"{format_bytes(self.done_bytes / elapsed)}/s" if elapsed > 0 else "-"
 
     def summary(self) -> str:
+        if not self._running.is_set():
+            return f"{self.kind} {self.what}: queued behind other transfers"
         if not self.done():
             pct = f" {100 * self.done_bytes / self.total:.0f}%" if self.total else ""
             return f"{self.kind} {self.what}: running{pct}, {format_bytes(self.done_bytes)} in {self.elapsed_s():.1f} s"

@@ -20,8 +20,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from gcs import gcs_server  # noqa: F401  (fixture)
-from pathways_kernel import storage
-from pathways_kernel.errors import StorageError, one_line
+from pathways_kernel import compile_cache, storage
+from pathways_kernel.errors import NotSupportedError, StorageError, one_line
 from pathways_kernel.events import EventLog
 from pathways_kernel.snapshots import Snapshot
 
@@ -292,3 +292,16 @@ def test_server_killed_during_uploads_never_leaves_a_partial_snapshot(gcs_server
     assert same(base, load(f"{url}/base"))
     assert {i.id for i in storage.list_snapshots(url)} == set(expected)
     assert failures >= 3, f"only {failures} of 12 kills landed mid-upload; the test is not testing much"
+
+
+def test_compile_cache_on_the_proxy_backend_says_pathways_keeps_its_own(monkeypatch):
+    """A session on the proxy backend, never connected: no Pathways proxy can run here."""
+    import importlib
+
+    from pathways_kernel.backends.proxy import ProxyBackend
+
+    sessions = importlib.import_module("pathways_kernel.session")  # the module; pw.session is the function
+
+    monkeypatch.setattr(sessions, "_current", sessions.Session(ProxyBackend.from_spec("grpc://127.0.0.1:1")))
+    with pytest.raises(NotSupportedError, match="Pathways manages its own persistent compilation cache"):
+        compile_cache.enable("gs://any-bucket/cache")
