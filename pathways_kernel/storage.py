@@ -279,10 +279,14 @@ class _Gcs(_Objects):
         return out
 
     def check(self, location: Location | None) -> None:
-        from google.api_core.exceptions import NotFound
+        from google.api_core.exceptions import Forbidden, NotFound
 
         try:
             self.bucket.reload(retry=self._retry(), timeout=30)
+        except Forbidden:
+            # Object-level roles (e.g. roles/storage.objectAdmin) may not read bucket
+            # metadata; the object operations that follow tell whether access is denied.
+            return
         except NotFound:
             raise StorageError(
                 f"bucket '{self.bucket_name}' does not exist: create it (gcloud storage buckets create "
