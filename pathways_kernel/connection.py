@@ -9,8 +9,9 @@ do next.
 
 from __future__ import annotations
 
-from pathways_kernel.session import EVENTS, Session, install, session
-from pathways_kernel.events import Event, EventLog
+from pathways_kernel.errors import BackendError
+from pathways_kernel.session import EVENTS, Session, install, live_array_summary, session
+from pathways_kernel.events import Event, EventLog, format_bytes
 
 
 def reconnect(timeout: float | None = None) -> Session:
@@ -33,7 +34,7 @@ def reconnect(timeout: float | None = None) -> Session:
 
     old = session().backend
     if isinstance(old, SharedServiceBackend):
-        return connect_shared_service(old.request, timeout=timeout if timeout is not None else old.timeout)
+        return connect_shared_service(old.request, timeout=old.timeout if timeout is None else timeout, force=True)
     if isinstance(old, ProxyBackend):
         timeout = old.timeout if timeout is None else timeout
         new = backends.from_spec(old.spec, timeout=timeout, insecure=old.insecure)
@@ -59,6 +60,7 @@ def connect_shared_service(
     proxy_image: str | None = None,
     insecure: bool = False,
     timeout: float | None = None,
+    force: bool = False,
 ) -> Session:
     """Connect the session to a shared Pathways service (``%pathways connect sps``).
 
@@ -74,6 +76,7 @@ def connect_shared_service(
       proxy_image: proxy server image (the flow picks a compatible one).
       insecure: plaintext gRPC to the proxy.
       timeout: pre-flight seconds once the proxy is port-forwarded.
+      force: switch even if device arrays would be discarded.
 
     Raises:
       SpecError: a missing or malformed option.
@@ -83,7 +86,15 @@ def connect_shared_service(
 
     if request is None:
         request = ServiceRequest(cluster, project, region, service, tpu, count, bucket, proxy_image, insecure)
-    return install(SharedServiceBackend(request, timeout), force=True)
+    count_arrays, nbytes = live_array_summary()
+    if count_arrays and not force:
+        # Refuse before the flow deploys a proxy job, not after.
+        raise BackendError(
+            f"this session holds {count_arrays} device arrays ({format_bytes(nbytes)}); connecting to the shared "
+            "service would discard them and every compiled function. Snapshot or checkpoint what you need, then "
+            "add --force (force=True)"
+        )
+    return install(SharedServiceBackend(request, timeout), force=force)
 
 
 class ConnectionNotice:

@@ -43,9 +43,13 @@ def test_interrupt_stops_the_cell_not_the_shared_service(kernel):
     msg_id = kernel.kc.execute(
         "import os, signal, time\nfrom pathways_kernel.backends.sps import kernel_keeps_sigint\n"
         + INSTALL_FLOW_HANDLERS
-        + "time.sleep(30)\n"
+        + "print('armed', flush=True)\ntime.sleep(30)\n"
     )
-    time.sleep(1.0)
+    deadline = time.time() + 60
+    while time.time() < deadline:  # interrupt only once the handlers are in place
+        msg = kernel.iopub(timeout=deadline - time.time())
+        if msg and msg["parent_header"].get("msg_id") == msg_id and "armed" in msg["content"].get("text", ""):
+            break
     kernel.km.interrupt_kernel()
     deadline = time.time() + 20
     while time.time() < deadline:

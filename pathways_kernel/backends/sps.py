@@ -129,7 +129,11 @@ class SharedServiceBackend(ProxyBackend):
         check_requirements()
         if self._stack is None:
             self._enter()
-        return super().preflight()
+        try:
+            return super().preflight()
+        except Exception:
+            self.close()  # do not leave a proxy job running for nothing
+            raise
 
     def _enter(self) -> None:
         from pathwaysutils.experimental.shared_pathways_service import isc_pathways

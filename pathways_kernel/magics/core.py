@@ -75,7 +75,7 @@ def connect(shell: Any, args: Any, cell: str | None):
         connection.connect_shared_service(
             cluster=args.cluster, project=args.project, region=args.region, service=args.service, tpu=args.tpu,
             count=args.count, bucket=args.bucket, proxy_image=args.proxy_image, insecure=bool(args.insecure),
-            timeout=args.timeout,
+            timeout=args.timeout, force=args.force,
         )
     else:
         api.connect(args.spec, force=args.force, timeout=args.timeout, insecure=args.insecure)
