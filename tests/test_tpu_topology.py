@@ -72,3 +72,15 @@ def test_devices_without_coords_fall_back_to_a_grid_per_slice():
 
     topology = topology_of([Bare(i, i // 4) for i in range(8)])
     assert [s.shape for s in topology.slices] == [(2, 2, 1), (2, 2, 1)]
+
+
+@pytest.mark.parametrize("tpu,shape,slices,kind,chips,devices,grid", SHAPES, ids=[s[0] for s in SHAPES])
+def test_mesh_puts_slices_on_the_dcn_axis(tpu, shape, slices, kind, chips, devices, grid):
+    from pathways_kernel import meshes
+
+    topology = topology_of(tpu_devices(tpu, shape, slices))
+    mesh = meshes.build(topology.up_slices, None, None, None)
+    assert dict(mesh.shape) == {"data": slices, "model": devices}
+    for row, s in zip(mesh.devices, topology.slices):
+        assert {d.slice_index for d in row} == {s.index}
+        assert sorted(d.id for d in row) == sorted(d.id for d in s.devices)
