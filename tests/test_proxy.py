@@ -239,10 +239,15 @@ def test_kernel_exits_cleanly_after_failed_connects(kernel):
         print(f"  {case:<36} {seconds:.2f} s")
 
 
-def test_kernel_started_on_an_unreachable_proxy_still_starts_and_says_why(servers):
+@pytest.mark.parametrize("how", ["kernelspec", "standard environment"])
+def test_kernel_started_on_an_unreachable_proxy_still_starts_and_says_why(servers, how):
     import os
 
-    env = dict(os.environ, PATHWAYS_BACKEND=f"proxy:grpc://127.0.0.1:{servers['refused']}")
+    target = f"grpc://127.0.0.1:{servers['refused']}"
+    if how == "kernelspec":
+        env = dict(os.environ, PATHWAYS_BACKEND=f"proxy:{target}")
+    else:
+        env = dict(os.environ, JAX_PLATFORMS="proxy", JAX_BACKEND_TARGET=target)
     k = patient(Kernel("pathways", env=env))
     try:
         first = k.run("%pathways status")
