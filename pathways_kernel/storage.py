@@ -592,7 +592,7 @@ def _persist(transfer: Transfer, snapshot: Any, location: Location, snapshot_id:
         data_dir = f"data.{token}"
         paths = _leaf_key_paths(snapshot)
         context = _context()
-        leaves, pending = [], []
+        leaves, arrays = [], []
         for index, leaf in enumerate(snapshot.leaves):
             array, value = _leaf_array(leaf)
             entry: dict[str, Any] = {
@@ -609,7 +609,12 @@ def _persist(transfer: Transfer, snapshot: Any, location: Location, snapshot_id:
                 entry["array"] = None
                 continue
             entry["array"] = f"{data_dir}/{index:04d}"
-            stored = _open_array(objects, target, entry["array"], flat.size, context, create=True)
+            arrays.append((_open_array(objects, target, entry["array"], flat.size, context, create=True), flat))
+        # Every array is created before any chunk is sent: a create queued behind
+        # another leaf's chunks would leave the connections idle meanwhile.
+        pending = []
+        for opening, flat in arrays:
+            stored = opening.result()
             # One write per chunk: tensorstore copies and uploads from its own threads, without the GIL.
             for start in range(0, flat.size, CHUNK_BYTES):
                 end = min(start + CHUNK_BYTES, flat.size)
@@ -655,7 +660,7 @@ def _persist(transfer: Transfer, snapshot: Any, location: Location, snapshot_id:
 
 
 def _open_array(objects: _Objects, target: Location, key: str, nbytes: int, context: Any, create: bool) -> Any:
-    """One leaf's bytes as a 1-D uint8 zarr3 array: CHUNK_BYTES per object, each with a CRC32C."""
+    """Open (a future of) one leaf's bytes as a 1-D uint8 zarr3 array: CHUNK_BYTES per object, each with a CRC32C."""
     import tensorstore as ts
 
     kvstore = objects.kvstore(target)
@@ -669,7 +674,7 @@ def _open_array(objects: _Objects, target: Location, key: str, nbytes: int, cont
         })
     else:
         spec["open"] = True
-    return ts.open(spec, context=context).result()
+    return ts.open(spec, context=context)
 
 
 def _leaf_key_paths(snapshot: Any) -> list[list[list[Any]]]:
@@ -805,7 +810,7 @@ def _download(transfer: Transfer, objects: _Objects, target: Location, manifest:
             if not entry["array"]:
                 values.append(np.zeros(entry["shape"], dtype))
                 continue
-            stored = _open_array(objects, target, entry["array"], entry["nbytes"], context, create=False)
+            stored = _open_array(objects, target, entry["array"], entry["nbytes"], context, create=False).result()
             if stored.shape != (entry["nbytes"],):
                 raise StorageError(f"snapshot {target.url} is damaged: {entry['path']} holds {stored.shape[0]} of {entry['nbytes']} bytes")
             pending.append((index, stored.read(), dtype))
