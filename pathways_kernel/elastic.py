@@ -49,6 +49,9 @@ from pathways_kernel.session import Session, session
 #: Consecutive failures (without a new good snapshot in between) before giving up.
 DEFAULT_MAX_RETRIES = 10
 DEFAULT_SNAPSHOT_EVERY = 10
+#: Back-off before a repeated retry (doubling up to the maximum), cut short by a slice event.
+RETRY_BACKOFF_S = 0.05
+MAX_BACKOFF_S = 2.0
 #: How long to wait for a slice to come back when none is up.
 DEFAULT_WAIT_S = 600.0
 
@@ -312,6 +315,12 @@ class Elastic:
                             f"restore the slices (%pathways restore N) and run it again, or raise --max-retries"
                         ) from error
                     recover, scale_up = True, False
+                    if failures > 1:
+                        # Failing again right away: the cluster may be mid-change
+                        # (a loss whose slice_down is not out yet). Back off until
+                        # the next slice event, or briefly, so retries are not
+                        # spent in a tight loop.
+                        watch.changed.wait(min(RETRY_BACKOFF_S * 2 ** (failures - 2), MAX_BACKOFF_S))
             report.steps = step - start
             report.slices = _mesh_slices(s, mesh)
             return state

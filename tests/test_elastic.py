@@ -196,7 +196,7 @@ def test_chaos_thread_during_training_completes_every_step():
         return update(state, jax.device_put(xs[step], batch), jax.device_put(ys[step], batch))
 
     seq = pw.session().events.last(1)[0].seq
-    pw.chaos(mtbf=0.3, mttr=0.2, seed=4)
+    pw.chaos(mtbf=0.5, mttr=0.3, seed=4)
     try:
         train = pw.elastic(step_fn, snapshot_every=5, max_retries=20)
         final = train(init_state(pw.session().mesh()), steps=steps)
