@@ -74,7 +74,6 @@ class ProxyBackend(Backend):
             raise SpecError(f"bad --timeout {timeout}: give the pre-flight a positive number of seconds, e.g. 5")
         self.insecure = insecure_from_env() if insecure is None else bool(insecure)
         self.report: preflight_lib.Report | None = None
-        self.disconnected: str | None = None
         self._previous: tuple[Any, Any, str | None] | None = None
 
     @classmethod
@@ -148,9 +147,9 @@ class ProxyBackend(Backend):
 
     def _on_disconnect(self, status: Any) -> None:
         _EXIT_GUARD.touch()
-        self.disconnected = _strip_timestamp(str(status)) or "disconnected"
         if self.events is not None:
-            self.events.emit("disconnect", detail=f"{self.address.url}: {self.disconnected}")
+            reason = _strip_timestamp(str(status)) or "disconnected"
+            self.events.emit("disconnect", detail=f"{self.address.url}: {reason}")
 
     # -- devices --------------------------------------------------------------
     def devices(self) -> Sequence[Any]:
