@@ -235,3 +235,18 @@ def test_other_errors_propagate_unchanged():
 def test_bad_arguments_are_one_line_errors():
     with pytest.raises(pw.PathwaysError, match="snapshot_every must be at least 1"):
         pw.elastic(lambda s, i, m: s, snapshot_every=0)
+
+
+def test_elastic_cell_magic_errors_are_one_line(kernel):
+    reply = kernel.run("%%pathways elastic --steps 3 --state nothing_here\nnothing_here = 1")
+    assert reply.status == "error"
+    assert reply.error.strip().splitlines()[-1] == (
+        "NamespaceError: --state nothing_here is not defined; create the initial state in an earlier cell"
+    )
+    reply = kernel.run("%%pathways elastic --state x\nx = 1")
+    assert reply.status == "error" and "--steps" in reply.error
+    reply = kernel.run("import jax.numpy as jnp\ncounter = jnp.zeros(())")
+    reply = kernel.run("%%pathways elastic --steps 7 --state counter --snapshot-every 3\ncounter = counter + 1")
+    assert reply.status == "ok", reply.error
+    assert "elastic 'counter': 7 steps" in reply.text
+    assert kernel.run("print(int(counter))").text.strip() == "7"
