@@ -153,7 +153,7 @@ def test_a_failing_producer_names_the_slice_when_its_step_is_consumed(local_sess
 def test_a_hanging_producer_times_out_cleanly(local_session):
     def stalls(step, shard, num_shards):
         if step == 1 and shard == 0:
-            time.sleep(30)
+            time.sleep(6)
         return samples(step, shard, num_shards)
 
     with pw.loader(stalls, prefetch=1, timeout=1.0) as batches:
