@@ -5,6 +5,7 @@ import pytest
 # Tests emulate slices with CPU devices; nothing may reach for a TPU or GPU.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+from gcs import gcs_server  # noqa: E402,F401  (one fake-gcs-server for the whole run)
 from kernels import Kernel  # noqa: E402
 
 

@@ -5,9 +5,7 @@ it ourselves (rather than through the wrapper's class) so that a test can
 kill it mid-upload and bring it back on the same port with the same
 filesystem root, as a real outage would look to a client.
 
-    from gcs import gcs_server  # noqa: F401  (the fixture)
-
-    def test_x(gcs_server):
+    def test_x(gcs_server):  # the fixture comes in through conftest.py
         gcs_server.make_bucket("b")
         ... "gs://b/prefix" ...
 """

@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from gcs import gcs_server  # noqa: F401  (fixture)
 from pathways_kernel import compile_cache, storage
 from pathways_kernel.errors import NotSupportedError, StorageError, one_line
 from pathways_kernel.events import EventLog

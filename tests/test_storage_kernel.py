@@ -13,7 +13,6 @@ import time
 
 import pytest
 
-from gcs import gcs_server  # noqa: F401  (fixture)
 from kernels import Kernel
 
 pytestmark = pytest.mark.kernel
