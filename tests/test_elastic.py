@@ -191,6 +191,9 @@ def test_chaos_thread_during_training_completes_every_step():
     xs, ys = data
 
     def step_fn(state, step, mesh):
+        if step == steps - 1:
+            # Chaos ends inside the loop, so that the loop sees any loss of the final state.
+            chaosmonkey.chaos_off()
         time.sleep(0.01)
         batch = NamedSharding(mesh, P("data"))
         return update(state, jax.device_put(xs[step], batch), jax.device_put(ys[step], batch))
