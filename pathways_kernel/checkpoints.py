@@ -97,23 +97,22 @@ def save(tree: Any, url: str, step: int, *, keep: int | None = DEFAULT_KEEP, for
     """
     import jax
 
-    location = storage.parse_url(url)
-    manager = _guard(lambda: _registry().manager(location, keep), "checkpoint save", location)
-    if step in _guard(lambda: manager.all_steps(), "checkpoint save", location) and not force:
-        raise StorageError(f"checkpoint step {step} already exists in {location.url}; checkpoints are never overwritten: use another --step")
     import orbax.checkpoint as ocp
 
+    location = storage.parse_url(url)
     nbytes = sum(int(getattr(x, "nbytes", 0)) for x in jax.tree.leaves(tree))
-    args = ocp.args.Composite(state=ocp.args.StandardSave(tree), layout=ocp.args.JsonSave(_layout(tree)))
-    # The blocking part (device -> host copies) runs here; orbax writes the rest on its own thread.
-    _guard(lambda: manager.save(step, args=args, force=True), "checkpoint save", location)
+    with storage.errors_as("checkpoint save", location):
+        manager = _registry().manager(location, keep)
+        if step in manager.all_steps() and not force:
+            raise StorageError(f"checkpoint step {step} already exists in {location.url}; checkpoints are never overwritten: use another --step")
+        args = ocp.args.Composite(state=ocp.args.StandardSave(tree), layout=ocp.args.JsonSave(_layout(tree)))
+        # The blocking part (device -> host copies) runs here; orbax writes the rest on its own thread.
+        manager.save(step, args=args, force=True)
 
     def finish(transfer: Transfer) -> int:
         transfer.checked()
-        try:
+        with storage.errors_as("checkpoint save", location):
             manager.wait_until_finished()
-        except Exception as exc:
-            raise storage.storage_error(exc, "checkpoint save", location) from exc
         transfer.advance(nbytes)
         return step
 
@@ -125,8 +124,10 @@ def save(tree: Any, url: str, step: int, *, keep: int | None = DEFAULT_KEEP, for
 def steps(url: str) -> list[int]:
     """The committed checkpoint steps under ``url``, ascending."""
     location = storage.parse_url(url)
-    manager = _guard(lambda: _registry().manager(location), "checkpoint list", location)
-    return sorted(_guard(lambda: manager.reload() or manager.all_steps(), "checkpoint list", location))
+    with storage.errors_as("checkpoint list", location):
+        manager = _registry().manager(location)
+        manager.reload()
+        return sorted(manager.all_steps())
 
 
 def restore(url: str, step: int | None = None, mesh: Any = None) -> Any:
@@ -148,17 +149,18 @@ def restore(url: str, step: int | None = None, mesh: Any = None) -> Any:
     from pathways_kernel.session import session
 
     location = storage.parse_url(url)
-    manager = _guard(lambda: _registry().manager(location), "checkpoint restore", location)
-    available = _guard(lambda: manager.reload() or manager.all_steps(), "checkpoint restore", location)
+    with storage.errors_as("checkpoint restore", location):
+        manager = _registry().manager(location)
+        manager.reload()
+        available = manager.all_steps()
     if not available:
         raise StorageError(f"no checkpoint in {location.url}: save one first (%pathways checkpoint save VAR {location.url} --step N)")
     if step is None:
         step = max(available)
     elif step not in available:
         raise StorageError(f"no checkpoint step {step} in {location.url}; steps there: {', '.join(map(str, sorted(available)))}")
-    layout = _guard(lambda: manager.restore(step, args=ocp.args.Composite(layout=ocp.args.JsonRestore()))["layout"],
-                    "checkpoint restore", location)
-    leaves = layout["leaves"]
+    with storage.errors_as("checkpoint restore", location):
+        leaves = manager.restore(step, args=ocp.args.Composite(layout=ocp.args.JsonRestore()))["layout"]["leaves"]
     if mesh is None:
         axes = next((tuple(a[0] for a in e["mesh_axes"]) for e in leaves if e["mesh_axes"]), None)
         mesh = session().mesh(axes)
@@ -178,10 +180,8 @@ def restore(url: str, step: int | None = None, mesh: Any = None) -> Any:
 
     def job(transfer: Transfer) -> Any:
         transfer.checked()
-        try:
+        with storage.errors_as("checkpoint restore", location):
             result = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))["state"]
-        except Exception as exc:
-            raise storage.storage_error(exc, "checkpoint restore", location) from exc
         jax.block_until_ready(result)
         transfer.advance(nbytes)
         return result
@@ -198,15 +198,6 @@ def wait(url: str | None = None) -> None:
         managers = [m for u, m in registry._managers.items() if url is None or u == storage.parse_url(url).url]
     for manager in managers:
         manager.wait_until_finished()
-
-
-def _guard(fn: Any, what: str, location: storage.Location) -> Any:
-    try:
-        return fn()
-    except StorageError:
-        raise
-    except Exception as exc:
-        raise storage.storage_error(exc, what, location) from exc
 
 
 class CheckpointList(list):

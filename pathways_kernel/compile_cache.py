@@ -129,12 +129,8 @@ def enable(location: str, min_compile_s: float = DEFAULT_MIN_COMPILE_S) -> Cache
     where = storage.parse_url(location)
     if where.scheme == "gs":
         storage.emulator_env()
-        try:
+        with storage.errors_as("compile cache at", where):
             storage.objects_for(where).check(where)
-        except storage.StorageError:
-            raise
-        except Exception as exc:
-            raise storage.storage_error(exc, "compile cache at", where) from exc
     else:
         os.makedirs(where.path, exist_ok=True)
     _listen()

@@ -30,6 +30,7 @@ the tensorstore and gcsfs settings are derived from it (``emulator_env``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -39,7 +40,7 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -191,6 +192,8 @@ def storage_error(exc: BaseException, what: str, where: Location | str) -> Stora
         if "bucket" in text.lower() or isinstance(exc, ValueError) or "/b/" in text:
             return StorageError(f"{what} {where} failed: bucket '{bucket}' does not exist; create it or fix the URL")
         return StorageError(f"{what} {where} failed: not found")
+    if "Digest mismatch" in text:
+        return StorageError(f"{what} {where} failed: {where} is damaged: a chunk fails its CRC32C check")
     if isinstance(exc, MemoryError):
         return StorageError(f"{what} {where} failed: out of host memory")
     if _is_connection_error(exc) or re.search(r"CURL error|UNAVAILABLE|ABORTED|DEADLINE_EXCEEDED|Connection", text):
@@ -203,6 +206,17 @@ def storage_error(exc: BaseException, what: str, where: Location | str) -> Stora
     if isinstance(exc, OSError):
         return StorageError(f"{what} {where} failed: {exc.strerror or exc}")
     raise exc
+
+
+@contextlib.contextmanager
+def errors_as(what: str, where: Location | str) -> Iterator[None]:
+    """Turn client library failures inside the block into one-line ``StorageError``s."""
+    try:
+        yield
+    except StorageError:
+        raise
+    except Exception as exc:
+        raise storage_error(exc, what, where) from exc
 
 
 def _is_connection_error(exc: BaseException) -> bool:
@@ -577,86 +591,87 @@ def persist(snapshot: Any, url: str, snapshot_id: str | None = None, *, name: st
 
 
 def _persist(transfer: Transfer, snapshot: Any, location: Location, snapshot_id: str) -> SnapshotInfo:
-    import jax
-
     target = location.child(snapshot_id)
     try:
-        objects = objects_for(location)
-        objects.check(location)
-        if _parse_manifest(objects.read(target.key(MANIFEST))) is not None:
-            raise StorageError(f"snapshot {target.url} already exists; snapshots are never overwritten: choose another id (or name/step)")
-        transfer.checked()
-        snapshot.wait()
-        transfer.total = snapshot.nbytes
-        token = secrets.token_hex(8)
-        data_dir = f"data.{token}"
-        paths = _leaf_key_paths(snapshot)
-        context = _context()
-        leaves, arrays = [], []
-        for index, leaf in enumerate(snapshot.leaves):
-            array, value = _leaf_array(leaf)
-            entry: dict[str, Any] = {
-                "path": leaf.path, "keys": paths[index], "on_device": bool(getattr(leaf, "on_device", True)),
-                "spec": _spec_to_json(leaf.spec), "mesh_axes": [list(a) for a in leaf.mesh_axes],
-            }
-            leaves.append(entry)
-            if array is None:
-                entry.update(value=value, shape=None, dtype=None, nbytes=0, array=None, objects=[])
-                continue
-            flat = array.reshape(-1).view(np.uint8)
-            entry.update(shape=list(array.shape), dtype=array.dtype.name, nbytes=int(flat.size), objects=[])
-            if not flat.size:
-                entry["array"] = None
-                continue
-            entry["array"] = f"{data_dir}/{index:04d}"
-            arrays.append((_open_array(objects, target, entry["array"], flat.size, context, create=True), flat))
-        # Every array is created before any chunk is sent: a create queued behind
-        # another leaf's chunks would leave the connections idle meanwhile.
-        pending = []
-        for opening, flat in arrays:
-            stored = opening.result()
-            # One write per chunk: tensorstore copies and uploads from its own threads, without the GIL.
-            for start in range(0, flat.size, CHUNK_BYTES):
-                end = min(start + CHUNK_BYTES, flat.size)
-                pending.append((stored[start:end].write(flat[start:end]), end - start))
-        for future, size in pending:
-            future.result()
-            transfer.advance(size)
-        # What the server holds now is what the manifest will promise: names, sizes, CRC32Cs, generations.
-        listed = objects.list(target.key(data_dir) + "/")
-        prefix = target.key("")
-        for entry in leaves:
-            if entry["array"]:
-                entry["objects"] = [
-                    {"name": name[len(prefix):], **meta} for name, meta in sorted(listed.items())
-                    if name[len(prefix):].startswith(entry["array"] + "/")
-                ]
-                if len(entry["objects"]) < 2:  # zarr.json and at least one chunk
-                    raise StorageError(f"persist {target.url} failed: the data of {entry['path']} did not arrive; retry")
-        manifest = {
-            "format": FORMAT, "id": snapshot_id, "token": token, "name": snapshot.name, "step": snapshot.step,
-            "created": snapshot.created, "committed": time.time(), "nbytes": int(snapshot.nbytes),
-            "chunk_bytes": CHUNK_BYTES, "jax": jax.__version__, "leaves": leaves,
-        }
-        body = json.dumps(manifest, indent=1).encode()
-        try:
-            generation = objects.create(target.key(MANIFEST), body)
-        except FileExistsError:
-            existing = _parse_manifest(objects.read(target.key(MANIFEST)))
-            # Our own earlier attempt whose reply was lost counts as success.
-            if existing is None or existing.get("token") != token:
-                raise StorageError(
-                    f"snapshot {target.url} already exists (written meanwhile by someone else); snapshots are never overwritten"
-                ) from None
-            generation = None
-        manifest["manifest_generation"] = generation
-        return _info(target, manifest)
-    except StorageError:
-        raise
-    except Exception as exc:
-        raise storage_error(exc, "persist", target) from exc
+        with errors_as("persist", target):
+            return _upload(transfer, snapshot, location, target, snapshot_id)
     finally:
         transfer.checked()
+
+
+def _upload(transfer: Transfer, snapshot: Any, location: Location, target: Location, snapshot_id: str) -> SnapshotInfo:
+    import jax
+
+    objects = objects_for(location)
+    objects.check(location)
+    if _parse_manifest(objects.read(target.key(MANIFEST))) is not None:
+        raise StorageError(f"snapshot {target.url} already exists; snapshots are never overwritten: choose another id (or name/step)")
+    transfer.checked()
+    snapshot.wait()
+    transfer.total = snapshot.nbytes
+    token = secrets.token_hex(8)
+    data_dir = f"data.{token}"
+    paths = _leaf_key_paths(snapshot)
+    context = _context()
+    leaves, arrays = [], []
+    for index, leaf in enumerate(snapshot.leaves):
+        array, value = _leaf_array(leaf)
+        entry: dict[str, Any] = {
+            "path": leaf.path, "keys": paths[index], "on_device": bool(getattr(leaf, "on_device", True)),
+            "spec": _spec_to_json(leaf.spec), "mesh_axes": [list(a) for a in leaf.mesh_axes],
+        }
+        leaves.append(entry)
+        if array is None:
+            entry.update(value=value, shape=None, dtype=None, nbytes=0, array=None, objects=[])
+            continue
+        flat = array.reshape(-1).view(np.uint8)
+        entry.update(shape=list(array.shape), dtype=array.dtype.name, nbytes=int(flat.size), objects=[])
+        if not flat.size:
+            entry["array"] = None
+            continue
+        entry["array"] = f"{data_dir}/{index:04d}"
+        arrays.append((_open_array(objects, target, entry["array"], flat.size, context, create=True), flat))
+    # Every array is created before any chunk is sent: a create queued behind
+    # another leaf's chunks would leave the connections idle meanwhile.
+    pending = []
+    for opening, flat in arrays:
+        stored = opening.result()
+        # One write per chunk: tensorstore copies and uploads from its own threads, without the GIL.
+        for start in range(0, flat.size, CHUNK_BYTES):
+            end = min(start + CHUNK_BYTES, flat.size)
+            pending.append((stored[start:end].write(flat[start:end]), end - start))
+    for future, size in pending:
+        future.result()
+        transfer.advance(size)
+    # What the server holds now is what the manifest will promise: names, sizes, CRC32Cs, generations.
+    listed = objects.list(target.key(data_dir) + "/")
+    prefix = target.key("")
+    for entry in leaves:
+        if entry["array"]:
+            entry["objects"] = [
+                {"name": name[len(prefix):], **meta} for name, meta in sorted(listed.items())
+                if name[len(prefix):].startswith(entry["array"] + "/")
+            ]
+            if len(entry["objects"]) < 2:  # zarr.json and at least one chunk
+                raise StorageError(f"persist {target.url} failed: the data of {entry['path']} did not arrive; retry")
+    manifest = {
+        "format": FORMAT, "id": snapshot_id, "token": token, "name": snapshot.name, "step": snapshot.step,
+        "created": snapshot.created, "committed": time.time(), "nbytes": int(snapshot.nbytes),
+        "chunk_bytes": CHUNK_BYTES, "jax": jax.__version__, "leaves": leaves,
+    }
+    body = json.dumps(manifest, indent=1).encode()
+    try:
+        generation = objects.create(target.key(MANIFEST), body)
+    except FileExistsError:
+        existing = _parse_manifest(objects.read(target.key(MANIFEST)))
+        # Our own earlier attempt whose reply was lost counts as success.
+        if existing is None or existing.get("token") != token:
+            raise StorageError(
+                f"snapshot {target.url} already exists (written meanwhile by someone else); snapshots are never overwritten"
+            ) from None
+        generation = None
+    manifest["manifest_generation"] = generation
+    return _info(target, manifest)
 
 
 def _open_array(objects: _Objects, target: Location, key: str, nbytes: int, context: Any, create: bool) -> Any:
@@ -696,10 +711,10 @@ def list_snapshots(url: str) -> SnapshotList:
     data objects that nothing refers to, and they never show up here.
     """
     location = parse_url(url)
-    try:
+    infos = []
+    with errors_as("listing", location):
         objects = objects_for(location)
         objects.check(location)
-        infos = []
         base = location.key("") if location.path else ""
         for key in sorted(objects.list(base)):
             rest = key[len(base):]
@@ -708,10 +723,6 @@ def list_snapshots(url: str) -> SnapshotList:
                 manifest = _parse_manifest(objects.read(key))
                 if manifest is not None:
                     infos.append(_info(location.child(parts[0]), manifest))
-    except StorageError:
-        raise
-    except Exception as exc:
-        raise storage_error(exc, "listing", location) from exc
     return SnapshotList(location.url, sorted(infos, key=lambda i: (i.created, i.committed)))
 
 
@@ -741,12 +752,8 @@ def _resolve(location: Location, objects: _Objects) -> tuple[Location, dict[str,
 
 def read_info(url: str) -> SnapshotInfo:
     location = parse_url(url)
-    try:
+    with errors_as("reading", location):
         target, manifest = _resolve(location, objects_for(location))
-    except StorageError:
-        raise
-    except Exception as exc:
-        raise storage_error(exc, "reading", location) from exc
     return _info(target, manifest)
 
 
@@ -765,13 +772,9 @@ def load(url: str, events: Any = None, memory_limit: int | None = None, like: An
     from pathways_kernel import transfers
 
     location = parse_url(url)
-    try:
+    with errors_as("restore", location):
         objects = objects_for(location)
         target, manifest = _resolve(location, objects)
-    except StorageError:
-        raise
-    except Exception as exc:
-        raise storage_error(exc, "restore", location) from exc
     nbytes = int(manifest["nbytes"])
     limit = _available_memory() if memory_limit is None else memory_limit
     if nbytes > limit:
@@ -797,7 +800,7 @@ def _download(transfer: Transfer, objects: _Objects, target: Location, manifest:
     from pathways_kernel.snapshots import Snapshot
 
     transfer.checked()
-    try:
+    with errors_as("restore", target):
         _verify_objects(objects, target, manifest)
         context = _context()
         values: list[Any] = []
@@ -819,14 +822,6 @@ def _download(transfer: Transfer, objects: _Objects, target: Location, manifest:
             entry = manifest["leaves"][index]
             values[index] = future.result().view(dtype).reshape(entry["shape"])
             transfer.advance(entry["nbytes"])
-    except StorageError:
-        raise
-    except ValueError as exc:
-        if "digest mismatch" in str(exc).lower():
-            raise StorageError(f"snapshot {target.url} is damaged: a chunk fails its CRC32C check") from exc
-        raise storage_error(exc, "restore", target) from exc
-    except Exception as exc:
-        raise storage_error(exc, "restore", target) from exc
     specs = [_spec_from_json(e["spec"]) for e in manifest["leaves"]]
     if treedef is None:
         tree = _tree_from_keys([e["keys"] for e in manifest["leaves"]], list(range(len(values))))
