@@ -86,11 +86,6 @@ class Location:
         """The object name (gs) or file path (local) of ``name`` under this location."""
         return f"{self.path}/{name}" if self.path else name
 
-    @property
-    def parent_and_name(self) -> tuple["Location", str]:
-        head, _, tail = self.path.rpartition("/")
-        return dataclasses.replace(self, path=head), tail
-
     def __str__(self) -> str:
         return self.url
 
