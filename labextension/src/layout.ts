@@ -83,7 +83,8 @@ export function layoutTopology(grids: SliceGrid[], width: number, options: Layou
     }
     const blockRows = Math.ceil(n / perRow);
     const height = blockRows * (label + rows * cell + 2 * pad) + (blockRows - 1) * gap;
-    if (height <= maxHeight && (best === null || cell > best.cell)) {
+    // Ties go to more blocks per row: the same cells in less height.
+    if (height <= maxHeight && (best === null || cell >= best.cell)) {
       best = { perRow, cell };
     }
   }

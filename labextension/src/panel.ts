@@ -42,6 +42,7 @@ export class PathwaysPanel extends Widget {
   private _stateChanged = new Signal<this, void>(this);
 
   private _header: HTMLDivElement;
+  private _headerValues = new Map<string, HTMLSpanElement>();
   private _status: HTMLDivElement;
   private _body: HTMLDivElement;
   private _topology: TopologyView;
@@ -279,8 +280,11 @@ export class PathwaysPanel extends Widget {
         return;
       }
       const start = performance.now();
-      this._topology.render();
-      this._slices.render();
+      // All layout reads first, then writes: one reflow per frame, not one per row.
+      const topologyWidth = this._topology.measure();
+      const sparkWidth = this._slices.measure();
+      this._topology.render(topologyWidth);
+      this._slices.render(sparkWidth);
       this._timeline.render();
       this._renderHeader();
       const times = (window.__pathwaysRenderTimes ??= []);
@@ -291,12 +295,13 @@ export class PathwaysPanel extends Widget {
     });
   }
 
-  /** Header figures that move with every metrics frame. */
+  /** Header figures that move with every metrics frame; nodes are built once and only their text changes. */
   private _renderHeader(): void {
     const t = this.model.topology;
     const summary = this.model.summary();
     if (!t || !summary) {
       this._header.textContent = '';
+      this._headerValues.clear();
       return;
     }
     const items: [string, string][] = [
@@ -308,19 +313,24 @@ export class PathwaysPanel extends Widget {
       ['utilization', formatPercent(summary.utilization)],
       ['memory', this.model.metrics ? formatBytes(this.model.metrics.memory_bytes) : '–']
     ];
-    this._header.textContent = '';
     for (const [name, value] of items) {
-      const item = document.createElement('span');
-      item.className = 'jp-PathwaysPanel-headerItem';
-      item.dataset.field = name;
-      const label = document.createElement('span');
-      label.className = 'jp-PathwaysPanel-headerLabel';
-      label.textContent = name;
-      const text = document.createElement('span');
-      text.className = 'jp-PathwaysPanel-headerValue';
-      text.textContent = value;
-      item.append(label, text);
-      this._header.append(item);
+      let text = this._headerValues.get(name);
+      if (!text) {
+        const item = document.createElement('span');
+        item.className = 'jp-PathwaysPanel-headerItem';
+        item.dataset.field = name;
+        const label = document.createElement('span');
+        label.className = 'jp-PathwaysPanel-headerLabel';
+        label.textContent = name;
+        text = document.createElement('span');
+        text.className = 'jp-PathwaysPanel-headerValue';
+        item.append(label, text);
+        this._header.append(item);
+        this._headerValues.set(name, text);
+      }
+      if (text.textContent !== value) {
+        text.textContent = value;
+      }
     }
     this._header.classList.toggle('jp-mod-degraded', summary.slicesUp < summary.slicesTotal);
   }

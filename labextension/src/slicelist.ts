@@ -36,7 +36,12 @@ export class SliceList {
     this.node.className = 'jp-PathwaysPanel-slices';
   }
 
-  render(): void {
+  /**
+   * Redraw. `sparkWidth` is the sparklines' CSS width, measured by the caller
+   * before any DOM write of this frame (reading layout between writes would
+   * force a reflow per row); null to measure here.
+   */
+  render(sparkWidth: number | null = null): void {
     const topology = this._model.topology;
     const shape = topology
       ? `${topology.topology_seq}|${topology.supports_fault_injection}|` + topology.slices.map(s => `${s.index}:${s.state}`).join(',')
@@ -44,8 +49,14 @@ export class SliceList {
     if (shape !== this._shape) {
       this._shape = shape;
       this._build();
+      sparkWidth = null;
     }
-    this._update();
+    this._update(sparkWidth ?? this.measure());
+  }
+
+  /** CSS width of the sparklines (0 before the first build). */
+  measure(): number {
+    return this._rows.length ? this._rows[0].spark.clientWidth : 0;
   }
 
   private _build(): void {
@@ -86,16 +97,14 @@ export class SliceList {
         const b = button;
         button.addEventListener('click', () => this._onAction(action, slice.index, b));
       }
-      node.append(label, state, spark, utilization, memory);
-      if (button) {
-        node.append(button);
-      }
+      // Every row fills all grid columns, with or without a button.
+      node.append(label, state, spark, utilization, memory, button ?? document.createElement('span'));
       this.node.append(node);
       this._rows.push({ node, state, spark, utilization, memory, button });
     }
   }
 
-  private _update(): void {
+  private _update(sparkWidth: number): void {
     const model = this._model;
     const topology = model.topology;
     if (!topology) {
@@ -108,10 +117,10 @@ export class SliceList {
     topology.slices.forEach((slice, position) => {
       const row = this._rows[position];
       const agg = metrics?.slices[position];
-      row.utilization.textContent = slice.state === 'down' ? '–' : formatPercent(agg ? agg.utilization : null);
-      row.memory.textContent = agg ? formatBytes(agg.memory_bytes) : '–';
+      setText(row.utilization, slice.state === 'down' ? '–' : formatPercent(agg ? agg.utilization : null));
+      setText(row.memory, agg ? formatBytes(agg.memory_bytes) : '–');
       const canvas = row.spark;
-      const width = Math.round(SPARK_WIDTH * scale);
+      const width = Math.round((sparkWidth || SPARK_WIDTH) * scale);
       const height = Math.round(SPARK_HEIGHT * scale);
       if (canvas.width !== width || canvas.height !== height) {
         canvas.width = width;
@@ -133,5 +142,12 @@ export class SliceList {
         ctx.fill();
       }
     });
+  }
+}
+
+/** Write only what changed: an unchanged text node costs nothing to lay out again. */
+function setText(node: HTMLElement, text: string): void {
+  if (node.textContent !== text) {
+    node.textContent = text;
   }
 }

@@ -40,8 +40,13 @@ export class TopologyView {
     });
   }
 
-  /** Redraw for the model's current state at the node's current width. */
-  render(): void {
+  /** CSS width available to the canvas; read it before the frame's DOM writes. */
+  measure(): number {
+    return this.node.clientWidth;
+  }
+
+  /** Redraw for the model's current state, `cssWidth` wide (null: measure now). */
+  render(cssWidth: number | null = null): void {
     const model = this._model;
     const topology = model.topology;
     const canvas = this._canvas;
@@ -52,9 +57,8 @@ export class TopologyView {
       return;
     }
     const scale = window.devicePixelRatio || 1;
-    const cssWidth = Math.max(120, this.node.clientWidth || 280);
-    const width = Math.floor(cssWidth * scale);
-    const layout = layoutTopology(model.grids, width, { scale, minCell: 2, maxHeight: 360 });
+    const width = Math.floor(Math.max(120, (cssWidth ?? this.measure()) || 280) * scale);
+    const layout = layoutTopology(model.grids, width, { scale, minCell: 2, maxHeight: 480 });
     this._layout = layout;
     const height = Math.max(1, layout.height);
     if (canvas.width !== width || canvas.height !== height) {
