@@ -25,8 +25,9 @@ def persist_taken(taken: Sequence[snapshots.Snapshot], url: str, snapshot_id: st
         raise PathwaysError("--id names one snapshot; give one variable, or leave --id out (ids are NAME or NAME-stepN)")
     lines = []
     for snap in taken:
-        transfer = storage.persist(snap, url, snapshot_id)
-        lines.append(f"{snap.summary()}; persisting to {transfer.what.split(' -> ')[-1]} in the background")
+        storage.persist(snap, url, snapshot_id)
+        target = storage.parse_url(url).child(snapshot_id or storage.default_id(snap))
+        lines.append(f"{snap.summary()}; persisting to {target.url} in the background")
     return Text("\n".join(lines))
 
 
