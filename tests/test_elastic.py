@@ -20,13 +20,10 @@ FEATURES, OUTPUTS = 32, 8
 
 
 @pytest.fixture(autouse=True)
-def all_slices_up():
-    s = pw.session()
-    yield s
+def all_slices_up(local_session):
     chaosmonkey.chaos_off()
-    for sl in s.topology.slices:
-        if not sl.up:
-            faults.restore_slice(sl.index)
+    yield local_session
+    chaosmonkey.chaos_off()
 
 
 def make_data(steps: int, seed: int = 0):

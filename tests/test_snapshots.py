@@ -18,12 +18,8 @@ from pathways_kernel import faults, snapshots
 
 
 @pytest.fixture
-def mesh():
-    s = pw.session()
-    yield s.mesh()
-    for sl in s.topology.slices:
-        if not sl.up:
-            faults.restore_slice(sl.index)
+def mesh(local_session):
+    return local_session.mesh()
 
 
 def sharded(mesh, shape, spec, start=0.0):
