@@ -106,6 +106,21 @@ def test_panel_shows_slices_and_a_failed_slice_live(page, server):
     page.locator(f"{PANEL} .jp-PathwaysPanel-slice[data-slice='1'][data-state='up']").wait_for(timeout=10_000)
     assert page.locator(f"{PANEL} li.jp-PathwaysPanel-event").first.get_attribute("data-kind") == "slice_up"
 
+    # The canvas follows the theme: its background is JupyterLab's, light or dark.
+    canvas = page.locator(f"{PANEL} canvas.jp-PathwaysPanel-canvas")
+    corner = "c => Array.from(c.getContext('2d').getImageData(c.width - 1, 0, 1, 1).data.slice(0, 3))"
+    assert sum(canvas.evaluate(corner)) > 3 * 200
+    page.evaluate("window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Dark'})")
+    page.locator("body[data-jp-theme-light='false']").wait_for(state="attached", timeout=30_000)
+    page.wait_for_function(
+        f"() => {{ const c = document.querySelector('{PANEL} canvas.jp-PathwaysPanel-canvas');"
+        " const [r, g, b] = c.getContext('2d').getImageData(c.width - 1, 0, 1, 1).data; return r + g + b < 3 * 80; }",
+        timeout=10_000,
+    )
+    page.locator("#jupyterlab-splash").wait_for(state="detached", timeout=30_000)
+    page.screenshot(path=str(ARTIFACTS / "monitor-dark.png"))
+    page.evaluate("window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Light'})")
+
 
 def test_a_plain_python_notebook_gets_a_friendly_message(page, server):
     open_notebook(page, server, "plain.ipynb")
