@@ -37,7 +37,8 @@ class Checkpoints:
 
         with self._lock:
             if location.url not in self._managers:
-                storage.emulator_env()
+                # orbax finds a missing bucket only in its background thread, in many log lines.
+                storage.objects_for(location).check(location)
                 options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=True, create=True)
                 self._managers[location.url] = ocp.CheckpointManager(_path(location), options=options, item_names=("state", "layout"))
             return self._managers[location.url]

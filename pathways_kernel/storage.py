@@ -184,9 +184,9 @@ def storage_error(exc: BaseException, what: str, where: Location | str) -> Stora
             f"(application default credentials) storage.objects access on gs://{bucket or '...'}"
         )
     if isinstance(exc, gexc.NotFound) or text.startswith("ValueError: NOT_FOUND"):
-        if "bucket" in text.lower() or isinstance(exc, ValueError) or "/b/" in text:
+        if bucket:
             return StorageError(f"{what} {where} failed: bucket '{bucket}' does not exist; create it or fix the URL")
-        return StorageError(f"{what} {where} failed: not found")
+        return StorageError(f"{what} {where} failed: {_short(exc)}")
     if "Digest mismatch" in text:
         return StorageError(f"{what} {where} failed: {where} is damaged: a chunk fails its CRC32C check")
     if isinstance(exc, MemoryError):

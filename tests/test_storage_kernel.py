@@ -150,6 +150,8 @@ def test_checkpoint_save_list_restore_onto_a_smaller_mesh(nb):
         ok(nb, "pw.restore_slice(1)")
     assert ok(nb, "print(pw.checkpoints_list('gs://notebook/ckpt'))").text.strip().endswith("(latest 3)")
     assert "no checkpoint step 9" in one_line_error(nb, "%pathways checkpoint restore gs://notebook/ckpt --step 9")
+    assert "bucket 'no-such-ckpt-bucket' does not exist" in one_line_error(
+        nb, "%pathways checkpoint save gs://no-such-ckpt-bucket/x --step 1 --vars state")
 
 
 def test_compile_cache_in_bucket_is_warm_in_a_fresh_kernel(gcs_server):
