@@ -78,6 +78,8 @@ def test_panel_shows_slices_and_a_failed_slice_live(page, server):
     page.locator(f"{PANEL}[data-state='live']").wait_for(state="attached", timeout=60_000)
     run_first_cell(page, "cell ran (8, 256)")
     open_monitor(page, palette=True)
+    # ready, kernelChanged and currentChanged all fired: still exactly one comm for this page.
+    assert live_monitor_comms(server) == 1
 
     canvas = page.locator(f"{PANEL} canvas.jp-PathwaysPanel-canvas[data-slices='2'][data-chips='8']")
     canvas.wait_for(timeout=30_000)

@@ -100,7 +100,9 @@ export class TopologyView {
     for (const b of layout.blocks) {
       const slice = topology.slices[b.position];
       if (slice.state === 'down') {
-        hatch(pixels, stride, b.x, b.y, b.width, b.height, down, block);
+        const strip = b.cellsY - b.y - (layout.aggregated ? 0 : Math.round(2 * (window.devicePixelRatio || 1)));
+        fill(pixels, stride, b.x, b.y, b.width, Math.max(0, strip), block);
+        hatch(pixels, stride, b.x, b.y + Math.max(0, strip), b.width, b.height - Math.max(0, strip), down, block);
         continue;
       }
       if (layout.aggregated) {
@@ -143,7 +145,7 @@ export class TopologyView {
       }
       ctx.font = `${Math.round(10 * scale)}px ${font}`;
       ctx.textAlign = 'left';
-      ctx.fillStyle = toCss(isDown ? colors.downText : colors.textMuted);
+      ctx.fillStyle = toCss(isDown ? colors.down : colors.textMuted);
       ctx.fillText(`slice ${slice.index}`, b.x + 3 * scale, b.y + layout.label / 2);
       if (isDown) {
         ctx.font = `bold ${Math.round(Math.min(14, b.width / 5 / scale) * scale)}px ${font}`;
