@@ -44,7 +44,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from pathways_kernel.errors import StorageError
+from pathways_kernel.errors import StorageError, one_line
 from pathways_kernel.events import format_bytes
 from pathways_kernel.transfers import Transfer
 
@@ -602,7 +602,10 @@ def _upload(transfer: Transfer, snapshot: Any, location: Location, target: Locat
     if _parse_manifest(objects.read(target.key(MANIFEST))) is not None:
         raise StorageError(f"snapshot {target.url} already exists; snapshots are never overwritten: choose another id (or name/step)")
     transfer.checked()
-    snapshot.wait()
+    try:
+        snapshot.wait()
+    except Exception as exc:  # e.g. DATA_LOSS: a slice was lost before its bytes reached the host
+        raise StorageError(f"persist {target.url} failed: snapshot '{snapshot.name}' never reached host memory ({one_line(exc)})") from exc
     transfer.total = snapshot.nbytes
     token = secrets.token_hex(8)
     data_dir = f"data.{token}"
