@@ -13,6 +13,7 @@ import json
 import random
 import threading
 import time
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -307,3 +308,13 @@ def test_compile_cache_on_the_proxy_backend_says_pathways_keeps_its_own(monkeypa
     monkeypatch.setattr(sessions, "_current", sessions.Session(ProxyBackend.from_spec("grpc://127.0.0.1:1")))
     with pytest.raises(NotSupportedError, match="Pathways manages its own persistent compilation cache"):
         compile_cache.enable("gs://any-bucket/cache")
+
+
+def test_kernelspec_compile_cache_option_sets_the_env(tmp_path):
+    from pathways_kernel import kernelspec
+
+    path = kernelspec.install("pw-cache-test", backend="local:2x2", compile_cache="gs://my-cache/jax", prefix=str(tmp_path))
+    spec = json.loads((Path(path) / "kernel.json").read_text())
+    assert spec["env"] == {"PATHWAYS_BACKEND": "local:2x2", compile_cache.ENV: "gs://my-cache/jax"}
+    with pytest.raises(StorageError, match="not a bucket name"):
+        kernelspec.install("pw-cache-bad", compile_cache="gs://Bad Bucket/x", prefix=str(tmp_path))
