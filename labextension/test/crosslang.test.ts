@@ -1,0 +1,109 @@
+/**
+ * The TypeScript and Python sides of protocol v1 agree: messages encoded by
+ * pathways_kernel.monitor.protocol decode here, and requests encoded here
+ * pass the kernel's validation. Runs the venv's Python (skipped without it).
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import { resolve } from 'node:path';
+
+import { MetricsMessage, RequestBody, TopologyMessage, decodeMessage, encodeRequest } from '../src/protocol';
+
+const PYTHON = process.env.PATHWAYS_PYTHON ?? resolve('.venv/bin/python');
+const skip = existsSync(PYTHON) ? false : `no Python at ${PYTHON} (set PATHWAYS_PYTHON)`;
+
+function python(script: string, input = ''): string {
+  return execFileSync(PYTHON, ['-c', script], { input, encoding: 'utf-8', env: { ...process.env, JAX_PLATFORMS: 'cpu' } });
+}
+
+const KERNEL_MESSAGES = `
+import base64, json
+import numpy as np
+from pathways_kernel.monitor import protocol as p
+
+topology = p.TopologyMessage(
+    topology_seq=3, backend="local:2x4", target="embedded", platform="cpu", supports_fault_injection=True,
+    slices=(p.SliceInfo(0, "up", "cpu", (2, 2, 1), 0, 4), p.SliceInfo(1, "down", "cpu", (2, 2, 1), 4, 4)),
+    chip_id=np.arange(8, dtype=np.int32) + 100,
+    chip_slice=np.repeat(np.arange(2, dtype=np.uint16), 4),
+    chip_coords=np.array([[i % 2, (i % 4) // 2, 0] for i in range(8)], np.uint16),
+)
+nbytes = np.array([0, 1, 2, 3, 4, 5, 6, 70000 * 8], np.int64)
+unit = p.memory_unit_for(int(nbytes.max()))
+metrics = p.MetricsMessage(
+    seq=9, time=1700000000.5, topology_seq=3, source="client", window_s=2.0, memory_unit=unit,
+    slices=(p.SliceMetrics(0, "up", 0.5, 6, None), p.SliceMetrics(1, "down", 0.0, 0, None)),
+    utilization=0.5, memory_bytes=6 + 70000 * 8,
+    chip_utilization=p.quantize_utilization(np.array([0, 0.25, 0.5, 1, 0, 0, 0, 0])),
+    chip_memory=p.quantize_memory(nbytes, unit),
+)
+event = {"seq": 4, "time": 1700000000.0, "kind": "reshard", "slices_before": (0, 1), "slices_after": (0,),
+         "bytes": 1 << 20, "duration_s": 0.25, "step": 7, "detail": "x"}
+out = []
+for data, buffers in (p.encode_topology(topology), p.encode_metrics(metrics), p.encode_event(event),
+                      p.encode_reply("r1", True, result={"rate": 2.0})):
+    out.append({"data": data, "buffers": [base64.b64encode(b).decode() for b in buffers]})
+print(json.dumps(out))
+`;
+
+test('messages from the Python encoder decode in TypeScript', { skip }, () => {
+  const messages = JSON.parse(python(KERNEL_MESSAGES)) as { data: unknown; buffers: string[] }[];
+  const decoded = messages.map(m =>
+    decodeMessage(
+      m.data,
+      m.buffers.map(b => {
+        const bytes = Buffer.from(b, 'base64');
+        return new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+      })
+    )
+  );
+  const topology = decoded[0] as TopologyMessage;
+  assert.equal(topology.chips, 8);
+  assert.deepEqual([...topology.chip_id], [100, 101, 102, 103, 104, 105, 106, 107]);
+  assert.deepEqual([...topology.chip_coords.slice(9, 12)], [1, 1, 0]);
+  assert.equal(topology.slices[1].state, 'down');
+  const metrics = decoded[1] as MetricsMessage;
+  assert.deepEqual([...metrics.utilization_buffer.slice(0, 4)], [0, 64, 128, 255]);
+  assert.equal(metrics.memory_buffer[7] * metrics.memory_unit, 70000 * 8);
+  assert.equal(metrics.memory_unit, 16, 'smallest power of two that fits 560,000 B in 65,534 units');
+  const event = decoded[2];
+  assert.equal(event.type, 'event');
+  if (event.type === 'event') {
+    assert.deepEqual([event.event.slices_before, event.event.slices_after, event.event.step], [[0, 1], [0], 7]);
+  }
+  assert.deepEqual(decoded[3], { v: 1, type: 'reply', request_id: 'r1', ok: true, error: null, result: { rate: 2 } });
+});
+
+const DECODE_REQUESTS = `
+import json, sys
+from pathways_kernel.monitor import protocol as p
+out = []
+for data in json.load(sys.stdin):
+    try:
+        r = p.decode_request(data)
+        out.append({"ok": True, "type": r.type, "request_id": r.request_id, "rate": r.rate, "slice": r.slice})
+    except p.ProtocolError as e:
+        out.append({"ok": False, "error": str(e)})
+print(json.dumps(out))
+`;
+
+test('requests encoded in TypeScript pass the kernel validation', { skip }, () => {
+  const bodies: RequestBody[] = [
+    { type: 'subscribe', rate: 0.5 },
+    { type: 'ping' },
+    { type: 'fail_slice', slice: 1 },
+    { type: 'restore_slice', slice: 0 },
+    { type: 'snapshot' }
+  ];
+  const requests = bodies.map((b, i) => encodeRequest(b, `req-${i}`));
+  const replies = JSON.parse(python(DECODE_REQUESTS, JSON.stringify(requests))) as Record<string, unknown>[];
+  replies.forEach((r, i) => {
+    assert.equal(r.ok, true, JSON.stringify(r));
+    assert.equal(r.type, bodies[i].type);
+    assert.equal(r.request_id, `req-${i}`);
+  });
+  assert.equal(replies[0].rate, 0.5);
+  assert.equal(replies[2].slice, 1);
+});
