@@ -25,6 +25,7 @@ import concurrent.futures
 import dataclasses
 import threading
 import time
+import weakref
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
@@ -195,11 +196,90 @@ def _copy_array(array: Any, out: np.ndarray) -> None:
             out[shard.index] = np.asarray(shard.data)
 
 
+class _HostBuffers:
+    """Host buffers of dead snapshots, reused by new ones of the same shapes.
+
+    Writing into fresh memory costs a page fault per page, which on a busy
+    host is most of a snapshot's time; a training loop takes same-shaped
+    snapshots over and over, so the buffers of the ones the store dropped
+    are recycled, as runtimes reuse pinned staging buffers. A buffer is only
+    taken back when nothing but its dead snapshot's leaf refers to it (no
+    view, no upload in flight, no device array aliasing it), and the pool
+    holds at most as many bytes as the largest snapshot taken.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._free: dict[tuple[tuple[int, ...], str], list[np.ndarray]] = {}
+        self._bytes = 0
+        self.limit = 0
+
+    def get(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        with self._lock:
+            free = self._free.get((shape, np.dtype(dtype).str))
+            if free:
+                buffer = free.pop()
+                self._bytes -= buffer.nbytes
+                return buffer
+        return np.empty(shape, dtype)
+
+    def on_snapshot_dead(self, leaves: list[Leaf]) -> None:
+        # Finalizers run while the dead snapshot still holds its leaves: count
+        # references once it is gone, on the copy thread.
+        try:
+            _COPIER.submit(self.recycle, leaves)
+        except RuntimeError:  # the interpreter is shutting down: nothing to reuse
+            pass
+
+    def recycle(self, leaves: list[Leaf]) -> None:
+        """Take back the buffers of a dead snapshot that nobody else holds."""
+        import sys
+
+        # References to the list: the task's arguments, `leaves`, getrefcount's
+        # argument; to a leaf: the list, `leaf`, the argument; to a buffer: the
+        # leaf's attribute, `host`, the argument. Any more is someone else's.
+        if sys.getrefcount(leaves) > 3:
+            return
+        for leaf in leaves:
+            host = leaf.host
+            if sys.getrefcount(leaf) > 3 or not leaf.on_device or not isinstance(host, np.ndarray) or sys.getrefcount(host) > 3:
+                continue
+            if host.base is not None or not host.flags.c_contiguous or not host.flags.writeable:
+                continue
+            with self._lock:
+                if self._bytes + host.nbytes > self.limit:
+                    continue
+                leaf.host = None
+                self._free.setdefault((host.shape, host.dtype.str), []).append(host)
+                self._bytes += host.nbytes
+
+    def clear(self) -> None:
+        with self._lock:
+            self._free.clear()
+            self._bytes = 0
+
+    def addresses(self) -> set[int]:
+        with self._lock:
+            return {b.ctypes.data for free in self._free.values() for b in free}
+
+    def note_snapshot(self, nbytes: int) -> None:
+        with self._lock:
+            self.limit = max(self.limit, nbytes)
+
+    @property
+    def nbytes(self) -> int:
+        with self._lock:
+            return self._bytes
+
+
+_BUFFERS = _HostBuffers()
+
+
 def _copy_all(snap: Snapshot, arrays: list[Any], on_done: Callable[[Snapshot], None] | None) -> None:
     start = time.perf_counter()
     for leaf, array in zip(snap.leaves, arrays):
         if leaf.on_device:
-            out = np.empty(leaf.shape, leaf.dtype)
+            out = _BUFFERS.get(leaf.shape, leaf.dtype)
             _copy_array(array, out)
             leaf.host = out
     snap.duration_s = time.perf_counter() - start
@@ -230,6 +310,10 @@ def take(tree: Any, name: str = DEFAULT_NAME, step: int | None = None, on_done: 
             leaves.append(Leaf(key, tuple(np.shape(value)), np.result_type(value) if _numeric(value) else np.dtype(object), None, (), host, on_device=False))
         arrays.append(value)
     snap = Snapshot(name, step, treedef, leaves)
+    _BUFFERS.note_snapshot(snap.nbytes)
+    # The finalizer holds the leaves (not the snapshot): when the snapshot
+    # dies, its buffers go back to the pool if nothing else holds them.
+    weakref.finalize(snap, _BUFFERS.on_snapshot_dead, leaves).atexit = False
     snap._future = _COPIER.submit(_copy_all, snap, arrays, on_done)
     return snap
 

@@ -191,3 +191,23 @@ def test_autosnapshot_snapshots_changed_variables_after_each_cell(kernel):
     assert kernel.run("print(pw.snapshot_store().latest('auto_v').leaves[0].host[3])").text.strip() == "4.0"
     reply = kernel.run("%pathways autosnapshot off")
     assert "autosnapshot off" in reply.text
+
+
+def test_host_buffers_of_dead_snapshots_are_reused_only_when_nobody_holds_them(mesh):
+    snapshots._BUFFERS.clear()
+    x = sharded(mesh, (64, 64), P("data", "model"))
+    held = snapshots.take(x).wait()
+    kept = held.leaves[0].host
+    del held
+    dead = snapshots.take(x).wait()
+    address = dead.leaves[0].host.ctypes.data
+    del dead
+    deadline = time.time() + 5
+    while address not in snapshots._BUFFERS.addresses() and time.time() < deadline:  # recycled on the copy thread
+        time.sleep(0.01)
+    y = sharded(mesh, (64, 64), P("data", "model"), start=1000)
+    fresh = snapshots.take(y).wait()
+    assert fresh.leaves[0].host.ctypes.data == address  # the dead snapshot's buffer, reused
+    np.testing.assert_array_equal(fresh.leaves[0].host, np.asarray(y))
+    np.testing.assert_array_equal(kept, np.arange(64 * 64, dtype=np.float32).reshape(64, 64))  # held: untouched
+    assert kept.ctypes.data != address
