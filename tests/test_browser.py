@@ -26,7 +26,10 @@ PANEL = "#pathways-monitor"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("lab")
-    labtools.notebook(root / "monitor.ipynb", ["import jax.numpy as jnp\nx = jnp.ones((8, 256))\nprint('cell ran', x.shape)"])
+    labtools.notebook(
+        root / "monitor.ipynb",
+        ["import jax.numpy as jnp\nx = jnp.ones((8, 256))\nprint('cell ran', x.shape)", "import time\ntime.sleep(20)\nprint('slept')"],
+    )
     labtools.notebook(root / "plain.ipynb", ["print('plain python')"], kernel="python3")
     lab = labtools.Lab(root)
     yield lab
@@ -124,6 +127,23 @@ def test_panel_shows_slices_and_a_failed_slice_live(page, server):
     page.evaluate("window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Light'})")
 
 
+def test_the_panel_acts_while_a_cell_runs(page, server):
+    """Requests go over the comm's kernel subshell, so a busy main shell does not hold them."""
+    open_notebook(page, server, "monitor.ipynb")
+    page.locator(f"{PANEL}[data-state='live']").wait_for(state="attached", timeout=60_000)
+    open_monitor(page)
+    page.locator(".jp-Notebook .jp-Cell .jp-InputArea-editor").nth(1).click()
+    page.keyboard.press("Shift+Enter")
+    page.locator(".jp-Notebook-ExecutionIndicator[data-status='busy']").first.wait_for(timeout=10_000)
+    page.get_by_role("button", name="fail slice 1").click()
+    page.locator(f"{PANEL} .jp-PathwaysPanel-slice[data-slice='1'][data-state='down']").wait_for(timeout=2_000)
+    page.get_by_role("button", name="restore slice 1").click()
+    page.locator(f"{PANEL} .jp-PathwaysPanel-slice[data-slice='1'][data-state='up']").wait_for(timeout=2_000)
+    # Both answered while the 20 s cell was still running.
+    assert page.locator(".jp-Notebook-ExecutionIndicator").first.get_attribute("data-status") == "busy"
+    assert page.locator(".jp-OutputArea-output", has_text="slept").count() == 0
+
+
 def test_a_plain_python_notebook_gets_a_friendly_message(page, server):
     open_notebook(page, server, "plain.ipynb")
     open_monitor(page)
@@ -131,6 +151,18 @@ def test_a_plain_python_notebook_gets_a_friendly_message(page, server):
     message = page.locator(f"{PANEL} .jp-PathwaysPanel-message")
     assert "not a Pathways kernel" in message.inner_text()
     assert page.locator(f"{PANEL} .jp-PathwaysPanel-body").is_hidden()
+
+
+def test_the_panel_reconnects_after_a_kernel_restart(page, server):
+    open_notebook(page, server, "monitor.ipynb")
+    open_monitor(page)
+    page.locator(f"{PANEL} canvas[data-slices='2'][data-down='']").wait_for(timeout=60_000)
+    page.evaluate("window.jupyterapp.shell.currentWidget.sessionContext.restartKernel()")
+    page.locator(f"{PANEL}[data-state='connecting']").wait_for(state="attached", timeout=30_000)
+    page.locator(f"{PANEL}[data-state='live']").wait_for(state="attached", timeout=90_000)
+    page.locator(f"{PANEL} li.jp-PathwaysPanel-event[data-kind='connect']").first.wait_for(timeout=30_000)
+    # The restarted kernel has only this page's new comm.
+    assert live_monitor_comms(server) == 1
 
 
 def live_monitor_comms(server) -> int:
