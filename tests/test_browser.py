@@ -90,6 +90,12 @@ def test_panel_shows_slices_and_a_failed_slice_live(page, server):
     assert page.locator(f"{PANEL} [data-field='slices']").inner_text().endswith("2/2 up")
     assert page.locator(f"{PANEL} .jp-PathwaysPanel-slice").count() == 2
     page.locator(".jp-PathwaysStatus", has_text="Pathways 2/2 slices").wait_for()
+    # Hovering the first chip cell of slice 0 names the chip.
+    canvas.hover(position={"x": 8, "y": 20})
+    tooltip = page.locator(f"{PANEL} .jp-PathwaysPanel-tooltip")
+    tooltip.wait_for()
+    tip = tooltip.inner_text()
+    assert "chip 0 · slice 0" in tip and "coords (0, 0, 0)" in tip and "utilization" in tip and "memory" in tip, tip
 
     page.get_by_role("button", name="fail slice 1").click()
     clicked = time.monotonic()
