@@ -11,7 +11,6 @@ import { ISessionContext } from '@jupyterlab/apputils';
 import { NotebookPanel } from '@jupyterlab/notebook';
 import { Kernel } from '@jupyterlab/services';
 import { ISignal, Signal } from '@lumino/signaling';
-import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
 import { CloseReason, MonitorConnection } from './connection';
@@ -126,11 +125,11 @@ export class PathwaysPanel extends Widget {
     super.dispose();
   }
 
-  protected onAfterShow(msg: Message): void {
+  protected onAfterShow(): void {
     this._schedule();
   }
 
-  protected onResize(msg: Widget.ResizeMessage): void {
+  protected onResize(): void {
     this._schedule();
   }
 
