@@ -22,6 +22,7 @@ interface Row {
 
 const SPARK_WIDTH = 120;
 const SPARK_HEIGHT = 18;
+const SPARK_COLUMNS = 200;
 
 export class SliceList {
   readonly node: HTMLDivElement;
@@ -129,14 +130,17 @@ export class SliceList {
       const ctx = canvas.getContext('2d')!;
       ctx.fillStyle = toCss(colors.block);
       ctx.fillRect(0, 0, width, height);
-      const points = sparklinePoints(model.history(slice.index), now, HISTORY_S, width, height - scale);
+      // At most SPARK_COLUMNS points per row, stretched to the width: 64 wide rows stay cheap.
+      const columns = Math.min(width, SPARK_COLUMNS);
+      const stretch = width / columns;
+      const points = sparklinePoints(model.history(slice.index), now, HISTORY_S, columns, height - scale);
       if (points.length >= 2) {
         ctx.beginPath();
-        ctx.moveTo(points[0], height);
+        ctx.moveTo(points[0] * stretch, height);
         for (let i = 0; i < points.length; i += 2) {
-          ctx.lineTo(points[i], points[i + 1]);
+          ctx.lineTo(points[i] * stretch, points[i + 1]);
         }
-        ctx.lineTo(points[points.length - 2], height);
+        ctx.lineTo(points[points.length - 2] * stretch, height);
         ctx.closePath();
         ctx.fillStyle = toCss(slice.state === 'down' ? colors.down : colors.accent);
         ctx.fill();

@@ -19,6 +19,8 @@ export class TopologyView {
   private _tooltip: HTMLDivElement;
   private _layout: Layout | null = null;
   private _hover: { x: number; y: number } | null = null;
+  /** Reused between frames: a 1,000 x 500 frame is 2 MB not to allocate twice a second. */
+  private _image: ImageData | null = null;
 
   constructor(private _model: MonitorModel) {
     this.node = document.createElement('div');
@@ -69,7 +71,10 @@ export class TopologyView {
     }
     const colors = palette(this.node);
     const ctx = canvas.getContext('2d')!;
-    const image = ctx.createImageData(width, height);
+    if (!this._image || this._image.width !== width || this._image.height !== height) {
+      this._image = ctx.createImageData(width, height);
+    }
+    const image = this._image;
     const pixels = new Uint32Array(image.data.buffer);
     pixels.fill(packRGBA(colors.background));
     this._drawCells(pixels, width, layout, colors);
@@ -121,7 +126,15 @@ export class TopologyView {
             continue;
           }
           const color = util ? colors.ramp[util[chip]] : idle;
-          fill(pixels, stride, b.cellsX + col * layout.cell, b.cellsY + row * layout.cell, size, size, color);
+          const at = (b.cellsY + row * layout.cell) * stride + b.cellsX + col * layout.cell;
+          if (size === 2) {
+            // The common case at tens of thousands of chips: four stores beat two fill() calls.
+            pixels[at] = pixels[at + 1] = pixels[at + stride] = pixels[at + stride + 1] = color;
+          } else {
+            for (let y = 0; y < size; y++) {
+              pixels.fill(color, at + y * stride, at + y * stride + size);
+            }
+          }
         }
       }
     }
