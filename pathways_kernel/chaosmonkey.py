@@ -16,11 +16,13 @@ the slices as they are.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import dataclasses
 import random
 import threading
 import time
+import weakref
 from typing import Any, Iterator, Sequence
 
 from pathways_kernel import faults
@@ -110,6 +112,17 @@ class ChaosStatus:
         p.text(self.to_text())
 
 
+#: Running chaos threads, stopped before the interpreter ends: a daemon thread
+#: caught inside jaxlib during finalization aborts the process.
+_running: "weakref.WeakSet[Chaos]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for runner in list(_running):
+        runner.stop()
+
+
 class Chaos:
     """The session's chaos thread (session extension ``"chaos"``)."""
 
@@ -141,12 +154,14 @@ class Chaos:
                 target=self._run, args=(events, self._stop, seed), name="pathways-chaos", daemon=True
             )
             self._thread.start()
+            _running.add(self)
         return self.status()
 
     def stop(self) -> ChaosStatus:
         with self._lock:
             thread, self._thread = self._thread, None
             self._stop.set()
+            _running.discard(self)
         if thread is not None and thread is not threading.current_thread():
             thread.join()
         return self.status()

@@ -74,6 +74,7 @@ Limits
 
 from __future__ import annotations
 
+import atexit
 import collections
 import dataclasses
 import functools
@@ -192,21 +193,31 @@ def _bury(array: Any) -> None:
 def _sweep_graveyard() -> None:
     """Release buried buffers once their grace period is over (and they are ready)."""
     global _sweeper
-    released = []
+    # Buffers are freed under the lock, so that _empty_graveyard at exit
+    # waits for a sweep in progress.
     with _graveyard_lock:
         now = time.monotonic()
-        for _ in range(len(_graveyard)):
-            when, keeper = _graveyard.popleft()
-            if now - when < _GRACE_S or not keeper.is_ready():
-                _graveyard.append((when, keeper))
-            else:
-                released.append(keeper)
+        kept = [(when, keeper) for when, keeper in _graveyard if now - when < _GRACE_S or not keeper.is_ready()]
+        _graveyard.clear()
+        _graveyard.extend(kept)
         _sweeper = None
         if _graveyard:
             _sweeper = threading.Timer(_GRACE_S, _sweep_graveyard)
             _sweeper.daemon = True
             _sweeper.start()
-    del released  # the buffers go here, outside the lock
+
+
+@atexit.register
+def _empty_graveyard() -> None:
+    """Release buried buffers on the main thread before the interpreter ends:
+    a daemon timer freeing them during finalization aborts the process."""
+    global _sweeper
+    with _graveyard_lock:
+        sweeper, _sweeper = _sweeper, None
+        _graveyard.clear()
+    if sweeper is not None:
+        sweeper.cancel()
+        sweeper.join()
 
 
 def _make_lost_when_unread(arrays: list[Any], message: str) -> None:
@@ -245,6 +256,16 @@ def _make_lost_when_unread(arrays: list[Any], message: str) -> None:
             time.sleep(0.001)
     if _sweeper is None:
         _sweep_graveyard()
+
+
+def _arrays_on(devices: frozenset) -> list[Any]:
+    """Live arrays with a shard on ``devices`` that are not lost already."""
+    import jax
+
+    return [
+        array for array in jax.live_arrays()
+        if not array.is_deleted() and not devices.isdisjoint(_array_devices(array)) and not is_lost(array, wait=False)
+    ]
 
 
 def _lose_results(results: Any, what: str) -> None:
@@ -362,11 +383,19 @@ class FaultInjector:
         self._lock = threading.RLock()
         self._down: dict[int, frozenset] = {}
         self._saved_default_device: Any = _UNSET
+        # The session's slice states are the truth: a slice marked up or down
+        # by anyone (a test fixture, the monitor) moves the hooks along.
+        self._unsubscribe = session.events.subscribe(self._on_event)
         session.on_close(self._reset)
 
     def fail(self, index: int, detail: str = "fault injected") -> FaultReport:
-        import jax
+        """Lose slice ``index``; see ``fail_slice``.
 
+        The slice is marked down (hooks armed, ``slice_down`` emitted) before
+        its arrays get their error buffers: that can wait for reads in flight
+        on other threads, and meanwhile nothing new may land on the slice nor
+        anyone see it up while data on it already raises.
+        """
         self.session.require_fault_injection("fail_slice")
         with self._lock:
             topology = self.session.topology
@@ -375,19 +404,18 @@ class FaultInjector:
                 return FaultReport(index, "fail", False, slices_up=_up(topology))
             _install_hooks()
             devices = frozenset(target.devices)
+            lost = _arrays_on(devices)
             self._down[index] = devices
             self._publish()
             _clear_dispatch_caches()
-            lost = [
-                array for array in jax.live_arrays()
-                if not array.is_deleted() and not devices.isdisjoint(_array_devices(array)) and not is_lost(array, wait=False)
-            ]
-            count, nbytes = len(lost), sum(array.nbytes for array in lost)
-            _make_lost_when_unread(lost, lost_array_message(index))
             self._move_default_device()
-            self.session.set_slice_state(index, "down", detail=f"{detail}: {count} arrays lost")
+            self.session.set_slice_state(index, "down", detail=f"{detail}: {len(lost)} arrays lost")
+            message = lost_array_message(index)
+            _make_lost_when_unread(lost, message)
+            # Arrays that appeared while the slice was being marked down.
+            _make_lost_when_unread(_arrays_on(devices), message)
             topology = self.session.topology
-        return FaultReport(index, "fail", True, count, nbytes, _up(topology))
+        return FaultReport(index, "fail", True, len(lost), sum(array.nbytes for array in lost), _up(topology))
 
     def restore(self, index: int, detail: str = "repaired") -> FaultReport:
         self.session.require_fault_injection("restore_slice")
@@ -436,8 +464,23 @@ class FaultInjector:
             self._saved_default_device = original
             jax.config.update("jax_default_device", live[0])
 
+    def _on_event(self, event: Any) -> None:
+        if event.kind in ("slice_up", "slice_down"):
+            self._sync()
+
+    def _sync(self) -> None:
+        """Follow the session's slice states, however they were set."""
+        with self._lock:
+            down = {s.index: frozenset(s.devices) for s in self.session.topology.slices if not s.up}
+            if down != self._down:
+                self._down = down
+                self._publish()
+                _clear_dispatch_caches()
+                self._move_default_device()
+
     def _reset(self) -> None:
         global _lost_devices
+        self._unsubscribe()
         with self._lock:
             if self._down:
                 self._down.clear()
