@@ -113,6 +113,16 @@ def test_restore_brings_the_slice_back_empty(lost):
         assert "slice 1 down" in lost.run("%pathways fail 1").text
 
 
+def test_hooks_follow_slice_states_set_directly_on_the_session(lost):
+    # E.g. a test fixture or the monitor marking the slice up without restore_slice.
+    lost.run("pw.session().set_slice_state(1, 'up')")
+    try:
+        assert probe(lost, "float(jax.device_put(np.ones(4), slice1[2]).sum())") == "readable"
+    finally:
+        lost.run("pw.session().set_slice_state(1, 'down')")
+    assert probe(lost, "float(jax.device_put(np.ones(4), slice1[2]).sum())") == "DATA_LOSS"
+
+
 def test_slice_events_are_logged(lost):
     reply = lost.run("print([(e.kind, e.slices_before, e.slices_after) for e in pw.events(kind='slice_down')][-1])")
     assert reply.text.strip() == "('slice_down', (0, 1), (0,))"
