@@ -109,7 +109,8 @@ export class PathwaysPanel extends Widget {
       const context = notebook?.sessionContext;
       context?.kernelChanged.connect(this._sync, this);
       context?.statusChanged.connect(this._kernelStatus, this);
-      void context?.ready.then(() => this._sync());
+      // A notebook closed before its session was ready rejects: nothing to follow then.
+      void context?.ready.then(() => this._sync()).catch(() => undefined);
     }
     this._sync();
   }
