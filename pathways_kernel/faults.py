@@ -319,12 +319,12 @@ def _install_hooks() -> None:
 
         @functools.wraps(device_put)
         def batched_device_put(*xs, **params):
-            if not _lost_devices:
-                return device_put(*xs, **params)
+            # Even with every slice up again: lost data stays lost.
             for x in xs:
                 _check_readable(x)
             results = device_put(*xs, **params)
-            _lose_results(results, "device_put")
+            if _lost_devices:
+                _lose_results(results, "device_put")
             return results
 
         pxla.ExecuteReplicated.__call__ = execute_replicated

@@ -107,6 +107,7 @@ def test_restore_brings_the_slice_back_empty(lost):
         assert probe(lost, "float(zeros_on1().sum())") == "readable"
         # Lost data stays lost, and so does what is computed from it.
         assert probe(lost, "np.asarray(both)") == "DATA_LOSS"
+        assert probe(lost, "jax.device_put(both, both.sharding)") == "DATA_LOSS"
         assert probe(lost, "float(double(on1).sum())") == "DATA_LOSS"
         assert "2/2 slices healthy" in lost.run("%pathways health").text
     finally:
