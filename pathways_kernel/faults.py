@@ -23,11 +23,11 @@ reads ``INTERNAL: DATA_LOSS: ...`` (the runtime wraps it), which
 ``pathwaysutils.elastic.is_error_due_to_slice_down`` accepts.
 
 New work placed on a lost device fails the same way. Three narrow hooks, on
-JAX's dispatch paths only, do this while a slice is down:
+JAX's dispatch paths only, installed at the first ``fail_slice``, do this:
 
 - ``pxla.ExecuteReplicated.__call__`` (every jit/pmap/eager-op execution that
-  goes through Python): results with a shard on a lost device get error
-  buffers.
+  goes through Python): while a slice is down, results with a shard on it get
+  error buffers.
 - ``pjit._get_fastpath_data``: an executable touching a lost device is never
   given the C++ fast path, so it always passes through the hook above; the C++
   dispatch caches are cleared on each fail and restore so that nothing cached
@@ -35,8 +35,8 @@ JAX's dispatch paths only, do this while a slice is down:
 - ``dispatch._batched_device_put_impl`` (``jax.device_put`` and the
   ``device_put`` primitive): putting a lost array anywhere raises
   ``DATA_LOSS`` at once (as the runtime does for any copy of it, including the
-  no-op put onto its own sharding), and results placed on a lost device get
-  error buffers.
+  no-op put onto its own sharding, and after the slice is back), and results
+  placed on a lost device get error buffers.
 
 So pathwaysutils' own health check (``get_active_slice_indices``: a ``pmap``
 per slice, errors caught at ``block_until_ready``) reports the slice down until
