@@ -199,16 +199,11 @@ def _tree_nbytes(tree: Any) -> int:
 def _reshard(tree: Any, mesh: Any) -> Any:
     """Move live state onto ``mesh`` keeping each leaf's PartitionSpec."""
     import jax
-    from jax.sharding import NamedSharding
 
     def move(leaf: Any) -> Any:
         if not isinstance(leaf, jax.Array):
             return leaf
-        if isinstance(leaf.sharding, NamedSharding):
-            target = NamedSharding(mesh, snapshots.fit_spec(leaf.sharding.spec, leaf.shape, mesh))
-        else:
-            target = jax.sharding.SingleDeviceSharding(mesh.devices.flat[0])
-        return jax.device_put(leaf, target)
+        return jax.device_put(leaf, snapshots.sharding_on(snapshots.spec_of(leaf), leaf.shape, mesh))
 
     out = jax.tree.map(move, tree)
     jax.block_until_ready(out)
@@ -445,16 +440,11 @@ def abstract(tree: Any, mesh: Any) -> Any:
     leaf's PartitionSpec (as a reshard would place it): for ``prepare``, e.g.
     ``lambda mesh: step.lower(*elastic.abstract(args, mesh)).compile()``."""
     import jax
-    from jax.sharding import NamedSharding
 
     def leaf(x: Any) -> Any:
         if not isinstance(x, jax.Array):
             return x
-        if isinstance(x.sharding, NamedSharding):
-            sharding = NamedSharding(mesh, snapshots.fit_spec(x.sharding.spec, x.shape, mesh))
-        else:
-            sharding = jax.sharding.SingleDeviceSharding(mesh.devices.flat[0])
-        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=snapshots.sharding_on(snapshots.spec_of(x), x.shape, mesh))
 
     return jax.tree.map(leaf, tree)
 

@@ -171,12 +171,10 @@ class Snapshot:
 
 # -- taking snapshots ---------------------------------------------------------
 def _layout(value: Any) -> tuple[Any, MeshAxes]:
-    from jax.sharding import NamedSharding
-
-    sharding = value.sharding
-    if isinstance(sharding, NamedSharding):
-        return sharding.spec, tuple((str(k), int(v)) for k, v in sharding.mesh.shape.items())
-    return None, ()
+    spec = spec_of(value)
+    if spec is None:
+        return None, ()
+    return spec, tuple((str(k), int(v)) for k, v in value.sharding.mesh.shape.items())
 
 
 def _is_device_array(value: Any) -> bool:
@@ -359,21 +357,27 @@ def fit_spec(spec: Any, shape: tuple[int, ...], mesh: Any) -> Any:
     return PartitionSpec(*entries[: len(shape)])
 
 
-def shardings_for(snap: Snapshot, mesh: Any) -> list[Any]:
-    """The sharding each device leaf of ``snap`` gets on ``mesh``."""
+def sharding_on(spec: Any, shape: tuple[int, ...], mesh: Any) -> Any:
+    """Where a leaf laid out with ``spec`` goes on ``mesh``: the fitted spec,
+    or ``mesh``'s first device for a leaf that was not on a mesh (``None``)."""
     import jax
     from jax.sharding import NamedSharding, PartitionSpec
 
-    first = mesh.devices.flat[0]
-    out = []
-    for leaf in snap.leaves:
-        if not leaf.on_device:
-            out.append(None)
-        elif leaf.spec is None:
-            out.append(jax.sharding.SingleDeviceSharding(first))
-        else:
-            out.append(NamedSharding(mesh, fit_spec(leaf.spec, leaf.shape, mesh) if leaf.shape else PartitionSpec()))
-    return out
+    if spec is None:
+        return jax.sharding.SingleDeviceSharding(mesh.devices.flat[0])
+    return NamedSharding(mesh, fit_spec(spec, shape, mesh) if shape else PartitionSpec())
+
+
+def spec_of(array: Any) -> Any:
+    """``array``'s PartitionSpec, or ``None`` if it is not laid out on a mesh."""
+    from jax.sharding import NamedSharding
+
+    return array.sharding.spec if isinstance(array.sharding, NamedSharding) else None
+
+
+def shardings_for(snap: Snapshot, mesh: Any) -> list[Any]:
+    """The sharding each device leaf of ``snap`` gets on ``mesh`` (``None`` for host leaves)."""
+    return [sharding_on(leaf.spec, leaf.shape, mesh) if leaf.on_device else None for leaf in snap.leaves]
 
 
 def default_mesh(snap: Snapshot) -> Any:
