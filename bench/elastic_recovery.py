@@ -6,7 +6,8 @@ by ``pw.elastic`` with host snapshots. At a fixed step slice 1 fails
 (``pw.fail_slice``); we measure from the ``slice_down`` event to the end of
 the first step completed on the reduced mesh (detection, mesh rebuild,
 snapshot restore, recompile, one step). In the same run, the floor: one
-``jax.device_put`` of the same host snapshot onto the reduced mesh.
+``jax.device_put`` of the same host snapshot onto the reduced mesh (right
+after each recovery, best of two).
 
 The step is deliberately light (a block of each big table is read, the
 small dense head is trained), so the figure measures recovery, not the model's own
@@ -90,16 +91,19 @@ def main() -> None:
         return out
 
     def floor_now(mesh) -> float:
-        """One device_put of the snapshot the loop restored, onto the same reduced mesh."""
+        """One device_put of the snapshot the loop restored, onto the same reduced
+        mesh; the best of two, so that a cold allocator does not flatter the ratio."""
         snap = snapshots.store().latest("elastic:bench")
         shardings = [sh for sh in snapshots.shardings_for(snap, mesh) if sh is not None]
         hosts = [leaf.host for leaf in snap.leaves if leaf.on_device]
-        start = time.perf_counter()
-        placed = jax.device_put(hosts, shardings)
-        jax.block_until_ready(placed)
-        elapsed = time.perf_counter() - start
-        del placed
-        return elapsed
+        times = []
+        for _ in range(2):
+            start = time.perf_counter()
+            placed = jax.device_put(hosts, shardings)
+            jax.block_until_ready(placed)
+            times.append(time.perf_counter() - start)
+            del placed
+        return min(times)
 
     def on_event(event):
         if event.kind == "slice_down":
@@ -158,7 +162,7 @@ def main() -> None:
     print(f"state                {gib:.2f} GiB in {len(snap.leaves)} arrays on local:2x4")
     print(f"run                  {report.summary()}")
     print(f"recovery             {ms(recoveries)} ms (slice_down -> first step done on 1 slice, per cycle)")
-    print(f"floor                {ms(floors)} ms (device_put of the same snapshot onto 1 slice, per cycle)")
+    print(f"floor                {ms(floors)} ms (device_put of the same snapshot onto 1 slice, best of 2, per cycle)")
     print(f"snapshot D2H         {gib / snap_s:.2f} GiB/s (median {snap_s * 1000:.0f} ms; runs {ms(snap_times)})")
     print(f"numpy copy           {gib / copy_s:.2f} GiB/s (median {copy_s * 1000:.0f} ms; runs {ms(copy_times)})")
     print(f"recovery/floor                {statistics.median(ratios):.2f}  (median of {len(ratios)} cycles; goal <= 1.5)")
