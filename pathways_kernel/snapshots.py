@@ -7,8 +7,10 @@ puts it back onto any mesh with the same specs, so state taken on two slices
 comes back on the one that survived.
 
 ``snapshot`` starts device-to-host transfers (``copy_to_host_async``) and
-returns at once; a worker thread copies each shard into one preallocated host
-buffer per leaf (one memcpy per byte; numpy releases the GIL). ``wait()``
+returns at once; a worker thread copies each shard into one host buffer per
+leaf (one copy per byte; numpy releases the GIL). Buffers of dead snapshots
+that nothing else holds are reused, so a loop's snapshots do not page-fault
+fresh memory every time (``_HostBuffers``). ``wait()``
 blocks until the copy is complete and raises what the copy raised (e.g. a
 ``JaxRuntimeError`` with ``DATA_LOSS`` if a slice was lost before the bytes
 were read).
