@@ -576,13 +576,18 @@ class SnapshotTable:
         p.text(repr(self))
 
 
+#: IPython's own names: its output history holds arrays but is not user state.
+_IPYTHON_NAMES = frozenset({"In", "Out", "exit", "quit", "get_ipython"})
+
+
 def device_values(namespace: dict[str, Any], names: Iterable[str] | None = None) -> dict[str, Any]:
-    """Names in ``namespace`` whose value is a pytree holding jax arrays."""
+    """Names in ``namespace`` whose value is a pytree holding jax arrays
+    (all of them but private and IPython's own names, unless ``names`` says)."""
     import jax
 
     out = {}
     for name in names if names is not None else list(namespace):
-        if name.startswith("_") and names is None:
+        if names is None and (name.startswith("_") or name in _IPYTHON_NAMES):
             continue
         value = namespace.get(name)
         try:

@@ -172,6 +172,9 @@ def test_snapshot_magics_in_the_kernel(kernel):
     assert "PartitionSpec('data', 'model')" in reply.text or "P('data', 'model')" in reply.text
     reply = kernel.run("%pathways snapshots")
     assert "snapshot 'w' step 4" in reply.text and "ok" in reply.text
+    kernel.run("w")  # displayed: IPython's Out now holds the array
+    reply = kernel.run("%pathways snapshot")
+    assert "snapshot 'w'" in reply.text and "'Out'" not in reply.text, reply.text
     reply = kernel.run("%pathways snapshot nosuchvar")
     assert reply.status == "error" and reply.error.strip().splitlines()[-1].startswith("NamespaceError: no variable 'nosuchvar'")
 
