@@ -211,6 +211,7 @@ class _HostBuffers:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._free: dict[tuple[tuple[int, ...], str], list[np.ndarray]] = {}
+        self._dead: collections.deque[list[Leaf]] = collections.deque()
         self._bytes = 0
         self.limit = 0
 
@@ -224,18 +225,24 @@ class _HostBuffers:
         return np.empty(shape, dtype)
 
     def on_snapshot_dead(self, leaves: list[Leaf]) -> None:
-        # Finalizers run while the dead snapshot still holds its leaves: count
-        # references once it is gone, on the copy thread.
-        try:
-            _COPIER.submit(self.recycle, leaves)
-        except RuntimeError:  # the interpreter is shutting down: nothing to reuse
-            pass
+        # A finalizer may run anywhere, even inside a lock this module holds
+        # (a garbage collection during ``submit``): only queue the leaves
+        # (``deque.append`` takes no lock); the copy thread recycles them.
+        self._dead.append(leaves)
+
+    def recycle_dead(self) -> None:
+        while True:
+            try:
+                leaves = self._dead.popleft()
+            except IndexError:
+                return
+            self.recycle(leaves)
 
     def recycle(self, leaves: list[Leaf]) -> None:
         """Take back the buffers of a dead snapshot that nobody else holds."""
         import sys
 
-        # References to the list: the task's arguments, `leaves`, getrefcount's
+        # References to the list: the caller's `leaves`, ours, getrefcount's
         # argument; to a leaf: the list, `leaf`, the argument; to a buffer: the
         # leaf's attribute, `host`, the argument. Any more is someone else's.
         if sys.getrefcount(leaves) > 3:
@@ -258,10 +265,6 @@ class _HostBuffers:
             self._free.clear()
             self._bytes = 0
 
-    def addresses(self) -> set[int]:
-        with self._lock:
-            return {b.ctypes.data for free in self._free.values() for b in free}
-
     def note_snapshot(self, nbytes: int) -> None:
         with self._lock:
             self.limit = max(self.limit, nbytes)
@@ -276,6 +279,7 @@ _BUFFERS = _HostBuffers()
 
 
 def _copy_all(snap: Snapshot, arrays: list[Any], on_done: Callable[[Snapshot], None] | None) -> None:
+    _BUFFERS.recycle_dead()
     start = time.perf_counter()
     for leaf, array in zip(snap.leaves, arrays):
         if leaf.on_device:
@@ -458,7 +462,10 @@ class SnapshotStore:
         snap = take(tree, name, step, on_done=self._completed)
         with self._lock:
             self._pending.append(snap)
-        snap._future.add_done_callback(lambda _f, s=snap: self._forget_pending(s))  # type: ignore[union-attr]
+        # A weak reference: no cycle snapshot -> future -> callback -> snapshot,
+        # so snapshots die when dropped, not at some garbage collection.
+        ref = weakref.ref(snap)
+        snap._future.add_done_callback(lambda _f: self._forget_pending(ref()))  # type: ignore[union-attr]
         return snap
 
     def add(self, snap: Snapshot) -> Snapshot:
@@ -468,8 +475,15 @@ class SnapshotStore:
         else:
             with self._lock:
                 self._pending.append(snap)
-            snap._future.add_done_callback(lambda _f, s=snap: (self._forget_pending(s), s.ok() and self._file(s)))  # type: ignore[union-attr]
+            ref = weakref.ref(snap)
+            snap._future.add_done_callback(lambda _f: self._filed_when_done(ref()))  # type: ignore[union-attr]
         return snap
+
+    def _filed_when_done(self, snap: Snapshot | None) -> None:
+        if snap is not None:
+            self._forget_pending(snap)
+            if snap.ok():
+                self._file(snap)
 
     def _completed(self, snap: Snapshot) -> None:
         self._file(snap)
@@ -484,9 +498,9 @@ class SnapshotStore:
             self._done.setdefault(snap.name, collections.deque()).append(snap)
             self._evict()
 
-    def _forget_pending(self, snap: Snapshot) -> None:
+    def _forget_pending(self, snap: Snapshot | None) -> None:
         with self._lock:
-            if snap in self._pending:
+            if snap is not None and snap in self._pending:
                 self._pending.remove(snap)
 
     def _evict(self) -> None:
