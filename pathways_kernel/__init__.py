@@ -8,30 +8,42 @@
 
 from __future__ import annotations
 
-from pathways_kernel.api import connect, devices, events, mesh, session, status, topology
-from pathways_kernel.errors import PathwaysError
-from pathways_kernel.monitor.widget import monitor
-from pathways_kernel.api import chaos, chaos_off, fail_slice, health, is_lost, restore_slice
+# Session, topology and meshes (api.py), and fault injection on the local backend.
+from pathways_kernel.api import (
+    chaos,
+    chaos_off,
+    connect,
+    devices,
+    events,
+    fail_slice,
+    health,
+    is_lost,
+    mesh,
+    restore_slice,
+    session,
+    status,
+    topology,
+)
 from pathways_kernel.connection import connect_shared_service, reconnect
-from pathways_kernel.loader import Loader, loader
-from pathways_kernel.sidecar import Sidecar, SidecarError, SidecarTimeout, run_sidecar, sidecar
+from pathways_kernel.errors import PathwaysError
+
+# State: host snapshots, elastic execution, durable storage.
 from pathways_kernel.autosnapshot import autosnapshot
 from pathways_kernel.elastic import ElasticError, elastic, on_restore
 from pathways_kernel.snapshots import Snapshot, SnapshotStore, snapshot, snapshot_variables
-from pathways_kernel.snapshots import store as snapshot_store
 from pathways_kernel.snapshots import restore as restore_snapshot
-from pathways_kernel.storage import persist, restore
+from pathways_kernel.snapshots import store as snapshot_store
 from pathways_kernel.storage import list_snapshots as snapshots_list
+from pathways_kernel.storage import persist, restore
 from pathways_kernel.checkpoints import listing as checkpoints_list
 from pathways_kernel.checkpoints import restore as checkpoint_restore
 from pathways_kernel.checkpoints import save as checkpoint_save
 from pathways_kernel.compile_cache import cache
-from pathways_kernel.storage import persist, restore
-from pathways_kernel.storage import list_snapshots as snapshots_list
-from pathways_kernel.checkpoints import listing as checkpoints_list
-from pathways_kernel.checkpoints import restore as checkpoint_restore
-from pathways_kernel.checkpoints import save as checkpoint_save
-from pathways_kernel.compile_cache import cache
+
+# Sidecars and data loading; the in-notebook monitor.
+from pathways_kernel.loader import Loader, loader
+from pathways_kernel.sidecar import Sidecar, SidecarError, SidecarTimeout, run_sidecar, sidecar
+from pathways_kernel.monitor.widget import monitor
 
 __version__ = "0.1.0"
 
@@ -57,13 +69,6 @@ __all__ = [
     "ElasticError",
     "on_restore",
     "restore_snapshot",
-    "persist",
-    "restore",
-    "snapshots_list",
-    "checkpoint_save",
-    "checkpoint_restore",
-    "checkpoints_list",
-    "cache",
     "persist",
     "restore",
     "snapshots_list",

@@ -130,8 +130,8 @@ def register(shell: Any) -> None:
     from pathways_kernel.magics import core  # noqa: F401  (registers subcommands)
     from pathways_kernel.magics import connection
     from pathways_kernel.magics import elastic  # noqa: F401
-    from pathways_kernel.magics import faults  # noqa: F401
     from pathways_kernel.magics import monitor  # noqa: F401
+    from pathways_kernel.magics import faults  # noqa: F401
     from pathways_kernel.magics import sidecar  # noqa: F401
     from pathways_kernel.magics import storage  # noqa: F401
 
