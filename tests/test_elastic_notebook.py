@@ -1,31 +1,15 @@
 """notebooks/elastic.ipynb runs headless on the `pathways` kernel: a slice fails mid-training, every step completes."""
 
-from pathlib import Path
-
-import nbformat
 import pytest
-from nbclient import NotebookClient
+
+from notebooks import code_cells, execute, outputs_text
 
 pytestmark = pytest.mark.kernel
 
-NOTEBOOK = Path(__file__).parent.parent / "notebooks" / "elastic.ipynb"
-
-
-def outputs_text(cell) -> str:
-    parts = []
-    for out in cell.get("outputs", []):
-        if out["output_type"] == "stream":
-            parts.append(out["text"])
-        elif "data" in out:
-            parts.append(out["data"].get("text/plain", ""))
-    return "".join(parts)
-
 
 def test_elastic_notebook_survives_a_slice_loss_and_completes_every_step():
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    assert nb.metadata.kernelspec.name == "pathways"
-    NotebookClient(nb, timeout=180, kernel_name="pathways").execute()
-    status, setup, loop, events, final = (outputs_text(c) for c in nb.cells if c.cell_type == "code")
+    nb = execute("elastic.ipynb")
+    status, setup, loop, events, final = (outputs_text(c) for c in code_cells(nb))
     assert "2/2 up" in status
     assert "'data': 2, 'model': 4" in setup
     # Every step ran: the last one is printed, on both slices again after the scale-up.

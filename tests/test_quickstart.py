@@ -1,31 +1,14 @@
 """notebooks/quickstart.ipynb runs headless on the `pathways` kernel and shows what it promises."""
 
-from pathlib import Path
-
-import nbformat
 import pytest
-from nbclient import NotebookClient
+
+from notebooks import code_cells, execute, outputs_text
 
 pytestmark = pytest.mark.kernel
 
-NOTEBOOK = Path(__file__).parent.parent / "notebooks" / "quickstart.ipynb"
-
-
-def outputs_text(cell) -> str:
-    parts = []
-    for out in cell.get("outputs", []):
-        if out["output_type"] == "stream":
-            parts.append(out["text"])
-        elif "data" in out:
-            parts.append(out["data"].get("text/plain", ""))
-    return "".join(parts)
-
 
 def test_quickstart_runs_and_trains_over_both_slices():
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    assert nb.metadata.kernelspec.name == "pathways"
-    NotebookClient(nb, timeout=180, kernel_name="pathways").execute()
-    code = [c for c in nb.cells if c.cell_type == "code"]
+    code = code_cells(execute("quickstart.ipynb"))
     status, topology, mesh, train, events = (outputs_text(c) for c in code)
     assert "local:2x4" in status and "2/2 up" in status
     assert "slice 0: up" in topology and "slice 1: up" in topology

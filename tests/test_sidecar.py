@@ -8,18 +8,14 @@ test executes notebooks/sidecar.ipynb with nbclient.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
-import nbformat
 import numpy as np
 import pytest
-from nbclient import NotebookClient
 
 import pathways_kernel as pw
 from pathways_kernel.faults import fail_slice, restore_slice
 from pathways_kernel.sidecar import stats
-
-NOTEBOOK = Path(__file__).parent.parent / "notebooks" / "sidecar.ipynb"
+from notebooks import code_cells, execute, outputs_text
 
 
 def test_runs_on_every_slice_and_returns_arrays_on_that_slice(local_session):
@@ -147,15 +143,7 @@ def test_errors_and_hangs_in_a_cell_are_one_line_and_the_kernel_stays_up(kernel)
 
 @pytest.mark.kernel
 def test_notebook_feeds_a_training_loop_from_per_slice_loaders():
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    assert nb.metadata.kernelspec.name == "pathways"
-    NotebookClient(nb, timeout=180, kernel_name="pathways").execute()
-    text = "".join(
-        out.get("text", "") + out.get("data", {}).get("text/plain", "")
-        for cell in nb.cells
-        if cell.cell_type == "code"
-        for out in cell.outputs
-    )
+    text = "".join(outputs_text(cell) for cell in code_cells(execute("sidecar.ipynb")))
     assert "every sample exactly once: True" in text
     assert "committed steps saw every sample exactly once: True" in text
     assert "1 recoveries" in text and "1 scale-ups" in text
