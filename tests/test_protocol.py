@@ -58,10 +58,10 @@ def test_topology_round_trip_in_chip_order():
         3, "local:2x4", "embedded", "cpu", True)
 
 
-def test_metrics_round_trip_is_three_bytes_per_chip():
+def test_metrics_round_trip_is_two_bytes_per_chip():
     m = _metrics()
     data, buffers = p.encode_metrics(m)
-    assert sum(len(b) for b in buffers) == 3 * m.chips
+    assert sum(len(b) for b in buffers) == 2 * m.chips
     back = p.decode_metrics(data, buffers)
     assert back.slices == m.slices and back.seq == 7 and back.memory_unit == m.memory_unit
     np.testing.assert_array_equal(back.chip_utilization, m.chip_utilization)
@@ -81,13 +81,13 @@ def test_utilization_quantization():
 
 
 def test_memory_unit_keeps_every_chip_below_saturation():
-    for top in (0, 1, 65534, 65535, 2**20, 95 * 2**30, 2**40):
+    for top in (0, 1, 254, 255, 65535, 2**20, 95 * 2**30, 2**40):
         unit = p.memory_unit_for(top)
         assert unit >= 1 and unit & (unit - 1) == 0
         q = p.quantize_memory(np.array([top]), unit)
         assert q[0] < p.MEMORY_SATURATED
         assert abs(int(q[0]) * unit - top) <= unit / 2
-    assert p.memory_unit_for(65534) == 1 and p.memory_unit_for(65535) == 2
+    assert p.memory_unit_for(254) == 1 and p.memory_unit_for(255) == 2
 
 
 def test_memory_saturates_instead_of_wrapping():

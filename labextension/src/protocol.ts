@@ -78,10 +78,10 @@ export interface MetricsMessage {
   /** Buffer 0: chip utilization, value / 255. */
   utilization_buffer: Uint8Array;
   /** Buffer 1: chip memory in `memory_unit`s; MEMORY_SATURATED = at least that. */
-  memory_buffer: Uint16Array;
+  memory_buffer: Uint8Array;
 }
 
-export const MEMORY_SATURATED = 65535;
+export const MEMORY_SATURATED = 255;
 
 export interface MonitorEvent {
   seq: number;
@@ -228,7 +228,7 @@ function decodeMetrics(msg: Record<string, unknown>, buffers: readonly Buffer[])
     utilization: fraction(msg.utilization, 'metrics.utilization'),
     memory_bytes: integer(msg.memory_bytes, 'metrics.memory_bytes'),
     utilization_buffer: typed(buffers[0], Uint8Array, chips, 'utilization'),
-    memory_buffer: typed(buffers[1], Uint16Array, chips, 'memory')
+    memory_buffer: typed(buffers[1], Uint8Array, chips, 'memory')
   };
 }
 

@@ -30,12 +30,12 @@ topology = p.TopologyMessage(
     chip_slice=np.repeat(np.arange(2, dtype=np.uint16), 4),
     chip_coords=np.array([[i % 2, (i % 4) // 2, 0] for i in range(8)], np.uint16),
 )
-nbytes = np.array([0, 1, 2, 3, 4, 5, 6, 70000 * 8], np.int64)
+nbytes = np.array([0, 1, 2, 3, 4, 5, 6, 200 * 4096], np.int64)
 unit = p.memory_unit_for(int(nbytes.max()))
 metrics = p.MetricsMessage(
     seq=9, time=1700000000.5, topology_seq=3, source="client", window_s=2.0, memory_unit=unit,
     slices=(p.SliceMetrics(0, "up", 0.5, 6, None), p.SliceMetrics(1, "down", 0.0, 0, None)),
-    utilization=0.5, memory_bytes=6 + 70000 * 8,
+    utilization=0.5, memory_bytes=6 + 200 * 4096,
     chip_utilization=p.quantize_utilization(np.array([0, 0.25, 0.5, 1, 0, 0, 0, 0])),
     chip_memory=p.quantize_memory(nbytes, unit),
 )
@@ -66,8 +66,8 @@ test('messages from the Python encoder decode in TypeScript', { skip }, () => {
   assert.equal(topology.slices[1].state, 'down');
   const metrics = decoded[1] as MetricsMessage;
   assert.deepEqual([...metrics.utilization_buffer.slice(0, 4)], [0, 64, 128, 255]);
-  assert.equal(metrics.memory_buffer[7] * metrics.memory_unit, 70000 * 8);
-  assert.equal(metrics.memory_unit, 16, 'smallest power of two that fits 560,000 B in 65,534 units');
+  assert.equal(metrics.memory_buffer[7] * metrics.memory_unit, 200 * 4096);
+  assert.equal(metrics.memory_unit, 4096, 'smallest power of two that fits 819,200 B in 254 units');
   const event = decoded[2];
   assert.equal(event.type, 'event');
   if (event.type === 'event') {

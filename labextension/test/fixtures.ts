@@ -67,7 +67,7 @@ export function metrics(
 ): Built {
   const n = slices * per;
   const u = new Uint8Array(n);
-  const m = new Uint16Array(n);
+  const m = new Uint8Array(n);
   for (let p = 0; p < n; p++) {
     u[p] = Math.round(util[Math.floor(p / per)] * 255);
     m[p] = options.memory?.[Math.floor(p / per)] ?? 0;

@@ -24,14 +24,14 @@ test('topology decodes with per-chip buffers as typed arrays, aligned or not', (
   assert.equal(m.supports_fault_injection, true);
 });
 
-test('metrics decode: 3 bytes per chip, utilization as uint8, memory as uint16', () => {
-  const t = metrics(2, 4, [0.5, 1], { memory: [3, 65535] });
+test('metrics decode: 2 bytes per chip, utilization and memory as uint8', () => {
+  const t = metrics(2, 4, [0.5, 1], { memory: [3, 255] });
   const m = decodeMessage(t.data, t.buffers) as MetricsMessage;
-  assert.equal(m.utilization_buffer.byteLength + m.memory_buffer.byteLength, 3 * 8);
+  assert.equal(m.utilization_buffer.byteLength + m.memory_buffer.byteLength, 2 * 8);
   assert.equal(m.utilization_buffer[0], 128);
   assert.equal(m.utilization_buffer[7], 255);
   assert.equal(m.memory_buffer[0], 3);
-  assert.equal(m.memory_buffer[7], 65535);
+  assert.equal(m.memory_buffer[7], 255);
   assert.equal(m.slices[0].utilization, 0.5);
   assert.equal(m.slices[0].memory_limit_bytes, null);
 });
@@ -72,7 +72,7 @@ test('messages that break the contract are rejected', () => {
     [{ ...m.data, seq: true }, mb],
     [{ ...m.data, chips: 1.5 }, mb],
     [{ ...m.data, window_s: 0 }, mb],
-    [m.data, [mb[0], frame(new Uint8Array(8))]],
+    [m.data, [mb[0], frame(new Uint8Array(4))]],
     [event(1, 'x').data, [frame(new Uint8Array(1))]],
     [{ ...event(1, 'x').data, event: { seq: 0, time: 1, kind: 'x' } }, []]
   );

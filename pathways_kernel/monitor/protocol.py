@@ -37,7 +37,7 @@ MAX_REQUEST_ID = 128
 #: Close reasons carried by the kernel's ``comm_close``.
 CLOSE_REASONS = ("stale", "evicted", "shutdown")
 
-MEMORY_SATURATED = 65535
+MEMORY_SATURATED = 255
 _U8 = np.dtype("<u1")
 _U16 = np.dtype("<u2")
 _I32 = np.dtype("<i4")
@@ -95,7 +95,7 @@ class MetricsMessage:
     utilization: float
     memory_bytes: int
     chip_utilization: np.ndarray  # uint8 [N], value / 255
-    chip_memory: np.ndarray  # uint16 [N], value * memory_unit bytes
+    chip_memory: np.ndarray  # uint8 [N], value * memory_unit bytes
 
     @property
     def chips(self) -> int:
@@ -161,7 +161,7 @@ def encode_metrics(m: MetricsMessage) -> Message:
     }
     buffers = [
         np.ascontiguousarray(m.chip_utilization, _U8).tobytes(),
-        np.ascontiguousarray(m.chip_memory, _U16).tobytes(),
+        np.ascontiguousarray(m.chip_memory, _U8).tobytes(),
     ]
     return data, buffers
 
@@ -214,7 +214,7 @@ def quantize_utilization(fraction: np.ndarray) -> np.ndarray:
 
 
 def memory_unit_for(max_bytes: int) -> int:
-    """Smallest power of two so that ``max_bytes`` fits in 65534 units."""
+    """Smallest power of two so that ``max_bytes`` fits in 254 units."""
     unit = 1
     while max_bytes > (MEMORY_SATURATED - 1) * unit:
         unit *= 2
@@ -222,9 +222,9 @@ def memory_unit_for(max_bytes: int) -> int:
 
 
 def quantize_memory(nbytes: np.ndarray, unit: int) -> np.ndarray:
-    """Bytes to uint16 units of ``unit`` bytes (round to nearest, saturating at 65535)."""
+    """Bytes to uint8 units of ``unit`` bytes (round to nearest, saturating at 255)."""
     units = np.rint(np.asarray(nbytes, np.float64) / unit)
-    return np.clip(units, 0, MEMORY_SATURATED).astype(_U16)
+    return np.clip(units, 0, MEMORY_SATURATED).astype(_U8)
 
 
 # -- decoding (what the frontend does; used by tests and in-process consumers) --
@@ -298,7 +298,7 @@ def decode_metrics(data: dict[str, Any], buffers: Sequence[Any]) -> MetricsMessa
         _fraction(data, "utilization"),
         _int(data, "memory_bytes", low=0),
         _array(buffers[0], _U8, n, "utilization"),
-        _array(buffers[1], _U16, n, "memory"),
+        _array(buffers[1], _U8, n, "memory"),
     )
 
 
