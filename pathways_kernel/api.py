@@ -71,4 +71,26 @@ def events_table(last: int | None = None, kind: str | None = None) -> EventTable
     return EventTable(events(last, kind))
 
 
-__all__ = ["Session", "Status", "Topology", "connect", "session", "status", "topology", "devices", "mesh", "events"]
+__all__ = [
+    "ChaosStatus",
+    "FaultReport",
+    "Health",
+    "Session",
+    "Status",
+    "Topology",
+    "chaos",
+    "chaos_off",
+    "chaos_status",
+    "connect",
+    "devices",
+    "events",
+    "events_table",
+    "fail_slice",
+    "health",
+    "is_lost",
+    "mesh",
+    "restore_slice",
+    "session",
+    "status",
+    "topology",
+]

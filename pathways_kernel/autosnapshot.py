@@ -14,13 +14,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from pathways_kernel.display import TextDisplay
 from pathways_kernel import snapshots
 from pathways_kernel.errors import PathwaysError
 from pathways_kernel.events import format_bytes
 
 
 @dataclasses.dataclass
-class AutoStatus:
+class AutoStatus(TextDisplay):
     on: bool
     max_bytes: int | None
     names: list[str]
@@ -38,9 +39,6 @@ class AutoStatus:
 
     def __repr__(self) -> str:
         return self.to_text()
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(self.to_text())
 
 
 class AutoSnapshot:

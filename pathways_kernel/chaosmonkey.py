@@ -25,6 +25,7 @@ import time
 import weakref
 from typing import Any, Iterator, Sequence
 
+from pathways_kernel.display import TextDisplay
 from pathways_kernel import faults
 from pathways_kernel.errors import PathwaysError
 
@@ -82,7 +83,7 @@ def _schedule(slices: list[int], mtbf: float, mttr: float, seed: int, down: set[
 
 
 @dataclasses.dataclass(frozen=True)
-class ChaosStatus:
+class ChaosStatus(TextDisplay):
     """What ``%pathways chaos`` shows."""
 
     running: bool
@@ -104,12 +105,6 @@ class ChaosStatus:
         error = f" (stopped by an error: {self.error})" if self.error else ""
         done = f" after {self.applied} transitions" if self.applied else ""
         return f"chaos off{done}{error}{down}"
-
-    def __str__(self) -> str:
-        return self.to_text()
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(self.to_text())
 
 
 #: Running chaos threads, stopped before the interpreter ends: a daemon thread

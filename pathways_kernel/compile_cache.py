@@ -16,6 +16,7 @@ import os
 import threading
 from typing import Any
 
+from pathways_kernel.display import TextDisplay
 from pathways_kernel import storage
 from pathways_kernel.errors import NotSupportedError, PathwaysError, one_line
 
@@ -34,7 +35,7 @@ _SAVED = "/jax/compilation_cache/compile_time_saved_sec"
 
 
 @dataclasses.dataclass
-class CacheStatus:
+class CacheStatus(TextDisplay):
     """Where the cache is and what it did in this session."""
 
     location: str | None
@@ -52,9 +53,6 @@ class CacheStatus:
 
     def __repr__(self) -> str:
         return self.to_text()
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(self.to_text())
 
 
 _status = CacheStatus(None)

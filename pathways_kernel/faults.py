@@ -84,6 +84,7 @@ import threading
 import time
 from typing import Any, Iterable
 
+from pathways_kernel.display import TextDisplay
 from pathways_kernel.errors import PathwaysError
 from pathways_kernel.events import format_bytes
 
@@ -345,7 +346,7 @@ def _clear_dispatch_caches() -> None:
 
 # -- the injector -------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
-class FaultReport:
+class FaultReport(TextDisplay):
     """What one ``fail_slice``/``restore_slice`` did."""
 
     slice_index: int
@@ -367,12 +368,6 @@ class FaultReport:
         if not self.changed:
             return f"slice {self.slice_index} is already up; live slices {up}"
         return f"slice {self.slice_index} up again (empty: lost arrays stay lost); live slices {up}"
-
-    def __str__(self) -> str:
-        return self.to_text()
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(self.to_text())
 
 
 class FaultInjector:

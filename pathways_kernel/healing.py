@@ -19,6 +19,7 @@ import dataclasses
 import html
 from typing import Any
 
+from pathways_kernel.display import TextDisplay
 from pathways_kernel import faults, snapshots
 from pathways_kernel.errors import PathwaysError, one_line
 
@@ -34,7 +35,7 @@ class Healed:
 
 
 @dataclasses.dataclass(frozen=True)
-class HealingReport:
+class HealingReport(TextDisplay):
     """What one healing pass did; displays as one short block."""
 
     lost_slices: tuple[int, ...]
@@ -62,12 +63,6 @@ class HealingReport:
 
     def to_text(self) -> str:
         return "\n".join([self.header()] + ["  " + line for line in self.details()])
-
-    def __str__(self) -> str:
-        return self.to_text()
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(self.to_text())
 
     def _repr_html_(self) -> str:
         items = "".join(f"<li>{html.escape(line)}</li>" for line in self.details())

@@ -13,11 +13,12 @@ from __future__ import annotations
 import dataclasses
 import html
 import time
-from typing import Any
+
+from pathways_kernel.display import TextDisplay
 
 
 @dataclasses.dataclass(frozen=True)
-class Health:
+class Health(TextDisplay):
     """The check's answer per slice, beside the state the session records."""
 
     healthy: tuple[int, ...]
@@ -40,12 +41,6 @@ class Health:
         lines = [f"slice {i}: {reported}" + (f"  ({note})" if note else "") for i, reported, note in self.rows()]
         lines.append(f"{len(self.healthy)}/{len(self.states)} slices healthy (checked in {self.duration_s * 1000:.0f} ms)")
         return "\n".join(lines)
-
-    def __str__(self) -> str:
-        return self.to_text()
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(self.to_text())
 
     def _repr_html_(self) -> str:
         rows = "".join(

@@ -13,6 +13,7 @@ import html
 import threading
 from typing import Any, Callable, Sequence
 
+from pathways_kernel.display import TextDisplay
 from pathways_kernel import backends, meshes
 from pathways_kernel.backends.base import Backend
 from pathways_kernel.errors import BackendError, NotSupportedError, PathwaysError
@@ -24,7 +25,7 @@ EVENTS = EventLog()
 
 
 @dataclasses.dataclass(frozen=True)
-class Status:
+class Status(TextDisplay):
     """What ``%pathways status`` shows."""
 
     backend: str
@@ -46,12 +47,6 @@ class Status:
             f"chips     {self.chips}\n"
             f"devices   {self.devices}"
         )
-
-    def __str__(self) -> str:
-        return self.to_text()
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(self.to_text())
 
     def _repr_html_(self) -> str:
         rows = "".join(

@@ -12,6 +12,7 @@ import dataclasses
 import html
 from typing import Any, Iterable, Literal, Sequence
 
+from pathways_kernel.display import TextDisplay
 from pathways_kernel.backends.base import Placement
 
 SliceState = Literal["up", "down"]
@@ -65,7 +66,7 @@ class Slice:
 
 
 @dataclasses.dataclass(frozen=True)
-class Topology:
+class Topology(TextDisplay):
     """Every slice the session's client drives, in slice-index order."""
 
     slices: tuple[Slice, ...]
@@ -143,12 +144,6 @@ class Topology:
             if len(s.chips) > 32:
                 lines[-1] += f" ... (+{len(s.chips) - 32})"
         return "\n".join(lines)
-
-    def __str__(self) -> str:
-        return self.to_text()
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(self.to_text())
 
     def _repr_html_(self) -> str:
         blocks = "".join(_slice_html(s) for s in self.slices)

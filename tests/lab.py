@@ -98,7 +98,7 @@ class Lab:
         argv = [
             sys.executable, "-m", "jupyterlab",
             "--no-browser",
-            f"--ServerApp.ip=127.0.0.1",
+            "--ServerApp.ip=127.0.0.1",
             f"--ServerApp.port={self.port}",
             "--ServerApp.port_retries=0",
             f"--IdentityProvider.token={self.token}",

@@ -6,7 +6,6 @@ One JupyterLab server per module (see lab.py); each test opens its own page.
 from __future__ import annotations
 
 import glob
-import json
 import time
 from pathlib import Path
 
