@@ -32,7 +32,7 @@ def child(url: str) -> None:
     import jax
     import jax.numpy as jnp
 
-    from pathways_kernel import compile_cache
+    from pathways_kernel.state import compile_cache
 
     compile_cache.enable(url, min_compile_s=0.0)
     jax.config.update("jax_raise_persistent_cache_errors", True)

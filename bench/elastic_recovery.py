@@ -45,7 +45,7 @@ def main() -> None:
     from jax.sharding import PartitionSpec as P
 
     import pathways_kernel as pw
-    from pathways_kernel import snapshots
+    from pathways_kernel.state import snapshots
 
     pw.connect("local:2x4")
     session = pw.session()

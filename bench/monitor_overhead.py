@@ -55,8 +55,8 @@ def main() -> None:
     from jax.sharding import NamedSharding, PartitionSpec as P
 
     import pathways_kernel as pw
-    from pathways_kernel import telemetry
-    from pathways_kernel.monitor.comm import Connection, MonitorServer
+    from pathways_kernel.monitoring import telemetry
+    from pathways_kernel.monitoring.comm import Connection, MonitorServer
 
     session = pw.connect("local:2x4")
     mesh = session.mesh(("data", "model"))

@@ -18,10 +18,11 @@ import types
 
 import numpy as np
 
-from pathways_kernel import telemetry
+from pathways_kernel.monitoring import telemetry
 from pathways_kernel.backends.base import Placement
-from pathways_kernel.monitor import comm, protocol
-from pathways_kernel.topology import Topology
+from pathways_kernel.monitoring import comm
+from pathways_kernel.monitoring import protocol
+from pathways_kernel.core.slices import Topology
 
 
 def main() -> None:

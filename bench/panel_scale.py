@@ -3,7 +3,7 @@
 A `pathways` kernel started by a real JupyterLab server gets a synthetic
 telemetry hub as its session's hub: 64 slices x 1,024 chips (32 x 32 grid
 each), random utilization and memory, sampled and published at 2 Hz. The
-monitor comm, the protocol encoder (pathways_kernel.monitor) and the panel are
+monitor comm, the protocol encoder (pathways_kernel.monitoring) and the panel are
 the real ones. Debian's Chromium shows the notebook with the panel open.
 
 Prints:
@@ -38,11 +38,11 @@ CHIPS = SLICES * CHIPS_PER_SLICE
 SETUP = f"""
 import time, types
 import numpy as np
-from pathways_kernel import telemetry
+from pathways_kernel.monitoring import telemetry
 from pathways_kernel.backends.base import Placement
-from pathways_kernel.events import EventLog
-from pathways_kernel.session import session
-from pathways_kernel.topology import Topology
+from pathways_kernel.core.eventlog import EventLog
+from pathways_kernel.core.sessions import session
+from pathways_kernel.core.slices import Topology
 
 S, C = {SLICES}, {CHIPS_PER_SLICE}
 _devices = [types.SimpleNamespace(id=i) for i in range(S * C)]
@@ -72,7 +72,8 @@ print("synthetic hub ready", _hub.layout.chips)
 """
 
 MEASURE = """
-from pathways_kernel.monitor import comm, protocol
+from pathways_kernel.monitoring import comm
+from pathways_kernel.monitoring import protocol
 import json
 _m = _hub.latest()
 _data, _buffers = protocol.encode_metrics(comm.metrics_message(_m))

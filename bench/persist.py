@@ -77,8 +77,8 @@ def gcs_threads_upload(chunks: list[bytes], bucket: str, prefix: str, threads: i
 
 
 def persist(snap, url: str, snapshot_id: str) -> tuple[float, float]:
-    from pathways_kernel import storage
-    from pathways_kernel.events import EventLog
+    from pathways_kernel.state import storage
+    from pathways_kernel.core.eventlog import EventLog
 
     start = time.perf_counter()
     last = time.perf_counter()
@@ -103,8 +103,8 @@ def main() -> None:
         os.environ.pop("PATHWAYS_STORAGE_RETRY_S", None)
         try:
             server.make_bucket("bench")
-            from pathways_kernel import storage
-            from pathways_kernel.snapshots import Snapshot
+            from pathways_kernel.state import storage
+            from pathways_kernel.state.snapshots import Snapshot
 
             leaves = 4
             n = args.mib * MIB // 4 // leaves

@@ -24,26 +24,26 @@ from pathways_kernel.api import (
     status,
     topology,
 )
-from pathways_kernel.connection import connect_shared_service, reconnect
-from pathways_kernel.errors import PathwaysError
+from pathways_kernel.backends.connection import connect_shared_service, reconnect
+from pathways_kernel.core.errors import PathwaysError
 
 # State: host snapshots, elastic execution, durable storage.
-from pathways_kernel.autosnapshot import autosnapshot
-from pathways_kernel.elastic import ElasticError, elastic, on_restore
-from pathways_kernel.snapshots import Snapshot, SnapshotStore, snapshot, snapshot_variables
-from pathways_kernel.snapshots import restore as restore_snapshot
-from pathways_kernel.snapshots import store as snapshot_store
-from pathways_kernel.storage import list_snapshots as snapshots_list
-from pathways_kernel.storage import persist, restore
-from pathways_kernel.checkpoints import listing as checkpoints_list
-from pathways_kernel.checkpoints import restore as checkpoint_restore
-from pathways_kernel.checkpoints import save as checkpoint_save
-from pathways_kernel.compile_cache import cache
+from pathways_kernel.state.autosnapshots import autosnapshot
+from pathways_kernel.training.elastic_loop import ElasticError, elastic, on_restore
+from pathways_kernel.state.snapshots import Snapshot, SnapshotStore, snapshot, snapshot_variables
+from pathways_kernel.state.snapshots import restore as restore_snapshot
+from pathways_kernel.state.snapshots import store as snapshot_store
+from pathways_kernel.state.storage import list_snapshots as snapshots_list
+from pathways_kernel.state.storage import persist, restore
+from pathways_kernel.state.checkpoints import listing as checkpoints_list
+from pathways_kernel.state.checkpoints import restore as checkpoint_restore
+from pathways_kernel.state.checkpoints import save as checkpoint_save
+from pathways_kernel.state.compile_cache import cache
 
 # Sidecars and data loading; the in-notebook monitor.
-from pathways_kernel.loader import Loader, loader
-from pathways_kernel.sidecar import Sidecar, SidecarError, SidecarTimeout, run_sidecar, sidecar
-from pathways_kernel.monitor.widget import monitor
+from pathways_kernel.colocated.data_loader import Loader, loader
+from pathways_kernel.colocated.sidecars import Sidecar, SidecarError, SidecarTimeout, run_sidecar, sidecar
+from pathways_kernel.monitoring.widget import monitor
 
 __version__ = "0.1.0"
 
@@ -51,7 +51,7 @@ __version__ = "0.1.0"
 def load_ipython_extension(ipython) -> None:
     """``%load_ext pathways_kernel``: the magics and one-line errors."""
     from pathways_kernel.magics import register
-    from pathways_kernel.monitor.comm import register as register_monitor
+    from pathways_kernel.monitoring.comm import register as register_monitor
 
     register(ipython)
     register_monitor(ipython)  # comm target pathways.monitor, when inside a kernel

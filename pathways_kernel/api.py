@@ -7,16 +7,16 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from pathways_kernel import namespace
-from pathways_kernel.events import Event, EventTable
-from pathways_kernel.session import Session, Status, connect, session
-from pathways_kernel.topology import Topology
+from pathways_kernel.core import namespace
+from pathways_kernel.core.eventlog import Event, EventTable
+from pathways_kernel.core.sessions import Session, Status, connect, session
+from pathways_kernel.core.slices import Topology
 
 # Fault injection, chaos and the health check are implemented in their modules;
 # these are the API twins of %pathways fail/restore/chaos/health.
-from pathways_kernel.chaosmonkey import ChaosStatus, chaos, chaos_off, chaos_status
-from pathways_kernel.faults import FaultReport, fail_slice, is_lost, restore_slice
-from pathways_kernel.healthcheck import Health, health
+from pathways_kernel.emulator.chaosmonkey import ChaosStatus, chaos, chaos_off, chaos_status
+from pathways_kernel.emulator.faults import FaultReport, fail_slice, is_lost, restore_slice
+from pathways_kernel.emulator.healthcheck import Health, health
 
 
 def status() -> Status:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from ipykernel.ipkernel import IPythonKernel
 
 from pathways_kernel import __version__
-from pathways_kernel.errors import PathwaysError, one_line
+from pathways_kernel.core.errors import PathwaysError, one_line
 
 
 class PathwaysKernel(IPythonKernel):
@@ -21,7 +21,7 @@ class PathwaysKernel(IPythonKernel):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         import pathways_kernel
-        from pathways_kernel.session import session
+        from pathways_kernel.core.sessions import session
 
         pathways_kernel.load_ipython_extension(self.shell)
         self.shell.user_ns.setdefault("pw", pathways_kernel)
@@ -30,11 +30,11 @@ class PathwaysKernel(IPythonKernel):
             session()
         except PathwaysError as exc:
             # Start anyway: a wrong proxy address must not cost the kernel.
-            from pathways_kernel.connection import NOTICE
+            from pathways_kernel.backends.connection import NOTICE
 
             self.log.error(one_line(exc))
             NOTICE.post(f"The kernel started without a backend. {one_line(exc)}. `%pathways connect local:2x4` gives the embedded one.")
-        from pathways_kernel import compile_cache
+        from pathways_kernel.state import compile_cache
 
         compile_cache.from_env()  # the kernelspec's --compile-cache, if any
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from pathways_kernel import backends
 from pathways_kernel.backends import BACKEND_ENV
-from pathways_kernel.compile_cache import ENV as CACHE_ENV
-from pathways_kernel.errors import PathwaysError, one_line
+from pathways_kernel.state.compile_cache import ENV as CACHE_ENV
+from pathways_kernel.core.errors import PathwaysError, one_line
 
 
 def kernel_json(display_name: str, backend: str | None, compile_cache: str | None = None) -> dict:
@@ -54,7 +54,7 @@ def install(
     if backend:
         backends.from_spec(backend)  # validate before writing anything
     if compile_cache and compile_cache.strip().lower() != "off":
-        from pathways_kernel.storage import parse_url
+        from pathways_kernel.state.storage import parse_url
 
         parse_url(compile_cache)
     if display_name is None:

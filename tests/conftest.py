@@ -29,7 +29,7 @@ def fresh_kernel():
 def local_session():
     """This process's session on local:2x4, every slice up before and after the test."""
     import pathways_kernel as pw
-    from pathways_kernel.faults import restore_slice
+    from pathways_kernel.emulator.faults import restore_slice
 
     s = pw.session()
     if s.backend.spec != "local:2x4":

@@ -1,4 +1,4 @@
-"""Elastic training loops on real JAX CPU devices (local:2x4) with faults injected by pathways_kernel.faults."""
+"""Elastic training loops on real JAX CPU devices (local:2x4) with faults injected by pathways_kernel.emulator.faults."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import pathways_kernel as pw
-from pathways_kernel import chaosmonkey, faults, snapshots
+from pathways_kernel.emulator import chaosmonkey
+from pathways_kernel.emulator import faults
+from pathways_kernel.state import snapshots
 
 GLOBAL_BATCH = 16
 FEATURES, OUTPUTS = 32, 8

@@ -6,9 +6,11 @@ import time
 
 import pytest
 
-from pathways_kernel import backends, chaosmonkey, faults
-from pathways_kernel.errors import NotSupportedError, PathwaysError
-from pathways_kernel.session import Session
+from pathways_kernel import backends
+from pathways_kernel.emulator import chaosmonkey
+from pathways_kernel.emulator import faults
+from pathways_kernel.core.errors import NotSupportedError, PathwaysError
+from pathways_kernel.core.sessions import Session
 
 SETUP = """
 import jax, numpy as np

@@ -15,9 +15,9 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import pathways_kernel as pw
-from pathways_kernel.elastic import elastic
-from pathways_kernel.faults import fail_slice, restore_slice
-from pathways_kernel.sidecar import stats
+from pathways_kernel.training.elastic_loop import elastic
+from pathways_kernel.emulator.faults import fail_slice, restore_slice
+from pathways_kernel.colocated.sidecars import stats
 
 B = 16  # global batch: rows per step
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from pathways_kernel.monitor import protocol as p
-from pathways_kernel.monitor.comm import STALE_AFTER_S
+from pathways_kernel.monitoring import protocol as p
+from pathways_kernel.monitoring.comm import STALE_AFTER_S
 
 
 class Frontend:
@@ -216,7 +216,7 @@ def test_twenty_reloads_keep_live_comms_bounded(frontend, kernel):
     mark = len(frontend.inbox)
     request_id = frontend.request(last, "ping")
     assert frontend.reply_to(last, request_id, timeout=10, since=mark)["ok"] is True
-    reply = kernel.run("from pathways_kernel.monitor import comm as _mc; print(len(_mc.server().connections), _mc.MAX_COMMS)")
+    reply = kernel.run("from pathways_kernel.monitoring import comm as _mc; print(len(_mc.server().connections), _mc.MAX_COMMS)")
     live, cap = map(int, reply.text.split())
     assert live <= cap, f"{live} live monitor comms after 20 opens (cap {cap})"
 
@@ -246,7 +246,7 @@ def test_notebook_dashboard_updates_while_a_later_cell_runs(kernel):
     assert "rate must be within" in reply.error and "Traceback" not in reply.error
     # Re-running the cell does not pile up live dashboards.
     reply = kernel.run(
-        "from pathways_kernel.monitor import widget as _w\n"
+        "from pathways_kernel.monitoring import widget as _w\n"
         "for _ in range(6):\n"
         "    %pathways monitor\n"
         "print(_w.live_dashboards(), _w.MAX_DASHBOARDS, dash.closed)"
@@ -258,7 +258,7 @@ def test_notebook_dashboard_updates_while_a_later_cell_runs(kernel):
 
 def test_a_long_cell_does_not_make_a_main_shell_comm_stale(frontend, kernel):
     # A frontend without subshells cannot ping while a cell runs; its comm must survive the cell.
-    assert kernel.run("from pathways_kernel.monitor import comm as _mc; _mc.server().stale_after_s = 1.5").status == "ok"
+    assert kernel.run("from pathways_kernel.monitoring import comm as _mc; _mc.server().stale_after_s = 1.5").status == "ok"
     try:
         comm = frontend.open(main_shell=True)
         assert frontend.wait_for(lambda m: _is(m, comm, "topology"), timeout=30) is not None

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from pathways_kernel.events import Event
-from pathways_kernel.monitor import protocol as p
+from pathways_kernel.core.eventlog import Event
+from pathways_kernel.monitoring import protocol as p
 
 
 def _topology(n_slices: int = 2, chips: int = 4) -> p.TopologyMessage:

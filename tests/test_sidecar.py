@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import pathways_kernel as pw
-from pathways_kernel.faults import fail_slice, restore_slice
-from pathways_kernel.sidecar import stats
+from pathways_kernel.emulator.faults import fail_slice, restore_slice
+from pathways_kernel.colocated.sidecars import stats
 from notebooks import code_cells, execute, outputs_text
 
 

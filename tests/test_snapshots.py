@@ -14,7 +14,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import pathways_kernel as pw
-from pathways_kernel import faults, snapshots
+from pathways_kernel.emulator import faults
+from pathways_kernel.state import snapshots
 
 
 @pytest.fixture

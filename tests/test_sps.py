@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from pathways_kernel.backends.sps import ServiceRequest
-from pathways_kernel.errors import SpecError
+from pathways_kernel.backends.shared_service import ServiceRequest
+from pathways_kernel.core.errors import SpecError
 
 pytestmark = pytest.mark.kernel
 
@@ -41,7 +41,7 @@ def test_interrupt_stops_the_cell_not_the_shared_service(kernel):
     # cell goes on (pre-flight, first contact), and may be interrupted there.
     # (ipykernel itself restores SIGINT between cells.)
     msg_id = kernel.kc.execute(
-        "import os, signal, time\nfrom pathways_kernel.backends.sps import kernel_keeps_sigint\n"
+        "import os, signal, time\nfrom pathways_kernel.backends.shared_service import kernel_keeps_sigint\n"
         + INSTALL_FLOW_HANDLERS
         + "print('armed', flush=True)\ntime.sleep(30)\n"
     )

@@ -20,10 +20,11 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from pathways_kernel import compile_cache, storage
-from pathways_kernel.errors import NotSupportedError, StorageError, one_line
-from pathways_kernel.events import EventLog
-from pathways_kernel.snapshots import Snapshot
+from pathways_kernel.state import compile_cache
+from pathways_kernel.state import storage
+from pathways_kernel.core.errors import NotSupportedError, StorageError, one_line
+from pathways_kernel.core.eventlog import EventLog
+from pathways_kernel.state.snapshots import Snapshot
 
 
 def host_snapshot(seed: int, name: str = "state", step: int | None = None, mib: float = 1.0) -> Snapshot:
@@ -303,7 +304,7 @@ def test_compile_cache_on_the_proxy_backend_says_pathways_keeps_its_own(monkeypa
 
     from pathways_kernel.backends.proxy import ProxyBackend
 
-    sessions = importlib.import_module("pathways_kernel.session")  # the module; pw.session is the function
+    sessions = importlib.import_module("pathways_kernel.core.sessions")  # the module; pw.session is the function
 
     monkeypatch.setattr(sessions, "_current", sessions.Session(ProxyBackend.from_spec("grpc://127.0.0.1:1")))
     with pytest.raises(NotSupportedError, match="Pathways manages its own persistent compilation cache"):

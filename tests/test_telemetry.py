@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 import pathways_kernel as pw
-from pathways_kernel import telemetry
-from pathways_kernel.monitor import protocol
-from pathways_kernel.monitor.comm import Connection, MonitorServer
-from pathways_kernel.session import session as current_session
+from pathways_kernel.monitoring import telemetry
+from pathways_kernel.monitoring import protocol
+from pathways_kernel.monitoring.comm import Connection, MonitorServer
+from pathways_kernel.core.sessions import session as current_session
 
 
 @pytest.fixture(scope="module")
@@ -215,7 +215,7 @@ def test_memory_stats_are_used_where_the_backend_reports_them(session):
     import types
 
     from pathways_kernel.backends.base import Placement
-    from pathways_kernel.topology import Topology
+    from pathways_kernel.core.slices import Topology
 
     def device(i):
         stats = {"bytes_in_use": (i + 1) * 2**20, "bytes_limit": 16 * 2**30}

@@ -5,8 +5,8 @@ import pytest
 
 import jax
 import pathways_kernel as pw
-from pathways_kernel import meshes
-from pathways_kernel.errors import MeshError
+from pathways_kernel.core import meshes
+from pathways_kernel.core.errors import MeshError
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import re
 import pytest
 
 from pathways_kernel.backends.proxy import device_placements
-from pathways_kernel.topology import DeviceTable, Topology
+from pathways_kernel.core.slices import DeviceTable, Topology
 from tpu_devices import tpu_devices
 
 SHAPES = [
@@ -76,7 +76,7 @@ def test_devices_without_coords_fall_back_to_a_grid_per_slice():
 
 @pytest.mark.parametrize("tpu,shape,slices,kind,chips,devices,grid", SHAPES, ids=[s[0] for s in SHAPES])
 def test_mesh_puts_slices_on_the_dcn_axis(tpu, shape, slices, kind, chips, devices, grid):
-    from pathways_kernel import meshes
+    from pathways_kernel.core import meshes
 
     topology = topology_of(tpu_devices(tpu, shape, slices))
     mesh = meshes.build(topology.up_slices, None, None, None)

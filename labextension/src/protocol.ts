@@ -2,7 +2,7 @@
  * Monitor protocol v1, the TypeScript side (comm target `pathways.monitor`).
  *
  * Mirrors docs/protocol.md (the contract) and
- * pathways_kernel/monitor/protocol.py field for field: the same names, the
+ * pathways_kernel/monitoring/protocol.py field for field: the same names, the
  * same validation rules. Pure: no JupyterLab imports, unit-tested.
  * Kernel messages are decoded into typed objects with per-chip buffers as
  * typed arrays; anything that breaks the contract throws `ProtocolError`

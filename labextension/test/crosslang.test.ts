@@ -1,6 +1,6 @@
 /**
  * The TypeScript and Python sides of protocol v1 agree: messages encoded by
- * pathways_kernel.monitor.protocol decode here, and requests encoded here
+ * pathways_kernel.monitoring.protocol decode here, and requests encoded here
  * pass the kernel's validation. Runs the venv's Python (skipped without it).
  */
 import { test } from 'node:test';
@@ -21,7 +21,7 @@ function python(script: string, input = ''): string {
 const KERNEL_MESSAGES = `
 import base64, json
 import numpy as np
-from pathways_kernel.monitor import protocol as p
+from pathways_kernel.monitoring import protocol as p
 
 topology = p.TopologyMessage(
     topology_seq=3, backend="local:2x4", target="embedded", platform="cpu", supports_fault_injection=True,
@@ -78,7 +78,7 @@ test('messages from the Python encoder decode in TypeScript', { skip }, () => {
 
 const DECODE_REQUESTS = `
 import json, sys
-from pathways_kernel.monitor import protocol as p
+from pathways_kernel.monitoring import protocol as p
 out = []
 for data in json.load(sys.stdin):
     try:

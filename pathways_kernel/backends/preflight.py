@@ -31,7 +31,7 @@ import threading
 import time
 from typing import Callable, TypeVar
 
-from pathways_kernel.errors import BackendError, SpecError
+from pathways_kernel.core.errors import BackendError, SpecError
 
 #: Seconds for all pre-flight steps together unless the user says otherwise.
 DEFAULT_TIMEOUT_S = 5.0

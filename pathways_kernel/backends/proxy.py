@@ -34,8 +34,8 @@ from typing import Any, ClassVar, Sequence
 
 from pathways_kernel.backends import preflight as preflight_lib
 from pathways_kernel.backends.base import Backend, Placement
-from pathways_kernel.backends.local import grid_shape
-from pathways_kernel.errors import BackendError, SpecError
+from pathways_kernel.emulator.local import grid_shape
+from pathways_kernel.core.errors import BackendError, SpecError
 
 #: The client reads this to choose plaintext gRPC over ALTS.
 INSECURE_ENV = "IFRT_PROXY_USE_INSECURE_GRPC_CREDENTIALS"

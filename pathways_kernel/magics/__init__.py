@@ -17,7 +17,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import MagicArgumentParser
 
-from pathways_kernel.errors import PathwaysError, one_line
+from pathways_kernel.core.errors import PathwaysError, one_line
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +126,7 @@ def _show_one_line(shell: Any, etype: type, value: BaseException, tb: Any, tb_of
 
 def register(shell: Any) -> None:
     """Install the magics and the one-line handler for ``PathwaysError``."""
-    from pathways_kernel import healing
+    from pathways_kernel.state import healing
     from pathways_kernel.magics import core  # noqa: F401  (registers subcommands)
     from pathways_kernel.magics import connection
     from pathways_kernel.magics import elastic  # noqa: F401

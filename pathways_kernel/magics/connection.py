@@ -7,7 +7,8 @@ from typing import Any
 
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from pathways_kernel import api, connection
+from pathways_kernel import api
+from pathways_kernel.backends import connection
 from pathways_kernel.magics import subcommand
 
 

@@ -6,9 +6,11 @@ from typing import Any
 
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from pathways_kernel import api, connection, meshes
+from pathways_kernel import api
+from pathways_kernel.backends import connection
+from pathways_kernel.core import meshes
 from pathways_kernel.magics import Text, subcommand
-from pathways_kernel.topology import DeviceTable
+from pathways_kernel.core.slices import DeviceTable
 
 
 @subcommand("status")

@@ -6,11 +6,11 @@ from typing import Any
 
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from pathways_kernel.autosnapshot import autosnapshot as set_autosnapshot
-from pathways_kernel.autosnapshot import for_shell
-from pathways_kernel import snapshots
-from pathways_kernel.elastic import DEFAULT_MAX_RETRIES, DEFAULT_SNAPSHOT_EVERY, Elastic
-from pathways_kernel.errors import NamespaceError, PathwaysError
+from pathways_kernel.state.autosnapshots import autosnapshot as set_autosnapshot
+from pathways_kernel.state.autosnapshots import for_shell
+from pathways_kernel.state import snapshots
+from pathways_kernel.training.elastic_loop import DEFAULT_MAX_RETRIES, DEFAULT_SNAPSHOT_EVERY, Elastic
+from pathways_kernel.core.errors import NamespaceError, PathwaysError
 from pathways_kernel.magics import Text, subcommand
 
 

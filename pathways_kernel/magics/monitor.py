@@ -7,7 +7,7 @@ from typing import Any
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from pathways_kernel.magics import subcommand
-from pathways_kernel.monitor.widget import monitor as show_monitor
+from pathways_kernel.monitoring.widget import monitor as show_monitor
 
 
 @subcommand("monitor")

@@ -7,7 +7,7 @@ from typing import Any
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from pathways_kernel.magics import Text, subcommand
-from pathways_kernel.sidecar import ActivityTable, define, stats
+from pathways_kernel.colocated.sidecars import ActivityTable, define, stats
 
 
 @subcommand("sidecar", cell=True)

@@ -11,10 +11,14 @@ from typing import Any, Sequence
 
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from pathways_kernel import checkpoints, compile_cache, progress, snapshots, storage
-from pathways_kernel.errors import NamespaceError, PathwaysError
+from pathways_kernel.state import checkpoints
+from pathways_kernel.state import compile_cache
+from pathways_kernel.core import progress
+from pathways_kernel.state import snapshots
+from pathways_kernel.state import storage
+from pathways_kernel.core.errors import NamespaceError, PathwaysError
 from pathways_kernel.magics import Text, subcommand
-from pathways_kernel.namespace import bind, user_namespace
+from pathways_kernel.core.namespace import bind, user_namespace
 
 progress.install()
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from pathways_kernel.display import TextDisplay
-from pathways_kernel import snapshots
-from pathways_kernel.errors import PathwaysError
-from pathways_kernel.events import format_bytes
+from pathways_kernel.core.display import TextDisplay
+from pathways_kernel.state import snapshots
+from pathways_kernel.core.errors import PathwaysError
+from pathways_kernel.core.eventlog import format_bytes
 
 
 @dataclasses.dataclass
@@ -105,7 +105,7 @@ class AutoSnapshot:
 
 def _lost(array: Any) -> bool:
     """Whether a finished array is known lost (never waits for a pending one)."""
-    from pathways_kernel import faults
+    from pathways_kernel.emulator import faults
 
     return array.is_ready() and faults.is_lost(array)
 

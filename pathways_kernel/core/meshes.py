@@ -15,8 +15,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from pathways_kernel.errors import MeshError
-from pathways_kernel.topology import Slice
+from pathways_kernel.core.errors import MeshError
+from pathways_kernel.core.slices import Slice
 
 DEFAULT_AXES = ("data", "model")
 

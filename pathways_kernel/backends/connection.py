@@ -9,9 +9,9 @@ do next.
 
 from __future__ import annotations
 
-from pathways_kernel.errors import BackendError
-from pathways_kernel.session import EVENTS, Session, install, live_array_summary, session
-from pathways_kernel.events import Event, EventLog, format_bytes
+from pathways_kernel.core.errors import BackendError
+from pathways_kernel.core.sessions import EVENTS, Session, install, live_array_summary, session
+from pathways_kernel.core.eventlog import Event, EventLog, format_bytes
 
 
 def reconnect(timeout: float | None = None) -> Session:
@@ -30,7 +30,7 @@ def reconnect(timeout: float | None = None) -> Session:
     """
     from pathways_kernel import backends
     from pathways_kernel.backends.proxy import ProxyBackend, clear_jax
-    from pathways_kernel.backends.sps import SharedServiceBackend
+    from pathways_kernel.backends.shared_service import SharedServiceBackend
 
     old = session().backend
     if isinstance(old, SharedServiceBackend):
@@ -82,7 +82,7 @@ def connect_shared_service(
       SpecError: a missing or malformed option.
       BackendError: missing gcloud/kubectl/extras, or the flow failed.
     """
-    from pathways_kernel.backends.sps import ServiceRequest, SharedServiceBackend
+    from pathways_kernel.backends.shared_service import ServiceRequest, SharedServiceBackend
 
     if request is None:
         request = ServiceRequest(cluster, project, region, service, tpu, count, bucket, proxy_image, insecure)

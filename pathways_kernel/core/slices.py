@@ -12,7 +12,7 @@ import dataclasses
 import html
 from typing import Any, Iterable, Literal, Sequence
 
-from pathways_kernel.display import TextDisplay
+from pathways_kernel.core.display import TextDisplay
 from pathways_kernel.backends.base import Placement
 
 SliceState = Literal["up", "down"]

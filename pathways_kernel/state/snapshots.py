@@ -32,8 +32,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from pathways_kernel.errors import PathwaysError
-from pathways_kernel.events import format_bytes
+from pathways_kernel.core.errors import PathwaysError
+from pathways_kernel.core.eventlog import format_bytes
 
 #: Completed snapshots kept per name unless configured otherwise.
 DEFAULT_KEEP = 2
@@ -388,7 +388,7 @@ def shardings_for(snap: Snapshot, mesh: Any) -> list[Any]:
 
 def default_mesh(snap: Snapshot) -> Any:
     """A mesh over the live slices with the snapshot's axis names."""
-    from pathways_kernel.session import session
+    from pathways_kernel.core.sessions import session
 
     names = [name for name, _ in snap.mesh_axes]
     return session().mesh(names or None)
@@ -405,7 +405,7 @@ def restore(snap: Snapshot, mesh: Any = None, *, emit: bool = True) -> Any:
     """
     import jax
 
-    from pathways_kernel.session import session
+    from pathways_kernel.core.sessions import session
 
     snap.wait()
     if mesh is None:
@@ -428,7 +428,7 @@ def restore(snap: Snapshot, mesh: Any = None, *, emit: bool = True) -> Any:
 
 
 def _slices_of(mesh: Any) -> tuple[int, ...]:
-    from pathways_kernel.session import session
+    from pathways_kernel.core.sessions import session
 
     ids = {d.id for d in mesh.devices.flat}
     return tuple(s.index for s in session().topology.slices if any(c.device.id in ids for c in s.chips))
@@ -569,7 +569,7 @@ def _throughput(snap: Snapshot) -> str:
 def store(session: Any = None) -> SnapshotStore:
     """The session's ``SnapshotStore`` (session extension ``"snapshots"``)."""
     if session is None:
-        from pathways_kernel.session import session as current
+        from pathways_kernel.core.sessions import session as current
 
         session = current()
     return session.extension("snapshots", lambda s: SnapshotStore(s.events))
@@ -621,8 +621,8 @@ def snapshot_variables(names: Sequence[str] | None = None, step: int | None = No
     Raises:
       NamespaceError: not in IPython, or a name is unknown or holds no jax array.
     """
-    from pathways_kernel.errors import NamespaceError
-    from pathways_kernel.namespace import user_namespace
+    from pathways_kernel.core.errors import NamespaceError
+    from pathways_kernel.core.namespace import user_namespace
 
     ns = user_namespace()
     if ns is None:

@@ -29,7 +29,7 @@ from typing import Any, Callable, ClassVar, Iterator
 
 from pathways_kernel.backends import preflight as preflight_lib
 from pathways_kernel.backends.proxy import ProxyBackend
-from pathways_kernel.errors import BackendError, SpecError
+from pathways_kernel.core.errors import BackendError, SpecError
 
 #: Modules the shared-service flow imports beyond pathways-kernel's own needs.
 EXTRA_MODULES = ("kubernetes", "portpicker")

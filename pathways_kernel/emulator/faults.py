@@ -84,9 +84,9 @@ import threading
 import time
 from typing import Any, Iterable
 
-from pathways_kernel.display import TextDisplay
-from pathways_kernel.errors import PathwaysError
-from pathways_kernel.events import format_bytes
+from pathways_kernel.core.display import TextDisplay
+from pathways_kernel.core.errors import PathwaysError
+from pathways_kernel.core.eventlog import format_bytes
 
 #: Devices of slices that are down now; read lock-free by the dispatch hooks.
 _lost_devices: frozenset = frozenset()
@@ -506,7 +506,7 @@ def _up(topology: Any) -> tuple[int, ...]:
 def injector(session: Any = None) -> FaultInjector:
     """The session's ``FaultInjector``."""
     if session is None:
-        from pathways_kernel.session import session as current
+        from pathways_kernel.core.sessions import session as current
 
         session = current()
     return session.extension("faults", FaultInjector)

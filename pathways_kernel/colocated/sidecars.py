@@ -40,8 +40,8 @@ import weakref
 from concurrent.futures import Future
 from typing import Any, Callable, Iterator, Sequence
 
-from pathways_kernel.errors import PathwaysError, one_line
-from pathways_kernel.events import format_bytes
+from pathways_kernel.core.errors import PathwaysError, one_line
+from pathways_kernel.core.eventlog import format_bytes
 
 #: Seconds a sidecar call may run before it is reported as hung.
 DEFAULT_TIMEOUT_S = 60.0
@@ -116,7 +116,7 @@ class Activity:
 
 def activity(session: Any = None) -> Activity:
     """The session's sidecar ``Activity``."""
-    from pathways_kernel.session import session as current
+    from pathways_kernel.core.sessions import session as current
 
     return (session or current()).extension("sidecar", lambda _s: Activity())
 
@@ -180,7 +180,7 @@ def live_slices(chosen: tuple[int, ...] | None, session: Any = None) -> list[Any
     Raises:
       PathwaysError: a chosen slice does not exist or is down.
     """
-    from pathways_kernel.session import session as current
+    from pathways_kernel.core.sessions import session as current
 
     topology = (session or current()).topology
     if chosen is None:
@@ -469,7 +469,7 @@ class Sidecar:
     def _run(self, slices: list[Any], args: tuple, kwargs: dict) -> SidecarResults:
         from jax.sharding import NamedSharding, PartitionSpec
 
-        from pathways_kernel.session import session
+        from pathways_kernel.core.sessions import session
 
         with self._lock:
             if self._colocated is None:

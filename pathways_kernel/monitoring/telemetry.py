@@ -34,9 +34,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from pathways_kernel.errors import PathwaysError
-from pathways_kernel.events import Event
-from pathways_kernel.topology import Topology
+from pathways_kernel.core.errors import PathwaysError
+from pathways_kernel.core.eventlog import Event
+from pathways_kernel.core.slices import Topology
 
 DEFAULT_SAMPLE_HZ = 4.0
 DEFAULT_PUBLISH_HZ = 2.0
@@ -532,7 +532,7 @@ def _call(fn: Callable, *args: Any) -> None:
 def _log() -> Any:
     import logging
 
-    return logging.getLogger("pathways_kernel.telemetry")
+    return logging.getLogger("pathways_kernel.monitoring.telemetry")
 
 
 def _backend_source(session: Any, layout: Layout) -> MetricsSource | None:
@@ -543,7 +543,7 @@ def _backend_source(session: Any, layout: Layout) -> MetricsSource | None:
 def hub(session: Any = None) -> TelemetryHub:
     """The session's telemetry hub (created on first use, closed with the session)."""
     if session is None:
-        from pathways_kernel.session import session as current
+        from pathways_kernel.core.sessions import session as current
 
         session = current()
 

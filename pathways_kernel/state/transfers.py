@@ -15,8 +15,8 @@ import threading
 import time
 from typing import Any, Callable
 
-from pathways_kernel.errors import StorageError, one_line
-from pathways_kernel.events import EventLog, format_bytes
+from pathways_kernel.core.errors import StorageError, one_line
+from pathways_kernel.core.eventlog import EventLog, format_bytes
 
 # Two workers: a restore can run while a persist is still uploading. The
 # workers mostly wait on tensorstore futures, so more would not be faster.

@@ -16,8 +16,8 @@ import threading
 import time
 from typing import Any
 
-from pathways_kernel import transfers
-from pathways_kernel.events import format_bytes
+from pathways_kernel.state import transfers
+from pathways_kernel.core.eventlog import format_bytes
 
 THRESHOLD_S = 1.0
 INTERVAL_S = 0.25

@@ -13,12 +13,13 @@ import html
 import threading
 from typing import Any, Callable, Sequence
 
-from pathways_kernel.display import TextDisplay
-from pathways_kernel import backends, meshes
+from pathways_kernel.core.display import TextDisplay
+from pathways_kernel import backends
+from pathways_kernel.core import meshes
 from pathways_kernel.backends.base import Backend
-from pathways_kernel.errors import BackendError, NotSupportedError, PathwaysError
-from pathways_kernel.events import EventLog, format_bytes
-from pathways_kernel.topology import SliceState, Topology
+from pathways_kernel.core.errors import BackendError, NotSupportedError, PathwaysError
+from pathways_kernel.core.eventlog import EventLog, format_bytes
+from pathways_kernel.core.slices import SliceState, Topology
 
 #: One log for the process, so a backend switch shows in the same timeline.
 EVENTS = EventLog()

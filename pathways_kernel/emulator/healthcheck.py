@@ -14,7 +14,7 @@ import dataclasses
 import html
 import time
 
-from pathways_kernel.display import TextDisplay
+from pathways_kernel.core.display import TextDisplay
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +57,7 @@ def health() -> Health:
     """Run the health check on every slice of the session (any backend)."""
     from pathwaysutils.elastic import elastic
 
-    from pathways_kernel.session import session
+    from pathways_kernel.core.sessions import session
 
     topology = session().topology
     start = time.perf_counter()

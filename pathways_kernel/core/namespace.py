@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pathways_kernel.errors import NamespaceError
+from pathways_kernel.core.errors import NamespaceError
 
 
 def user_namespace() -> dict[str, Any] | None:

@@ -15,10 +15,10 @@ import threading
 import time
 from typing import Any
 
-from pathways_kernel import telemetry
-from pathways_kernel.errors import PathwaysError
-from pathways_kernel.events import Event, format_bytes
-from pathways_kernel.topology import Topology
+from pathways_kernel.monitoring import telemetry
+from pathways_kernel.core.errors import PathwaysError
+from pathways_kernel.core.eventlog import Event, format_bytes
+from pathways_kernel.core.slices import Topology
 
 MAX_DASHBOARDS = 4
 #: Slices drawn one row each; beyond this the dashboard shows totals only.

@@ -25,9 +25,9 @@ import time
 import weakref
 from typing import Any, Iterator, Sequence
 
-from pathways_kernel.display import TextDisplay
-from pathways_kernel import faults
-from pathways_kernel.errors import PathwaysError
+from pathways_kernel.core.display import TextDisplay
+from pathways_kernel.emulator import faults
+from pathways_kernel.core.errors import PathwaysError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,7 +184,7 @@ class Chaos:
 
 def _chaos(session: Any = None) -> Chaos:
     if session is None:
-        from pathways_kernel.session import session as current
+        from pathways_kernel.core.sessions import session as current
 
         session = current()
     return session.extension("chaos", Chaos)

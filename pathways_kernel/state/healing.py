@@ -19,9 +19,10 @@ import dataclasses
 import html
 from typing import Any
 
-from pathways_kernel.display import TextDisplay
-from pathways_kernel import faults, snapshots
-from pathways_kernel.errors import PathwaysError, one_line
+from pathways_kernel.core.display import TextDisplay
+from pathways_kernel.emulator import faults
+from pathways_kernel.state import snapshots
+from pathways_kernel.core.errors import PathwaysError, one_line
 
 #: IPython's own names: the output history holds arrays but is not user state.
 _IPYTHON_NAMES = frozenset({"In", "Out", "_oh", "_ih", "_dh", "exit", "quit", "get_ipython"})
@@ -86,7 +87,7 @@ def heal(namespace: dict[str, Any], lost_slices: tuple[int, ...] = (), hidden: f
     """Restore every variable of ``namespace`` that holds lost data; see the module doc."""
     import jax
 
-    from pathways_kernel.session import session
+    from pathways_kernel.core.sessions import session
 
     current = session()
     store = snapshots.store(current)
@@ -114,7 +115,7 @@ class Healer:
     """The between-cells hook of one IPython shell."""
 
     def __init__(self, shell: Any):
-        from pathways_kernel.session import EVENTS
+        from pathways_kernel.core.sessions import EVENTS
 
         self.shell = shell
         self.events = EVENTS

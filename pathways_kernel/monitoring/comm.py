@@ -30,11 +30,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from pathways_kernel import telemetry
-from pathways_kernel.errors import PathwaysError, one_line
-from pathways_kernel.events import Event
-from pathways_kernel.monitor import protocol
-from pathways_kernel.topology import Topology
+from pathways_kernel.monitoring import telemetry
+from pathways_kernel.core.errors import PathwaysError, one_line
+from pathways_kernel.core.eventlog import Event
+from pathways_kernel.monitoring import protocol
+from pathways_kernel.core.slices import Topology
 
 MAX_COMMS = 8
 STALE_AFTER_S = 60.0
@@ -43,7 +43,7 @@ REPLAY_EVENTS = 50
 #: Queued messages per connection beyond which the oldest events are dropped.
 MAX_QUEUE = 1000
 
-log = logging.getLogger("pathways_kernel.monitor")
+log = logging.getLogger("pathways_kernel.monitoring")
 
 
 # -- telemetry -> protocol -----------------------------------------------------
@@ -359,7 +359,7 @@ class MonitorServer:
 
     def _do_snapshot(self, conn: Connection, request: protocol.Request) -> dict[str, Any]:
         try:
-            from pathways_kernel.snapshots import snapshot_variables
+            from pathways_kernel.state.snapshots import snapshot_variables
         except ImportError:
             raise PathwaysError("snapshots are not available in this version of pathways-kernel") from None
         snaps = snapshot_variables(None)
@@ -373,13 +373,13 @@ class MonitorServer:
 
 
 def _set_slice(index: int | None, state: str) -> dict[str, Any]:
-    from pathways_kernel.session import session
+    from pathways_kernel.core.sessions import session
 
     s = session()
     what = "fail_slice" if state == "down" else "restore_slice"
     s.require_fault_injection(what)
     try:
-        from pathways_kernel import faults
+        from pathways_kernel.emulator import faults
     except ImportError:
         faults = None
     if faults is not None:

@@ -42,9 +42,10 @@ import threading
 import time
 from typing import Any, Callable, Sequence
 
-from pathways_kernel import meshes, snapshots
-from pathways_kernel.errors import PathwaysError, one_line
-from pathways_kernel.session import Session, session
+from pathways_kernel.core import meshes
+from pathways_kernel.state import snapshots
+from pathways_kernel.core.errors import PathwaysError, one_line
+from pathways_kernel.core.sessions import Session, session
 
 #: Consecutive failures (without a new good snapshot in between) before giving up.
 DEFAULT_MAX_RETRIES = 10
@@ -518,9 +519,8 @@ def elastic(
     return wrap(fn) if fn is not None else wrap
 
 
-# ``pw.elastic`` is this function, which shadows the module on the package:
-# keep ``from pathways_kernel import elastic; elastic.on_restore(...)`` working.
-elastic.on_restore = on_restore  # type: ignore[attr-defined]
+# ``pw.elastic.abstract(tree, mesh)`` is public API: the shapes a ``prepare``
+# callback compiles for, reachable from the decorator users already have.
 elastic.abstract = abstract  # type: ignore[attr-defined]
 
 

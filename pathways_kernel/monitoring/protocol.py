@@ -16,8 +16,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from pathways_kernel.errors import PathwaysError
-from pathways_kernel.telemetry import SliceMetrics
+from pathways_kernel.core.errors import PathwaysError
+from pathways_kernel.monitoring.telemetry import SliceMetrics
 
 VERSION = 1
 TARGET = "pathways.monitor"

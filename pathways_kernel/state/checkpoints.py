@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from pathways_kernel import storage
-from pathways_kernel.errors import StorageError
-from pathways_kernel.transfers import Transfer
+from pathways_kernel.state import storage
+from pathways_kernel.core.errors import StorageError
+from pathways_kernel.state.transfers import Transfer
 
 DEFAULT_KEEP = 3
 
@@ -58,7 +58,7 @@ def _path(location: storage.Location) -> Any:
 
 
 def _registry() -> Checkpoints:
-    from pathways_kernel.session import session
+    from pathways_kernel.core.sessions import session
 
     def create(s: Any) -> Checkpoints:
         registry = Checkpoints()
@@ -117,7 +117,7 @@ def save(tree: Any, url: str, step: int, *, keep: int | None = DEFAULT_KEEP, for
         transfer.advance(nbytes)
         return step
 
-    from pathways_kernel.session import session
+    from pathways_kernel.core.sessions import session
 
     return Transfer("checkpoint save", f"step {step} -> {location.url}", nbytes, session().events).start(finish)
 
@@ -146,8 +146,8 @@ def restore(url: str, step: int | None = None, mesh: Any = None) -> Any:
     import orbax.checkpoint as ocp
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from pathways_kernel import snapshots
-    from pathways_kernel.session import session
+    from pathways_kernel.state import snapshots
+    from pathways_kernel.core.sessions import session
 
     location = storage.parse_url(url)
     with storage.errors_as("checkpoint restore", location):
@@ -187,7 +187,7 @@ def restore(url: str, step: int | None = None, mesh: Any = None) -> Any:
         transfer.advance(nbytes)
         return result
 
-    from pathways_kernel import transfers
+    from pathways_kernel.state import transfers
 
     return transfers.run_sync("checkpoint restore", f"step {step} <- {location.url}", job, session().events, total=nbytes)
 

@@ -16,9 +16,9 @@ import os
 import threading
 from typing import Any
 
-from pathways_kernel.display import TextDisplay
-from pathways_kernel import storage
-from pathways_kernel.errors import NotSupportedError, PathwaysError, one_line
+from pathways_kernel.core.display import TextDisplay
+from pathways_kernel.state import storage
+from pathways_kernel.core.errors import NotSupportedError, PathwaysError, one_line
 
 #: Environment variable a kernelspec sets to turn the cache on at start.
 ENV = "PATHWAYS_COMPILE_CACHE"
@@ -79,7 +79,7 @@ def _on_duration(event: str, duration: float, **kwargs: Any) -> None:
         if _status.location is None or outcome is None:
             return
         name = kwargs.get("fun_name", "")
-        from pathways_kernel.session import session
+        from pathways_kernel.core.sessions import session
 
         if outcome == "hit":
             _status.hits += 1
@@ -115,7 +115,7 @@ def enable(location: str, min_compile_s: float = DEFAULT_MIN_COMPILE_S) -> Cache
     import jax
     from jax.experimental.compilation_cache import compilation_cache as cc
 
-    from pathways_kernel.session import session
+    from pathways_kernel.core.sessions import session
 
     if location.strip().lower() == "off":
         return disable()

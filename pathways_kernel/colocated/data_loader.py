@@ -34,9 +34,9 @@ import weakref
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, Callable
 
-from pathways_kernel.errors import MeshError, PathwaysError
-from pathways_kernel.events import format_bytes
-from pathways_kernel.sidecar import (
+from pathways_kernel.core.errors import MeshError, PathwaysError
+from pathways_kernel.core.eventlog import format_bytes
+from pathways_kernel.colocated.sidecars import (
     DEFAULT_TIMEOUT_S,
     SidecarError,
     SidecarTimeout,
@@ -262,7 +262,7 @@ class Loader:
     ):
         from jax.experimental.colocated_python import colocated_python
 
-        from pathways_kernel.session import session
+        from pathways_kernel.core.sessions import session
 
         if not callable(make_batches):
             raise PathwaysError(f"pw.loader needs make_batches(step, shard, num_shards), got {type(make_batches).__name__}")
@@ -504,7 +504,7 @@ def _state_of(ref: "weakref.ref[Loader]") -> dict[str, Any]:
 def _follow_elastic(loader: Loader) -> Callable[[], None] | None:
     """Register ``loader.reset`` with elastic's restore hooks, weakly (a dropped loader unhooks itself)."""
     try:
-        from pathways_kernel import elastic
+        from pathways_kernel.training import elastic_loop as elastic
     except ImportError:
         return None
     ref = weakref.ref(loader)

@@ -44,9 +44,9 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from pathways_kernel.errors import StorageError, one_line
-from pathways_kernel.events import format_bytes
-from pathways_kernel.transfers import Transfer
+from pathways_kernel.core.errors import StorageError, one_line
+from pathways_kernel.core.eventlog import format_bytes
+from pathways_kernel.state.transfers import Transfer
 
 FORMAT = "pathways-snapshot/1"
 MANIFEST = "manifest.json"
@@ -572,7 +572,7 @@ def persist(snapshot: Any, url: str, snapshot_id: str | None = None, *, name: st
       StorageError: malformed URL or id, missing bucket, permission denied,
         duplicate id, unreachable server (when found within ``check_timeout``).
     """
-    from pathways_kernel import snapshots
+    from pathways_kernel.state import snapshots
 
     location = parse_url(url)
     if not isinstance(snapshot, snapshots.Snapshot):
@@ -767,7 +767,7 @@ def load(url: str, events: Any = None, memory_limit: int | None = None, like: An
       StorageError: nothing committed there, the data does not fit in host
         memory, a chunk is missing or corrupt, the server is unreachable.
     """
-    from pathways_kernel import transfers
+    from pathways_kernel.state import transfers
 
     location = parse_url(url)
     with errors_as("restore", location):
@@ -795,7 +795,7 @@ def _download(transfer: Transfer, objects: _Objects, target: Location, manifest:
     import jax
     import jax.numpy as jnp
 
-    from pathways_kernel.snapshots import Snapshot
+    from pathways_kernel.state.snapshots import Snapshot
 
     transfer.checked()
     with errors_as("restore", target):
@@ -867,7 +867,7 @@ def restore(source: Any, mesh: Any = None, *, like: Any = None, events: Any = No
     Raises:
       StorageError: see ``load``.
     """
-    from pathways_kernel import snapshots
+    from pathways_kernel.state import snapshots
 
     if isinstance(source, snapshots.Snapshot):
         return snapshots.restore(source, mesh)
@@ -877,7 +877,7 @@ def restore(source: Any, mesh: Any = None, *, like: Any = None, events: Any = No
 def _events(events: Any) -> Any:
     if events is not None:
         return events
-    from pathways_kernel.session import session
+    from pathways_kernel.core.sessions import session
 
     return session().events
 

@@ -1,0 +1,1 @@
+"""The embedded backend: CPU devices as slices, and the faults a real cluster would bring (loss, chaos, health)."""

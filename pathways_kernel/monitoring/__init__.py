@@ -1,0 +1,1 @@
+"""Telemetry (sampling, aggregation), the monitor comm protocol and transport, the notebook widget."""

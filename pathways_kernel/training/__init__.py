@@ -1,0 +1,1 @@
+"""Training loops the kernel owns the step boundaries of: elastic execution."""
