@@ -118,7 +118,7 @@ def activity(session: Any = None) -> Activity:
     """The session's sidecar ``Activity``."""
     from pathways_kernel.core.sessions import session as current
 
-    return (session or current()).extension("sidecar", lambda _s: Activity())
+    return (session or current()).component(Activity, lambda _s: Activity())
 
 
 def stats() -> dict[str, Any]:

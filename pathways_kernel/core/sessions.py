@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import html
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypeVar, cast
 
 from pathways_kernel.core.display import TextDisplay
 from pathways_kernel import backends
@@ -20,6 +20,8 @@ from pathways_kernel.backends.base import Backend
 from pathways_kernel.core.errors import BackendError, NotSupportedError, PathwaysError
 from pathways_kernel.core.eventlog import EventLog, format_bytes
 from pathways_kernel.core.slices import SliceState, Topology
+
+T = TypeVar("T")
 
 #: One log for the process, so a backend switch shows in the same timeline.
 EVENTS = EventLog()
@@ -75,7 +77,7 @@ class Session:
         self._base: Topology | None = None
         self._states: dict[int, SliceState] = {}
         self._closers: list[Callable[[], None]] = []
-        self._extensions: dict[str, Any] = {}
+        self._components: dict[type, object] = {}
 
     # -- topology -------------------------------------------------------------
     @property
@@ -147,12 +149,18 @@ class Session:
             )
 
     # -- lifecycle ------------------------------------------------------------
-    def extension(self, key: str, factory: Callable[["Session"], Any]) -> Any:
-        """A per-session singleton (telemetry hub, snapshot store, ...)."""
+    def component(self, kind: type[T], factory: Callable[["Session"], T] | None = None) -> T:
+        """The session's one ``kind`` (telemetry hub, snapshot store, fault injector, ...).
+
+        Made on first use by ``factory(session)`` (default ``kind(session)``)
+        and dropped with the session, so every component is per session and
+        typed by its class rather than found by a string key.
+        """
         with self._lock:
-            if key not in self._extensions:
-                self._extensions[key] = factory(self)
-            return self._extensions[key]
+            found = self._components.get(kind)
+            if found is None:
+                found = self._components[kind] = (factory or kind)(self)
+            return cast(T, found)
 
     def on_close(self, closer: Callable[[], None]) -> None:
         self._closers.append(closer)
@@ -161,7 +169,7 @@ class Session:
         for closer in reversed(self._closers):
             closer()
         self._closers.clear()
-        self._extensions.clear()
+        self._components.clear()
         self.backend.close()
 
 

@@ -187,7 +187,7 @@ def _chaos(session: Any = None) -> Chaos:
         from pathways_kernel.core.sessions import session as current
 
         session = current()
-    return session.extension("chaos", Chaos)
+    return session.component(Chaos)
 
 
 def chaos(mtbf: float, mttr: float, seed: int = 0, min_up: int = 1) -> ChaosStatus:

@@ -509,7 +509,7 @@ def injector(session: Any = None) -> FaultInjector:
         from pathways_kernel.core.sessions import session as current
 
         session = current()
-    return session.extension("faults", FaultInjector)
+    return session.component(FaultInjector)
 
 
 # -- public API ---------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The telemetry hub: per-chip utilization and memory, sampled on a background thread.
 
-One hub per session (``session.extension("telemetry", ...)``). A
+One hub per session (``session.component(TelemetryHub, ...)``). A
 ``MetricsSource`` samples every chip; the hub averages utilization over a
 window, aggregates by slice, and hands ``Metrics`` to its subscriptions (the
 monitor comms, the notebook widget) at each one's rate, together with the
@@ -552,7 +552,7 @@ def hub(session: Any = None) -> TelemetryHub:
         s.on_close(h.close)
         return h
 
-    return session.extension("telemetry", make)
+    return session.component(TelemetryHub, make)
 
 
 def configure(sample_hz: float | None = None, publish_hz: float | None = None, window_s: float | None = None) -> TelemetryHub:

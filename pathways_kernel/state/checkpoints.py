@@ -65,7 +65,7 @@ def _registry() -> Checkpoints:
         s.on_close(registry.close)
         return registry
 
-    return session().extension("checkpoints", create)
+    return session().component(Checkpoints, create)
 
 
 def _layout(tree: Any) -> dict[str, Any]:

@@ -572,7 +572,7 @@ def store(session: Any = None) -> SnapshotStore:
         from pathways_kernel.core.sessions import session as current
 
         session = current()
-    return session.extension("snapshots", lambda s: SnapshotStore(s.events))
+    return session.component(SnapshotStore, lambda s: SnapshotStore(s.events))
 
 
 class SnapshotTable:
