@@ -204,7 +204,7 @@ def test_host_buffers_of_dead_snapshots_are_reused_only_when_nobody_holds_them(m
     kept = held.leaves[0].host
     del held
     dead = snapshots.take(x).wait()
-    address = dead.leaves[0].host.ctypes.data
+    address = dead.leaves[0]._buffer.array.ctypes.data  # peek without taking the buffer
     del dead  # its buffer is recycled by the next copy
     y = sharded(mesh, (64, 64), P("data", "model"), start=1000)
     fresh = snapshots.take(y).wait()
@@ -212,3 +212,21 @@ def test_host_buffers_of_dead_snapshots_are_reused_only_when_nobody_holds_them(m
     np.testing.assert_array_equal(fresh.leaves[0].host, np.asarray(y))
     np.testing.assert_array_equal(kept, np.arange(64 * 64, dtype=np.float32).reshape(64, 64))  # held: untouched
     assert kept.ctypes.data != address
+
+
+def test_a_host_buffer_anyone_still_reaches_is_never_overwritten(mesh):
+    """Ownership, not reference counts: held leaves, handed-out buffers and restored arrays keep their bytes."""
+    snapshots._BUFFERS.clear()
+    x = sharded(mesh, (64, 64), P("data", "model"))
+    expected = np.asarray(x).copy()
+    held_leaf = snapshots.take(x).wait().leaves[0]  # the snapshot dies, its leaf is still held
+    handed = snapshots.take(x).wait()
+    handed_out = handed.leaves[0].host
+    restored = snapshots.restore(handed, mesh, emit=False)
+    del handed  # dead, but its buffer was handed out (and may back `restored`)
+    for start in range(1, 30):  # many same-shaped snapshots, each dropped at once
+        snapshots.take(sharded(mesh, (64, 64), P("data", "model"), start=1000 * start)).wait()
+    np.testing.assert_array_equal(held_leaf.host, expected)
+    np.testing.assert_array_equal(handed_out, expected)
+    np.testing.assert_array_equal(np.asarray(restored[0] if isinstance(restored, list) else restored), expected)
+    assert snapshots._BUFFERS.nbytes <= 64 * 64 * 4  # the dropped ones were recycled, within the bound

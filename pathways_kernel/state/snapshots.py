@@ -45,7 +45,7 @@ MeshAxes = tuple[tuple[str, int], ...]
 _COPIER = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="pathways-snapshot")
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class Leaf:
     """One leaf of a snapshot.
 
@@ -54,6 +54,13 @@ class Leaf:
     the copied bytes (set once the snapshot is done). ``on_device`` is false
     for leaves that were not device arrays (numpy arrays, Python scalars):
     those are restored as they were.
+
+    Ownership of ``host``: a buffer the snapshot copier filled belongs to the
+    leaf, and goes back to the host-buffer pool when the leaf dies, unless it
+    was ever handed out. Reading ``leaf.host`` hands it out (the reader may
+    keep it, view it, or give it to ``device_put``, which can alias it), so
+    from then on the buffer is never reused; neither is a buffer that came
+    from outside (``host = ...``). Nothing depends on reference counts.
     """
 
     path: str
@@ -61,12 +68,43 @@ class Leaf:
     dtype: np.dtype
     spec: Any
     mesh_axes: MeshAxes
-    host: Any = None
+    host: Any = dataclasses.field(default=None, repr=False)
     on_device: bool = True
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize if self.on_device else _nbytes(self.host)
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize if self.on_device else _nbytes(self._buffer.array)
+
+    def _fill(self, buffer: np.ndarray) -> None:
+        """Give the leaf a buffer the copier owns; it returns to the pool when the leaf dies."""
+        self._buffer = _Owned(buffer, reusable=True)
+        weakref.finalize(self, _BUFFERS.on_leaf_dead, self._buffer).atexit = False
+
+
+class _Owned:
+    """A leaf's host value and whether the pool may take it back."""
+
+    __slots__ = ("array", "reusable")
+
+    def __init__(self, array: Any, reusable: bool = False) -> None:
+        self.array = array
+        self.reusable = reusable
+
+
+def _get_host(leaf: Leaf) -> Any:
+    buffer = leaf.__dict__.get("_buffer")
+    if buffer is None:
+        return None
+    buffer.reusable = False  # handed out: whoever reads it may keep it
+    return buffer.array
+
+
+def _set_host(leaf: Leaf, value: Any) -> None:
+    leaf.__dict__["_buffer"] = _Owned(value)
+
+
+# After the dataclass is built, so its __init__ assigns through the property.
+Leaf.host = property(_get_host, _set_host, doc="The leaf's host copy; reading it hands it out (see Leaf).")  # type: ignore[assignment]
 
 
 def _nbytes(value: Any) -> int:
@@ -197,21 +235,21 @@ def _copy_array(array: Any, out: np.ndarray) -> None:
 
 
 class _HostBuffers:
-    """Host buffers of dead snapshots, reused by new ones of the same shapes.
+    """Host buffers of dead snapshot leaves, reused by new ones of the same shapes.
 
     Writing into fresh memory costs a page fault per page, which on a busy
     host is most of a snapshot's time; a training loop takes same-shaped
-    snapshots over and over, so the buffers of the ones the store dropped
-    are recycled, as runtimes reuse pinned staging buffers. A buffer is only
-    taken back when nothing but its dead snapshot's leaf refers to it (no
-    view, no upload in flight, no device array aliasing it), and the pool
-    holds at most as many bytes as the largest snapshot taken.
+    snapshots over and over, so the buffers of the leaves that died are
+    recycled, as runtimes reuse pinned staging buffers. Only buffers the
+    copier filled and nobody was ever handed (``Leaf`` explains ownership)
+    come back, and the pool holds at most as many bytes as the largest
+    snapshot taken.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._free: dict[tuple[tuple[int, ...], str], list[np.ndarray]] = {}
-        self._dead: collections.deque[list[Leaf]] = collections.deque()
+        self._dead: collections.deque[_Owned] = collections.deque()
         self._bytes = 0
         self.limit = 0
 
@@ -224,41 +262,31 @@ class _HostBuffers:
                 return buffer
         return np.empty(shape, dtype)
 
-    def on_snapshot_dead(self, leaves: list[Leaf]) -> None:
+    def on_leaf_dead(self, owned: _Owned) -> None:
         # A finalizer may run anywhere, even inside a lock this module holds
-        # (a garbage collection during ``submit``): only queue the leaves
-        # (``deque.append`` takes no lock); the copy thread recycles them.
-        self._dead.append(leaves)
+        # (a garbage collection during ``submit``): only queue the buffer
+        # (``deque.append`` takes no lock); the copy thread recycles it.
+        self._dead.append(owned)
 
     def recycle_dead(self) -> None:
         while True:
             try:
-                leaves = self._dead.popleft()
+                owned = self._dead.popleft()
             except IndexError:
                 return
-            self.recycle(leaves)
+            self.recycle(owned)
 
-    def recycle(self, leaves: list[Leaf]) -> None:
-        """Take back the buffers of a dead snapshot that nobody else holds."""
-        import sys
-
-        # References to the list: the caller's `leaves`, ours, getrefcount's
-        # argument; to a leaf: the list, `leaf`, the argument; to a buffer: the
-        # leaf's attribute, `host`, the argument. Any more is someone else's.
-        if sys.getrefcount(leaves) > 3:
+    def recycle(self, owned: _Owned) -> None:
+        """Take back a dead leaf's buffer if it was the copier's and never handed out."""
+        host = owned.array
+        if not owned.reusable or not isinstance(host, np.ndarray):
             return
-        for leaf in leaves:
-            host = leaf.host
-            if sys.getrefcount(leaf) > 3 or not leaf.on_device or not isinstance(host, np.ndarray) or sys.getrefcount(host) > 3:
-                continue
-            if host.base is not None or not host.flags.c_contiguous or not host.flags.writeable:
-                continue
-            with self._lock:
-                if self._bytes + host.nbytes > self.limit:
-                    continue
-                leaf.host = None
-                self._free.setdefault((host.shape, host.dtype.str), []).append(host)
-                self._bytes += host.nbytes
+        with self._lock:
+            if self._bytes + host.nbytes > self.limit:
+                return
+            owned.array, owned.reusable = None, False
+            self._free.setdefault((host.shape, host.dtype.str), []).append(host)
+            self._bytes += host.nbytes
 
     def clear(self) -> None:
         with self._lock:
@@ -285,7 +313,7 @@ def _copy_all(snap: Snapshot, arrays: list[Any], on_done: Callable[[Snapshot], N
         if leaf.on_device:
             out = _BUFFERS.get(leaf.shape, leaf.dtype)
             _copy_array(array, out)
-            leaf.host = out
+            leaf._fill(out)
     snap.duration_s = time.perf_counter() - start
     if on_done is not None:
         on_done(snap)
@@ -315,9 +343,6 @@ def take(tree: Any, name: str = DEFAULT_NAME, step: int | None = None, on_done: 
         arrays.append(value)
     snap = Snapshot(name, step, treedef, leaves)
     _BUFFERS.note_snapshot(snap.nbytes)
-    # The finalizer holds the leaves (not the snapshot): when the snapshot
-    # dies, its buffers go back to the pool if nothing else holds them.
-    weakref.finalize(snap, _BUFFERS.on_snapshot_dead, leaves).atexit = False
     snap._future = _COPIER.submit(_copy_all, snap, arrays, on_done)
     return snap
 
