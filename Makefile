@@ -9,7 +9,7 @@ PY_SOURCES := pyproject.toml $(shell find pathways_kernel kernelspecs -name '*.p
 LAB_BUNDLE := pathways_kernel/labextension/package.json
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: all lab test test-ts test-py bench clean
+.PHONY: all lab test test-ts test-py test-compat bench clean
 
 all: $(VENV)/.installed
 
@@ -49,8 +49,27 @@ test-py: $(VENV)/.installed /usr/bin/chromium
 
 test: test-ts test-py
 
+# Fault semantics and elastic tests against every jax/jaxlib 0.10.x (from 0.10.1)
+# the package index serves, each in its own venv: that venv holds only jax and
+# jaxlib, and reaches the project and every other dependency through .venv.
+COMPAT_TESTS := tests/test_faults.py tests/test_elastic.py tests/test_snapshots.py
+test-compat: $(VENV)/.installed
+	@versions=$$($(PY) -m pip index versions jax 2>/dev/null | sed -n 's/^Available versions: //p' | tr ',' '\n' | tr -d ' ' \
+	  | grep -E '^0\.10\.[0-9]+$$' | awk -F. '$$3 >= 1' | sort -t. -k3 -n); \
+	[ -n "$$versions" ] || { echo "test-compat: the index serves no jax 0.10.x >= 0.10.1"; exit 1; }; \
+	site=$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
+	for v in $$versions; do \
+	  env=.venv-compat/jax-$$v; \
+	  [ -x $$env/bin/python ] || python3 -m venv $$env; \
+	  $$env/bin/python -m pip install -q --no-deps "jax==$$v" "jaxlib==$$v"; \
+	  own=$$($$env/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
+	  printf '%s\n%s\n' "$(CURDIR)" "$$site" > $$own/pathways-kernel-dev.pth; \
+	  echo "== jax/jaxlib $$v"; \
+	  PATH=$(CURDIR)/$$env/bin:$$PATH JUPYTER_PATH=$(CURDIR)/$(VENV)/share/jupyter $$env/bin/python -m pytest -q -p no:cacheprovider $(COMPAT_TESTS); \
+	done
+
 bench: $(VENV)/.installed
 	@for script in bench/*.py; do echo "== $$script"; $(PY) $$script; done
 
 clean:
-	rm -rf $(VENV) node_modules labextension/lib pathways_kernel/labextension tsconfig.tsbuildinfo
+	rm -rf $(VENV) .venv-compat node_modules labextension/lib pathways_kernel/labextension tsconfig.tsbuildinfo

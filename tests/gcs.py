@@ -48,7 +48,7 @@ class GcsServer:
 
     @property
     def env(self) -> dict[str, str]:
-        """What google-cloud-storage, tensorstore, gcsfs and orbax need (shared/NOTES.md)."""
+        """What google-cloud-storage, tensorstore, gcsfs and orbax need."""
         return {
             "STORAGE_EMULATOR_HOST": self.url,
             "TENSORSTORE_GCS_HTTP_URL": self.url,
