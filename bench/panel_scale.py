@@ -66,7 +66,7 @@ _backend = types.SimpleNamespace(spec="synthetic:{SLICES}x{CHIPS_PER_SLICE}", ta
                                  supports_fault_injection=False, close=lambda: None)
 _fake = types.SimpleNamespace(topology=_topology, events=EventLog(), backend=_backend)
 _hub = telemetry.TelemetryHub(_fake, source=SyntheticSource(), sample_hz=2, publish_hz=2)
-assert session().extension("telemetry", lambda s: _hub) is _hub, "a hub existed before the benchmark's"
+assert session().component(telemetry.TelemetryHub, lambda s: _hub) is _hub, "a hub existed before the benchmark's"
 _fake.events.emit("connect", detail="synthetic 64 x 1024 chips")
 print("synthetic hub ready", _hub.layout.chips)
 """

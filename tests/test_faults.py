@@ -146,8 +146,8 @@ def test_chaos_in_the_kernel_follows_its_seeded_schedule(lost):
     assert "chaos off after" in off.text
     check = lost.run(
         "import itertools\n"
-        "from pathways_kernel import chaosmonkey\n"
-        "applied = [(e.action, e.slice_index) for e in pw.session().extension('chaos', chaosmonkey.Chaos).applied]\n"
+        "from pathways_kernel.emulator import chaosmonkey\n"
+        "applied = [(e.action, e.slice_index) for e in pw.session().component(chaosmonkey.Chaos).applied]\n"
         "expected = [(e.action, e.slice_index) for e in itertools.islice(chaosmonkey.schedule([0, 1], 0.05, 0.05, 11), len(applied))]\n"
         "logged = [e for e in pw.events() if 'chaos (seed 11)' in e.detail]\n"
         "print(len(applied) >= 4, applied == expected, len(logged) == len(applied))"
