@@ -9,7 +9,7 @@ PY_SOURCES := pyproject.toml $(shell find pathways_kernel kernelspecs -name '*.p
 LAB_BUNDLE := pathways_kernel/labextension/package.json
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: all lab test test-ts test-py test-compat bench clean
+.PHONY: all lab test lint test-ts test-py test-compat bench clean
 
 all: $(VENV)/.installed
 
@@ -40,6 +40,14 @@ $(VENV)/.installed: $(VENV)/.build-tools $(LAB_BUNDLE) $(PY_SOURCES)
 
 lab: $(VENV)/.installed
 	$(VENV)/bin/jupyter lab notebooks/quickstart.ipynb --LabApp.news_url=None $(if $(filter 0,$(shell id -u)),--allow-root,)
+
+# Lint and types: ruff (lint + format check) and mypy (strict on core/) for
+# Python, ESLint + Prettier for the extension. Fix what they find; no blanket ignores.
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy -p pathways_kernel.core
+	$(JLPM) lint
 
 test-ts: $(VENV)/.installed
 	$(JLPM) test
