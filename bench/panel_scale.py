@@ -8,7 +8,8 @@ the real ones. Debian's Chromium shows the notebook with the panel open.
 
 Prints:
 - the median time of the panel's render per update, measured in the page with
-  performance.now() around the render (window.__pathwaysRenderTimes); goal <= 16 ms;
+  performance.now() around the panel's frame (the benchmark wraps the panel
+  widget's draw method from outside; the panel carries no instrumentation); goal <= 16 ms;
 - bytes per chip per metrics update: the binary buffers, the whole comm message
   (buffers + JSON), and the whole websocket frame as received by the browser;
   goal <= 3.
@@ -147,6 +148,7 @@ def main(seconds: float = 30.0) -> None:
                 page.locator("#pathways-monitor[data-state='live']").wait_for(state="attached")
                 page.evaluate("window.jupyterapp.commands.execute('pathways:open-monitor')")
                 page.locator(f"#pathways-monitor canvas[data-chips='{CHIPS}']").wait_for()
+                page.evaluate(TIME_RENDERS)
                 narrow = measure(page, frames, seconds)
                 page.locator("#pathways-monitor").screenshot(path=str(artifacts / "panel_scale_narrow.png"))
                 widen_sidebar(page)
@@ -171,15 +173,25 @@ def main(seconds: float = 30.0) -> None:
           f"{wire / CHIPS:.2f} on the wire, {sizes['buffers'] / CHIPS:.2f} in buffers (goal <= 3)")
 
 
+# Wrap the panel widget's per-frame draw (found through JupyterLab's shell) to time it.
+TIME_RENDERS = """() => {
+  const panel = [...window.jupyterapp.shell.widgets('right')].find(w => w.id === 'pathways-monitor');
+  if (!panel || typeof panel._draw !== 'function') throw new Error('no Pathways panel with a _draw method');
+  const draw = panel._draw.bind(panel);
+  window.renderTimes = [];
+  panel._draw = () => { const t0 = performance.now(); draw(); window.renderTimes.push(performance.now() - t0); };
+}"""
+
+
 def measure(page, frames: list[int], seconds: float) -> dict:
     """Render times and metrics frame sizes over `seconds` of 2 Hz updates."""
     page.wait_for_timeout(3000)  # warm-up: first frames, resize, JIT
-    page.evaluate("window.__pathwaysRenderTimes.length = 0")
+    page.evaluate("window.renderTimes.length = 0")
     frames.clear()
     started = time.monotonic()
     page.wait_for_timeout(seconds * 1000)
     canvas = page.locator("#pathways-monitor canvas.jp-PathwaysPanel-canvas")
-    times = page.evaluate("window.__pathwaysRenderTimes.slice()")
+    times = page.evaluate("window.renderTimes.slice()")
     if not times:
         raise SystemExit("no renders recorded: the panel did not update")
     return {

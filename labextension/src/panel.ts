@@ -21,14 +21,6 @@ import { SliceAction, SliceList } from './slicelist';
 import { Timeline } from './timeline';
 import { TopologyView } from './topologyview';
 
-/** Render times kept for the benchmark (window.__pathwaysRenderTimes, ms). */
-const RENDER_SAMPLES = 2000;
-
-declare global {
-  interface Window {
-    __pathwaysRenderTimes?: number[];
-  }
-}
 
 export class PathwaysPanel extends Widget {
   readonly model = new MonitorModel();
@@ -279,20 +271,18 @@ export class PathwaysPanel extends Widget {
       if (!this.isVisible) {
         return;
       }
-      const start = performance.now();
-      // All layout reads first, then writes: one reflow per frame, not one per row.
-      const topologyWidth = this._topology.measure();
-      const sparkWidth = this._slices.measure();
-      this._topology.render(topologyWidth);
-      this._slices.render(sparkWidth);
-      this._timeline.render();
-      this._renderHeader();
-      const times = (window.__pathwaysRenderTimes ??= []);
-      times.push(performance.now() - start);
-      if (times.length > RENDER_SAMPLES) {
-        times.splice(0, times.length - RENDER_SAMPLES);
-      }
+      this._draw();
     });
+  }
+
+  /** Draw one frame: all layout reads first, then writes (one reflow per frame, not one per row). */
+  private _draw(): void {
+    const topologyWidth = this._topology.measure();
+    const sparkWidth = this._slices.measure();
+    this._topology.render(topologyWidth);
+    this._slices.render(sparkWidth);
+    this._timeline.render();
+    this._renderHeader();
   }
 
   /** Header figures that move with every metrics frame; nodes are built once and only their text changes. */
