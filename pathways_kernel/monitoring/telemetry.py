@@ -4,8 +4,10 @@ One hub per session (``session.component(TelemetryHub, ...)``). A
 ``MetricsSource`` samples every chip; the hub averages utilization over a
 window, aggregates by slice, and hands ``Metrics`` to its subscriptions (the
 monitor comms, the notebook widget) at each one's rate, together with the
-session's events and topology changes. It samples only while someone
-subscribes.
+session's events and topology changes. It samples only once someone has
+subscribed; after the last subscriber leaves it goes on sampling once a
+second to keep the metrics history (``monitoring/history.py``: 15 minutes
+per slice, 5 per chip, bounded), so a view that comes back shows the past.
 
 The default source, ``ClientSource``, measures from the client alone, so it
 works on every backend: a chip is busy at a sample instant when its shard of
@@ -37,6 +39,7 @@ import numpy as np
 from pathways_kernel.core.errors import PathwaysError
 from pathways_kernel.core.eventlog import Event
 from pathways_kernel.core.slices import Topology
+from pathways_kernel.monitoring.history import History
 
 DEFAULT_SAMPLE_HZ = 4.0
 DEFAULT_PUBLISH_HZ = 2.0
@@ -348,6 +351,8 @@ class TelemetryHub:
         self._source = source or _backend_source(session, self._layout) or ClientSource()
         self._seq = 0
         self._latest: Metrics | None = None
+        self._history: History | None = None
+        self._next_history = 0.0
         self._reset_window()
         self._unlisten = session.events.subscribe(self._on_event)
         #: Wall seconds the last sample took; CPU seconds of all samples so far (the hub's own cost).
@@ -389,6 +394,10 @@ class TelemetryHub:
     def latest(self) -> Metrics | None:
         """The last published metrics, or ``None`` before the first sample."""
         return self._latest
+
+    def history(self) -> History | None:
+        """The metrics history of the current layout, or ``None`` before the first sample."""
+        return self._history
 
     # -- subscriptions --------------------------------------------------------
     def subscribe(self, on_metrics: Callable[[Metrics], None] | None = None,
@@ -453,8 +462,9 @@ class TelemetryHub:
         next_sample = time.monotonic()
         while True:
             with self._lock:
-                while not self._closed and not self._events and (not self._subs or time.monotonic() < next_sample):
-                    self._wake.wait(None if not self._subs else max(0.0, next_sample - time.monotonic()))
+                # With no subscriber, sample once a second for the history only.
+                while not self._closed and not self._events and time.monotonic() < next_sample:
+                    self._wake.wait(max(0.0, next_sample - time.monotonic()))
                 if self._closed:
                     return
                 events = list(self._events)
@@ -463,7 +473,7 @@ class TelemetryHub:
             if events:
                 self._deliver_events(events, subs)
             now = time.monotonic()
-            if subs and now >= next_sample:
+            if now >= next_sample:
                 started, cpu_started = time.perf_counter(), time.thread_time()
                 try:
                     metrics = self._sample()
@@ -474,8 +484,9 @@ class TelemetryHub:
                     continue
                 self.last_sample_s = time.perf_counter() - started
                 self.sample_cpu_s += time.thread_time() - cpu_started
-                period = 1.0 / self.sample_hz
+                period = 1.0 / self.sample_hz if subs else 1.0
                 next_sample = now + max(period, self.last_sample_s / MAX_DUTY)
+                self._record(metrics, now)
                 now = time.monotonic()
                 for sub in subs:
                     rate = sub.effective_rate
@@ -484,6 +495,17 @@ class TelemetryHub:
                     # Slack of half a sample period so 2 Hz on 4 Hz samples is every other one.
                     sub.next_due = max(sub.next_due + 1.0 / rate, now + 1.0 / rate - 0.5 * period)
                     _call(sub.on_metrics, metrics)
+
+    def _record(self, metrics: Metrics, now: float) -> None:
+        """Add ``metrics`` to the history at the publish rate (a new history for a new chip count)."""
+        if now < self._next_history:
+            return
+        self._next_history = now + 1.0 / max(self.publish_hz, 1.0) - 0.5 / self.sample_hz
+        history = self._history
+        if history is None or history.chips != len(metrics.utilization) or history.slices != len(metrics.slices):
+            history = self._history = History(len(metrics.slices), len(metrics.utilization), self.publish_hz,
+                                              int(np.max(metrics.memory)) if len(metrics.memory) else 0)
+        history.record(metrics)
 
     def _deliver_events(self, events: list[Event], subs: list[Subscription]) -> None:
         if any(e.kind in ("slice_up", "slice_down") for e in events):
