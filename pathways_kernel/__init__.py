@@ -45,6 +45,9 @@ from pathways_kernel.colocated.data_loader import Loader, loader
 from pathways_kernel.colocated.sidecars import Sidecar, SidecarError, SidecarTimeout, run_sidecar, sidecar
 from pathways_kernel.monitoring.widget import monitor
 
+# Profiling: a trace of one block, summarized inline, opened in XProf.
+from pathways_kernel.profiling.capture import ProfileError, profile, profiles
+
 __version__ = "0.1.0"
 
 
@@ -99,5 +102,8 @@ __all__ = [
     "chaos_off",
     "health",
     "monitor",
+    "profile",
+    "profiles",
+    "ProfileError",
     "load_ipython_extension",
 ]

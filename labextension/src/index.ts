@@ -15,6 +15,7 @@ import { IStatusBar } from '@jupyterlab/statusbar';
 
 import { PathwaysPanel } from './panel';
 import { PathwaysStatus } from './statusitem';
+import { activateXprof } from './xprof';
 
 const PLUGIN_ID = 'pathways-kernel:plugin';
 const OPEN_COMMAND = 'pathways:open-monitor';
@@ -45,6 +46,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
       execute: () => labShell.activateById(panel.id)
     });
     palette?.addItem({ command: OPEN_COMMAND, category: 'Pathways' });
+    activateXprof(app, palette, panel.node);
 
     if (statusBar) {
       const item = new PathwaysStatus(panel, () => void app.commands.execute(OPEN_COMMAND));

@@ -134,6 +134,7 @@ def register(shell: Any) -> None:
     from pathways_kernel.magics import faults  # noqa: F401
     from pathways_kernel.magics import sidecar  # noqa: F401
     from pathways_kernel.magics import storage  # noqa: F401
+    from pathways_kernel.magics import profiling  # noqa: F401
 
     PathwaysMagics.pathways.__doc__ = top_level_help()
     shell.register_magics(PathwaysMagics)

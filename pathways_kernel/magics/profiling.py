@@ -1,0 +1,46 @@
+"""Profiling subcommands: ``%%pathways profile`` (capture one cell) and ``%pathways profiles``."""
+
+from __future__ import annotations
+
+import ast
+from typing import Any
+
+from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.display import display
+
+from pathways_kernel.core.errors import PathwaysError
+from pathways_kernel.magics import subcommand
+from pathways_kernel.profiling import capture
+
+
+@subcommand("profile", cell=True)
+@magic_arguments(name="pathways profile")
+@argument("--name", default=None, help="name of the capture (default: profile)")
+@argument(
+    "--logdir", default=None, help="where the trace goes (default: this session's dir; gs://... on the proxy backend)"
+)
+@argument("--host-tracer-level", type=int, default=2, help="0 off, 1 user annotations, 2 runtime (default), 3 verbose")
+@argument("--python-tracer", action="store_true", help="also trace Python calls (slower)")
+def profile(shell: Any, args: Any, cell: str | None):
+    """Capture a JAX profiler trace of the cell; show wall, device busy per slice, top ops, compile and host gaps."""
+    if cell is None or not cell.strip():
+        raise PathwaysError("%%pathways profile needs a cell body: the code to profile")
+    # Like %%time: run the body in the user's namespace, its last expression
+    # shown as a cell's would be. Compiled first, so a syntax error captures nothing.
+    tree = ast.parse(shell.transform_cell(cell))
+    last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+    body = compile(tree, "<%%pathways profile>", "exec")
+    tail = compile(ast.Expression(last.value), "<%%pathways profile>", "eval") if last else None
+    with capture.profile(args.name, args.logdir, args.host_tracer_level, args.python_tracer) as taken:
+        exec(body, shell.user_ns)  # noqa: S102  (the user's own cell)
+        value = eval(tail, shell.user_ns) if tail else None  # noqa: S307
+    if value is not None:
+        display(value)
+    return taken
+
+
+@subcommand("profiles")
+@magic_arguments(name="pathways profiles")
+def profiles(shell: Any, args: Any, cell: str | None):
+    """The captures of this session: name, when, size, where (and Open in XProf)."""
+    return capture.profiles()

@@ -1,0 +1,400 @@
+"""Profiler captures of one cell or block: ``%%pathways profile`` and ``pw.profile``.
+
+One capture at a time per process: XLA's profiler is process-wide, so a
+second capture (nested, or from another thread) is refused, naming the one
+that runs.
+
+- Embedded backend: ``jax.profiler`` writes into this session's directory
+  under the profile root (``$PATHWAYS_PROFILE_DIR``, default
+  ``~/.cache/pathways-kernel/profiles``). XProf in JupyterLab
+  (``xprof_server``, behind jupyter-server-proxy) serves that root, where a
+  capture is the run ``<session dir>/<capture>``.
+- Proxy backend: pathwaysutils' Pathways profiling, which also asks the
+  Pathways workers to trace and needs a ``gs://`` log dir (and honours its
+  ``PATHWAYS_PROFILING_ALLOWED_GCS_BUCKETS`` allowlist).
+
+Each capture is recorded as a ``profile`` event in the session's timeline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import html
+import os
+import re
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pathways_kernel.core.display import TextDisplay
+from pathways_kernel.core.errors import PathwaysError, StorageError
+from pathways_kernel.core.eventlog import format_bytes
+from pathways_kernel.core.sessions import session
+from pathways_kernel.profiling import summary as summary_lib
+
+ROOT_ENV = "PATHWAYS_PROFILE_DIR"
+#: Where jax.profiler and the Pathways workers put one run under a log dir.
+RUNS_DIR = "plugins/profile"
+#: What pip installs XProf for the JupyterLab tab.
+EXTRA = "pip install 'pathways-kernel[profile]'"
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
+#: jax.profiler.ProfileOptions.host_tracer_level: 0 off, 1 user annotations, 2 +high-level runtime, 3 verbose.
+HOST_TRACER_LEVELS = (0, 1, 2, 3)
+
+
+class ProfileError(PathwaysError):
+    """A capture was refused or could not be written or read."""
+
+
+def profile_root() -> Path:
+    """The directory every session's local captures go under (and XProf serves)."""
+    configured = os.environ.get(ROOT_ENV)
+    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "pathways-kernel" / "profiles"
+
+
+@dataclasses.dataclass
+class Capture(TextDisplay):
+    """One finished (or running) capture; shows its summary and an "Open in XProf" button."""
+
+    name: str  # as given (runs are named "<when>-<name>")
+    log_dir: str  # what XProf's --logdir would be: the profile root, or the gs:// dir
+    run: str  # XProf's run id under log_dir
+    where: str  # the run directory holding the *.xplane.pb files
+    backend: str
+    started: float
+    wall_s: float | None = None
+    size: int | None = None
+    error: str = ""  # why the body or the summary failed, if it did
+    _summary: summary_lib.Summary | None = dataclasses.field(default=None, repr=False)
+
+    @property
+    def local(self) -> bool:
+        return not self.log_dir.startswith("gs://")
+
+    def summary(self) -> summary_lib.Summary:
+        """Read the trace and summarize it (once)."""
+        if self._summary is None:
+            slice_of = {d.id: s.index for s in session().topology.slices for d in s.devices}
+            self._summary = summary_lib.summarize(_read_xspaces(self.where), self.name, slice_of)
+        return self._summary
+
+    def to_text(self) -> str:
+        head = f"{self.name}  {format_bytes(self.size or 0)}  {self.where}"
+        if self.error:
+            return f"{head}\n  {self.error}"
+        return f"{self.summary().to_text()}\n  trace {head}"
+
+    def _repr_html_(self) -> str:
+        body = html.escape(self.error) if self.error else self.summary().html_rows()
+        button = _open_button(self, "jp-Button jp-mod-styled jp-mod-small jp-mod-accept")
+        return (
+            f"<div class='pathways-profile'><div><b>profile {html.escape(self.name)}</b> · "
+            f"{format_bytes(self.size or 0)} · <code>{html.escape(self.where)}</code> {button}</div>{body}</div>"
+        )
+
+
+def xprof_path(run: str, tool: str = "trace_viewer") -> str:
+    """The XProf page for ``run`` under the Jupyter server's root (jupyter-server-proxy's ``/xprof/``)."""
+    from urllib.parse import urlencode
+
+    # XProf's page computes its base URL from the "/data/plugin/profile" in its own path.
+    return "/xprof/data/plugin/profile/?" + urlencode({"run": run, "tag": tool})
+
+
+# -- the one capture slot -----------------------------------------------------
+_lock = threading.Lock()
+_running: Capture | None = None
+_captures: list[Capture] = []
+_session_dir: str | None = None
+
+
+def captures() -> list[Capture]:
+    """This process's captures, oldest first."""
+    with _lock:
+        return list(_captures)
+
+
+def _claim(capture: Capture) -> None:
+    global _running
+    with _lock:
+        if _running is not None:
+            ago = time.time() - _running.started
+            raise ProfileError(
+                f"profile '{_running.name}' is still capturing (started {ago:.0f} s ago): one trace at a time, "
+                "since XLA's profiler is process-wide; let it finish, then profile again"
+            )
+        _running = capture
+
+
+def _release() -> None:
+    global _running
+    with _lock:
+        _running = None
+
+
+def _this_session_dir() -> str:
+    global _session_dir
+    with _lock:
+        if _session_dir is None:
+            _session_dir = time.strftime("%Y%m%d-%H%M%S") + f"-p{os.getpid()}"
+        return _session_dir
+
+
+# -- tracers ------------------------------------------------------------------
+def _options(run_name: str, host_tracer_level: int, python_tracer: bool) -> Any:
+    import jax
+
+    options = jax.profiler.ProfileOptions()
+    options.host_tracer_level = host_tracer_level
+    options.python_tracer_level = 1 if python_tracer else 0
+    options.session_id = run_name  # the run's directory name
+    return options
+
+
+class _JaxTracer:
+    """The embedded backend: jax.profiler into a local directory."""
+
+    def start(self, log_dir: str, options: Any) -> None:
+        import jax
+
+        try:
+            jax.profiler.start_trace(log_dir, profiler_options=options)
+        except RuntimeError as exc:
+            raise ProfileError(
+                f"a JAX profiler trace is already running outside pw.profile ({summary_line(exc)}): "
+                "end it with jax.profiler.stop_trace(), then profile again"
+            ) from None
+
+    def stop(self) -> None:
+        import jax
+
+        jax.profiler.stop_trace()
+
+
+class PathwaysTracer:
+    """The proxy backend: pathwaysutils' profiling, which also traces the Pathways workers.
+
+    ``start`` validates the gs:// dir against pathwaysutils' bucket allowlist,
+    then sends the profile request to the workers as a plugin program through
+    the IFRT proxy client. That call is as far as anything runs without a
+    Pathways server.
+    """
+
+    def start(self, log_dir: str, options: Any) -> None:
+        from pathwaysutils import profiling
+
+        try:
+            profiling.start_trace(log_dir, profiler_options=options)
+        except ValueError as exc:  # not gs://, or not in the allowlist
+            raise ProfileError(f"cannot profile into {log_dir}: {exc}") from None
+        except Exception as exc:
+            raise ProfileError(
+                f"the Pathways workers did not start tracing into {log_dir}: {summary_line(exc)}"
+            ) from None
+
+    def stop(self) -> None:
+        from pathwaysutils import profiling
+
+        try:
+            profiling.stop_trace()
+        except Exception as exc:
+            raise ProfileError(f"the Pathways workers did not stop tracing cleanly: {summary_line(exc)}") from None
+
+
+def summary_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text[:200] + "..." if len(text) > 200 else text
+
+
+def tracer_for(backend: Any, logdir: str | None) -> tuple[Any, str, str]:
+    """(tracer, XProf log dir, run prefix) for ``backend``, after checking the dir can be written."""
+    from pathways_kernel.backends.proxy import ProxyBackend
+    from pathways_kernel.state import storage
+
+    proxy = isinstance(backend, ProxyBackend)
+    chosen = logdir or (os.environ.get(ROOT_ENV) if proxy else None)
+    if proxy:
+        if not chosen or not str(chosen).startswith("gs://"):
+            raise ProfileError(
+                f"on the proxy backend ({backend.spec}) the Pathways workers write traces to Cloud Storage: "
+                "pass --logdir gs://BUCKET/PREFIX (or pw.profile(logdir=...), or set PATHWAYS_PROFILE_DIR)"
+            )
+    elif chosen and str(chosen).startswith("gs://"):
+        raise ProfileError(
+            f"gs:// profile dirs are for the proxy backend, whose workers write there; this session runs {backend.spec}, "
+            "which traces into a local directory: drop --logdir (or give a local path)"
+        )
+    try:
+        location = storage.parse_url(str(chosen) if chosen else str(profile_root()))
+        storage.objects_for(location).check(location)
+    except StorageError as exc:
+        raise ProfileError(f"cannot write profiles there: {exc}") from None
+    if proxy:
+        return PathwaysTracer(), location.url, ""
+    if logdir:
+        return _JaxTracer(), location.url, ""
+    return _JaxTracer(), location.url, _this_session_dir()
+
+
+def _read_xspaces(run_dir: str) -> list[bytes]:
+    from pathways_kernel.state import storage
+
+    location = storage.parse_url(run_dir)
+    objects = storage.objects_for(location)
+    with storage.errors_as("reading the trace in", location):
+        names = sorted(n for n in objects.list(location.path + "/") if n.endswith(".xplane.pb"))
+        data = [objects.read(n) for n in names]
+    if not data:
+        raise ProfileError(f"no trace (*.xplane.pb) under {run_dir}: the profiler wrote nothing there")
+    return [d for d in data if d is not None]
+
+
+def _size(run_dir: str) -> int:
+    from pathways_kernel.state import storage
+
+    location = storage.parse_url(run_dir)
+    with storage.errors_as("listing", location):
+        return sum(int(meta["size"] or 0) for meta in storage.objects_for(location).list(location.path + "/").values())
+
+
+def _check_host_tracer_level(level: int) -> int:
+    if level not in HOST_TRACER_LEVELS:
+        raise ProfileError(
+            f"host tracer level {level!r} is not one of 0 (off), 1 (user), 2 (runtime, default), 3 (verbose)"
+        )
+    return level
+
+
+@contextlib.contextmanager
+def profile(
+    name: str | None = None,
+    logdir: str | None = None,
+    host_tracer_level: int = 2,
+    python_tracer: bool = False,
+) -> Iterator[Capture]:
+    """Capture a JAX profiler trace of the ``with`` block.
+
+    Yields the ``Capture``; once the block ends, ``capture.summary()`` reads the
+    trace, and displaying the capture shows the summary with "Open in XProf".
+
+    Args:
+      name: the capture's name (letters, digits, ``.``, ``_``, ``-``); default ``profile``.
+      logdir: where the trace goes. Embedded backend: a local directory
+        (default: this session's directory under ``profile_root()``). Proxy
+        backend: required ``gs://BUCKET/PREFIX`` (or ``$PATHWAYS_PROFILE_DIR``).
+      host_tracer_level: 0-3, as ``jax.profiler.ProfileOptions``.
+      python_tracer: also trace Python function calls (slow; off by default).
+
+    Raises:
+      ProfileError: another capture runs, a bad name or level, a dir that
+        cannot be written, a gs:// dir off the proxy backend, or the workers
+        refused the trace.
+    """
+    import jax
+
+    name = name or "profile"
+    if not _NAME.match(name):
+        raise ProfileError(f"bad profile name {name!r}: use letters, digits, '.', '_' or '-' (at most 80)")
+    _check_host_tracer_level(host_tracer_level)
+    tracer, log_dir, prefix = tracer_for(session().backend, logdir)
+    run_name = time.strftime("%Y%m%d-%H%M%S-") + name
+    target = f"{log_dir}/{prefix}" if prefix else log_dir
+    run = f"{prefix}/{run_name}" if prefix else run_name
+    capture = Capture(name, log_dir, run, f"{target}/{RUNS_DIR}/{run_name}", session().backend.spec, time.time())
+    _claim(capture)
+    try:
+        if capture.local:
+            Path(target).mkdir(parents=True, exist_ok=True)
+        tracer.start(target, _options(run_name, host_tracer_level, python_tracer))
+    except BaseException:
+        _release()
+        raise
+    started = time.perf_counter()
+    try:
+        with jax.profiler.TraceAnnotation(summary_lib.WINDOW_PREFIX + name):
+            yield capture
+    except BaseException as exc:
+        capture.error = f"the profiled code raised {type(exc).__name__}: {summary_line(exc)}"
+        raise
+    finally:
+        capture.wall_s = time.perf_counter() - started
+        try:
+            tracer.stop()
+        finally:
+            _release()
+            _record(capture)
+
+
+def _record(capture: Capture) -> None:
+    try:
+        capture.size = _size(capture.where)
+    except StorageError as exc:
+        capture.error = capture.error or str(exc)
+    with _lock:
+        _captures.append(capture)
+    session().events.emit(
+        "profile", bytes=capture.size, duration_s=capture.wall_s, detail=f"{capture.name} -> {capture.where}"
+    )
+
+
+# -- listing ------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class CaptureTable(TextDisplay):
+    """What ``%pathways profiles`` shows: name, when, size, where."""
+
+    rows: tuple[Capture, ...]
+
+    def to_text(self) -> str:
+        if not self.rows:
+            return "no profiles captured yet: %%pathways profile (or `with pw.profile():`) captures one"
+        return "\n".join(
+            f"{c.name:<40} {time.strftime('%H:%M:%S', time.localtime(c.started))}  {format_bytes(c.size or 0):>10}  {c.where}"
+            for c in self.rows
+        )
+
+    def _repr_html_(self) -> str:
+        if not self.rows:
+            return f"<i>{html.escape(self.to_text())}</i>"
+        rows = "".join(
+            f"<tr><td>{html.escape(c.name)}</td><td>{time.strftime('%H:%M:%S', time.localtime(c.started))}</td>"
+            f"<td>{format_bytes(c.size or 0)}</td><td><code>{html.escape(c.where)}</code></td>"
+            f"<td>{_open_button(c, '')}</td></tr>"
+            for c in self.rows
+        )
+        return (
+            "<table class='pathways-profiles'><thead><tr><th>name</th><th>when</th><th>size</th><th>where</th>"
+            f"<th></th></tr></thead><tbody>{rows}</tbody></table>"
+        )
+
+
+def _open_button(c: Capture, classes: str) -> str:
+    """The "Open in XProf" link of a local capture: labextension/src/xprof.ts opens it
+    in a JupyterLab tab; elsewhere the href opens XProf in a browser tab."""
+    if not c.local:
+        return ""
+    if not xprof_installed():
+        return f"<i>{html.escape(XPROF_MISSING)}</i>"
+    return (
+        f"<a class='pathways-open-xprof {classes}' data-pathways-xprof-run='{html.escape(c.run, quote=True)}' "
+        f"href='{html.escape(xprof_path(c.run), quote=True)}' target='_blank'>Open in XProf</a>"
+    )
+
+
+def profiles() -> CaptureTable:
+    """The captures of this process (``%pathways profiles``)."""
+    return CaptureTable(tuple(captures()))
+
+
+XPROF_MISSING = f"XProf is not installed here: {EXTRA} (xprof and jupyter-server-proxy), then restart JupyterLab"
+
+
+def xprof_installed() -> bool:
+    import importlib.util
+
+    return (
+        importlib.util.find_spec("xprof") is not None and importlib.util.find_spec("jupyter_server_proxy") is not None
+    )

@@ -1,0 +1,205 @@
+"""Profiling a cell in a real kernel on local:2x4, and the Pathways (proxy) path up to its boundary.
+
+Kernel tests run ``%%pathways profile`` on a jitted, sharded loop and read what
+a user sees: the inline summary, ``%pathways profiles``, the timeline, and one
+line for every refused capture.
+
+The proxy backend cannot run here (no Pathways server). Its path is tested
+with the real pathwaysutils code and the fake GCS server as far as it goes:
+the gs:// dir is checked on the (fake) bucket, pathwaysutils validates it
+against its allowlist, builds the profile request and hands it to the IFRT
+client as a plugin program (``PluginExecutable``). **That call is the
+boundary**: Pathways' proxy would forward it to the workers, the CPU client
+refuses it ("PjRtCompiler requires an HloProgram"). Past the boundary, a
+trace the workers would write under ``gs://.../plugins/profile/RUN`` is read
+back from the bucket and summarized.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+
+import pytest
+from kernels import Kernel
+
+LOOP = """
+import jax, jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+m = pw.mesh()
+x = jax.device_put(jnp.ones((512, 512)), NamedSharding(m, P("data", "model")))
+
+@jax.jit
+def train_step(x):
+    return jnp.tanh(x @ x.T) * 0.5
+"""
+
+PROFILED = """%%pathways profile --name loop
+for _ in range(20):
+    x = train_step(x)
+float(x.sum())
+"""
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory):
+    root = tmp_path_factory.mktemp("profiles")
+    k = Kernel("pathways", env={"PATHWAYS_PROFILE_DIR": str(root)})
+    assert k.run(LOOP).status == "ok"
+    yield k, root
+    k.shutdown()
+
+
+@pytest.mark.kernel
+def test_profiled_loop_summary_names_its_ops_and_both_slices(profiled):
+    k, root = profiled
+    reply = k.run(PROFILED)
+    assert reply.status == "ok", reply.error
+    text = reply.text
+    # The cell's last expression is shown, as in any cell, then the summary.
+    assert re.search(r"^\d+\.\d+$", text.splitlines()[0]), text
+    assert re.search(r"profile loop: wall [\d.]+ ms, compile [\d.]+ ms", text), text
+    assert re.search(r"slice 0 .* devices 0,1,2,3", text), text
+    assert re.search(r"slice 1 .* devices 4,5,6,7", text), text
+    assert "top ops by self time" in text and "(jit_train_step)" in text, text
+    # The loop's matmul is all-gathered across the model axis: XLA's own op names.
+    assert "all-gather" in text, text
+
+    html = next(d["text/html"] for d in reply.data if "pathways-profile" in d.get("text/html", ""))
+    run = re.search(r"data-pathways-xprof-run='([^']+)'", html).group(1)
+    assert run.endswith("-loop") and "Open in XProf" in html
+    # The run is where XProf looks: <root>/<run session>/plugins/profile/<run>.
+    session_dir, run_name = run.split("/")
+    assert glob.glob(str(root / session_dir / "plugins" / "profile" / run_name / "*.xplane.pb"))
+
+
+@pytest.mark.kernel
+def test_profiles_lists_captures_and_timeline_has_them(profiled):
+    k, root = profiled
+    assert k.run("%%pathways profile --name second\nx = train_step(x)").status == "ok"
+    listing = k.run("%pathways profiles").text
+    names = re.findall(r"^(\S+)\s+\d\d:\d\d:\d\d\s+([\d.]+ (?:B|KiB|MiB))\s+(\S+)$", listing, re.M)
+    assert [n for n, _, _ in names][-2:] == ["loop", "second"], listing
+    assert all(where.startswith(str(root)) for _, _, where in names), listing
+    events = k.run("print([e.detail for e in pw.events(kind='profile')])").text
+    assert "second ->" in events and "loop ->" in events, events
+
+
+def one_line_error(reply) -> str:
+    assert reply.status == "error"
+    lines = [line for line in reply.error.splitlines() if line.strip()]
+    assert len(lines) == 1, reply.error
+    return lines[0]
+
+
+@pytest.mark.kernel
+def test_nested_and_concurrent_captures_are_refused_in_one_line(profiled):
+    k, _ = profiled
+    nested = k.run("%%pathways profile --name outer\nwith pw.profile('inner'):\n    x = train_step(x)")
+    assert re.match(r"ProfileError: profile 'outer' is still capturing .* one trace at a time", one_line_error(nested))
+
+    concurrent = k.run(
+        "import threading, time\n"
+        "started, done = threading.Event(), threading.Event()\n"
+        "def hold():\n"
+        "    with pw.profile('background'):\n"
+        "        started.set(); done.wait(30)\n"
+        "t = threading.Thread(target=hold); t.start(); started.wait(30)\n"
+        "try:\n"
+        "    with pw.profile('foreground'):\n"
+        "        pass\n"
+        "finally:\n"
+        "    done.set(); t.join()\n"
+    )
+    assert re.match(r"ProfileError: profile 'background' is still capturing", one_line_error(concurrent))
+    # Both refusals freed nothing they did not hold: the next capture works.
+    again = k.run("%%pathways profile --name after\nx = train_step(x)")
+    assert again.status == "ok" and "profile after:" in again.text, again.error
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        (
+            "--logdir gs://bucket/profiles",
+            r"ProfileError: gs:// profile dirs are for the proxy backend.*runs local:2x4",
+        ),
+        ("--logdir /etc/hostname/profiles", r"ProfileError: cannot write profiles there: .*is a file, not a directory"),
+        ("--host-tracer-level 7", r"ProfileError: host tracer level 7 is not one of 0 \(off\)"),
+        ("--name 'a b'", r"ProfileError: bad profile name 'a b'"),
+    ],
+)
+def test_bad_input_is_one_line(profiled, line, message):
+    k, _ = profiled
+    reply = k.run(f"%%pathways profile {line}\nx = train_step(x)")
+    assert re.match(message, one_line_error(reply)), reply.error
+    # Nothing was left capturing.
+    assert k.run("%%pathways profile\nx = train_step(x)").status == "ok"
+
+
+# -- the proxy backend, up to the boundary ------------------------------------
+@pytest.fixture
+def proxy_backend():
+    """A proxy backend object (never connected: no Pathways server runs here)."""
+    from pathways_kernel.backends.proxy import ProxyBackend
+
+    return ProxyBackend.from_spec("proxy:grpc://127.0.0.1:1")
+
+
+def test_proxy_needs_a_gs_dir_on_an_existing_bucket(gcs_server, proxy_backend, monkeypatch):
+    from pathways_kernel.profiling.capture import PathwaysTracer, ProfileError, tracer_for
+
+    monkeypatch.delenv("PATHWAYS_PROFILE_DIR", raising=False)
+    with pytest.raises(ProfileError, match=r"the Pathways workers write traces to Cloud Storage: pass --logdir gs://"):
+        tracer_for(proxy_backend, None)
+    with pytest.raises(ProfileError, match=r"bucket 'no-such-bucket' does not exist"):
+        tracer_for(proxy_backend, "gs://no-such-bucket/profiles")
+    gcs_server.make_bucket("traces")
+    tracer, log_dir, prefix = tracer_for(proxy_backend, "gs://traces/profiles")
+    assert isinstance(tracer, PathwaysTracer) and log_dir == "gs://traces/profiles" and prefix == ""
+
+
+def test_proxy_trace_request_goes_as_far_as_the_ifrt_client(gcs_server, local_session, monkeypatch, tmp_path):
+    import jax
+
+    from pathways_kernel.profiling.capture import PathwaysTracer, ProfileError, _options, profile
+
+    gcs_server.make_bucket("traces")
+    monkeypatch.setenv("PATHWAYS_PROFILING_ALLOWED_GCS_BUCKETS", "gs://allowed")
+    tracer = PathwaysTracer()
+    with pytest.raises(ProfileError, match=r"cannot profile into gs://traces/p: .*not in allowed buckets"):
+        tracer.start("gs://traces/p", _options("run", 2, False))
+    monkeypatch.setenv("PATHWAYS_PROFILING_ALLOWED_GCS_BUCKETS", "gs://traces")
+    # The boundary: the profile request reached the IFRT client as a plugin program.
+    with pytest.raises(ProfileError, match=r"Pathways workers did not start tracing into gs://traces/p: .*HloProgram"):
+        tracer.start("gs://traces/p", _options("run", 2, False))
+    # The failed start left neither pathwaysutils nor jax.profiler tracing.
+    with profile("after", logdir=str(tmp_path)) as capture:
+        jax.numpy.ones(4).block_until_ready()
+    assert capture.size and not capture.error
+
+
+def test_a_trace_the_workers_wrote_to_gcs_is_listed_and_summarized(gcs_server, local_session, tmp_path):
+    import jax
+    import jax.numpy as jnp
+
+    from pathways_kernel.profiling.capture import Capture, _size, profile
+
+    with profile("local", logdir=str(tmp_path)) as local:
+        f = jax.jit(lambda a: jnp.tanh(a @ a))
+        f(jnp.ones((128, 128))).block_until_ready()
+    gcs_server.make_bucket("traces")
+    bucket = gcs_server.client().bucket("traces")
+    run_dir = "gs://traces/p/plugins/profile/20261201-000000-remote"
+    for path in glob.glob(os.path.join(local.where, "*.xplane.pb")):
+        bucket.blob(f"p/plugins/profile/20261201-000000-remote/worker-{os.path.basename(path)}").upload_from_filename(
+            path
+        )
+    remote = Capture("remote", "gs://traces/p", "20261201-000000-remote", run_dir, "proxy:grpc://x:1", 0.0)
+    remote.size = _size(run_dir)
+    assert remote.size == sum(os.path.getsize(p) for p in glob.glob(os.path.join(local.where, "*.xplane.pb")))
+    text = remote.to_text()
+    assert "profile remote:" in text and "devices 0" in text and "(jit__lambda)" in text, text
+    assert "Open in XProf" not in remote._repr_html_()  # XProf in JupyterLab serves the local root only
