@@ -30,6 +30,8 @@ from pathways_kernel.core.errors import PathwaysError
 # State: host snapshots, elastic execution, durable storage.
 from pathways_kernel.state.autosnapshots import autosnapshot
 from pathways_kernel.training.elastic_loop import ElasticError, elastic, on_restore
+from pathways_kernel.training.goodput import flops, goodput
+from pathways_kernel.training.steps import steps
 from pathways_kernel.state.snapshots import Snapshot, SnapshotStore, snapshot, snapshot_variables
 from pathways_kernel.state.snapshots import restore as restore_snapshot
 from pathways_kernel.state.snapshots import store as snapshot_store
@@ -71,6 +73,9 @@ __all__ = [
     "elastic",
     "ElasticError",
     "on_restore",
+    "goodput",
+    "flops",
+    "steps",
     "restore_snapshot",
     "persist",
     "restore",

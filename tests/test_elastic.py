@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -109,6 +110,60 @@ def test_failures_and_repairs_at_fixed_steps_give_the_fault_free_result():
     assert reshard.bytes == (FEATURES + 1) * OUTPUTS * 4 and reshard.duration_s is not None
 
 
+HIDDEN = 16
+
+
+def init_mlp(mesh):
+    # Biases start at zero and stay near it: relative error alone means nothing there.
+    rng = np.random.default_rng(1)
+
+    def put(value, spec):
+        return jax.device_put(value.astype(np.float32), NamedSharding(mesh, spec))
+
+    return {
+        "w1": put(rng.normal(size=(FEATURES, HIDDEN)) / np.sqrt(FEATURES), P(None, "model")),
+        "b1": put(np.zeros(HIDDEN), P("model")),
+        "w2": put(rng.normal(size=(HIDDEN, OUTPUTS)) / np.sqrt(HIDDEN), P("model", None)),
+        "b2": put(np.zeros(OUTPUTS), P()),
+    }
+
+
+@jax.jit
+def mlp_update(params, x, y):
+    def loss(p):
+        hidden = jnp.tanh(x @ p["w1"] + p["b1"])
+        return jnp.mean((hidden @ p["w2"] + p["b2"] - y) ** 2)
+
+    grads = jax.grad(loss)(params)
+    return jax.tree.map(lambda p, g: p - 0.05 * g, params, grads)
+
+
+def test_an_mlp_trained_through_failures_matches_the_fault_free_run_on_every_parameter():
+    steps = 40
+    xs, ys = make_data(steps, seed=7)
+
+    def mlp_step(actions):
+        actions = dict(actions)
+
+        def step_fn(params, step, mesh):
+            for action, index in actions.pop(step, ()):
+                (faults.fail_slice if action == "fail" else faults.restore_slice)(index)
+            batch = NamedSharding(mesh, P("data"))
+            return mlp_update(params, jax.device_put(xs[step], batch), jax.device_put(ys[step], batch))
+
+        return step_fn
+
+    expected = jax.device_get(pw.elastic(mlp_step({}), name="mlp-reference")(init_mlp(pw.session().mesh()), steps=steps))
+    train = pw.elastic(mlp_step({12: [("fail", 1)], 20: [("restore", 1)], 27: [("fail", 0)], 33: [("restore", 0)]}), snapshot_every=5, name="mlp")
+    final = jax.device_get(train(init_mlp(pw.session().mesh()), steps=steps))
+    assert train.last_run.retries == 2 and train.last_run.scale_ups == 2
+    assert sorted(final) == ["b1", "b2", "w1", "w2"]
+    for key in final:
+        # The guarantee README states: both tolerances at once, on every entry.
+        np.testing.assert_allclose(final[key], expected[key], rtol=1e-5, atol=1e-6, err_msg=key)
+    assert np.abs(expected["b1"]).min() < 1e-3  # near-zero entries are among those compared
+
+
 def test_on_restore_callbacks_get_the_step_and_the_new_mesh():
     data = make_data(20)
     calls = []
@@ -119,6 +174,19 @@ def test_on_restore_callbacks_get_the_step_and_the_new_mesh():
     finally:
         unregister()
     assert calls == [(4, {"data": 1, "model": 4}), (10, {"data": 2, "model": 4})]
+
+
+def test_on_restore_callbacks_belong_to_the_session_they_were_registered_in():
+    earlier, current = [], []
+    unregister_earlier = pw.on_restore(lambda step, mesh: earlier.append(step))
+    pw.connect("local:2x4", force=True)
+    unregister_current = pw.on_restore(lambda step, mesh: current.append(step))
+    try:
+        pw.elastic(counting({3: [("fail", 1)]}), snapshot_every=2)(sharded(0.0), steps=5)
+    finally:
+        unregister_earlier()
+        unregister_current()
+    assert earlier == [] and current == [2]
 
 
 def test_a_loss_is_detected_at_the_next_step_boundary_not_by_polling():
@@ -234,9 +302,40 @@ def test_other_errors_propagate_unchanged():
         pw.elastic(broken)(jnp.zeros(()), steps=5)
 
 
-def test_bad_arguments_are_one_line_errors():
-    with pytest.raises(pw.PathwaysError, match="snapshot_every must be at least 1"):
-        pw.elastic(lambda s, i, m: s, snapshot_every=0)
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"snapshot_every": 0}, "snapshot_every must be a whole number of at least 1, got 0"),
+        ({"snapshot_every": -1}, "snapshot_every must be a whole number of at least 1, got -1"),
+        ({"snapshot_every": float("nan")}, "snapshot_every must be a whole number of at least 1, got nan"),
+        ({"snapshot_every": 2.5}, "snapshot_every must be a whole number of at least 1, got 2.5"),
+        ({"max_retries": -1}, "max_retries must be a whole number of at least 1, got -1"),
+        ({"max_retries": 0}, "max_retries must be a whole number of at least 1, got 0"),
+        ({"wait_s": float("nan")}, "wait_s must be a number of seconds, at least 0, got nan"),
+    ],
+)
+def test_bad_options_are_one_line_errors(options, message):
+    with pytest.raises(pw.PathwaysError, match=f"^{re.escape(message)}$"):
+        pw.elastic(lambda s, i, m: s, **options)
+
+
+@pytest.mark.parametrize(
+    "steps, start, message",
+    [
+        (-5, 0, "steps must be a whole number of at least 1, got -5"),
+        (0, 0, "steps must be a whole number of at least 1, got 0"),
+        (3, -3, "start must be a step from 0 to 2 (steps 3 is the step the run stops before), got -3"),
+        (3, 3, "start must be a step from 0 to 2 (steps 3 is the step the run stops before), got 3"),
+        (2.5, 0, "steps must be a whole number of at least 1, got 2.5"),
+    ],
+)
+def test_bad_step_ranges_are_one_line_errors_and_nothing_runs(steps, start, message):
+    ran = []
+    train = pw.elastic(lambda s, i, m: ran.append(i) or s, name="ranges")
+    seq = pw.session().events.last(1)[0].seq
+    with pytest.raises(pw.PathwaysError, match=f"^{re.escape(message)}$"):
+        train(sharded(0.0), steps=steps, start=start)
+    assert ran == [] and not [e for e in pw.session().events.since(seq) if e.kind == "snapshot"]
 
 
 def test_elastic_cell_magic_errors_are_one_line(kernel):
@@ -252,3 +351,123 @@ def test_elastic_cell_magic_errors_are_one_line(kernel):
     assert reply.status == "ok", reply.error
     assert "elastic 'counter': 7 steps" in reply.text
     assert kernel.run("print(int(counter))").text.strip() == "7"
+
+
+# -- a run resumes only from its own snapshots ----------------------------------
+def counting(actions=None):
+    """A step adding 1 to the state; ``actions`` as in make_step."""
+    actions = dict(actions or {})
+
+    def step_fn(state, step, mesh):
+        for action, index in actions.pop(step, ()):
+            (faults.fail_slice if action == "fail" else faults.restore_slice)(index)
+        return state + 1
+
+    return step_fn
+
+
+def sharded(value: float):
+    return jax.device_put(np.full(8, value, np.float32), NamedSharding(pw.session().mesh(), P("data")))
+
+
+def interrupted_at(at: int):
+    def step_fn(state, step, mesh):
+        if step == at:
+            raise KeyboardInterrupt
+        return state + 1
+
+    return step_fn
+
+
+@pytest.mark.parametrize("earlier", ["one run", "99 runs", "an interrupted run"])
+def test_a_run_whose_state_was_lost_before_it_began_says_so_instead_of_resuming_an_earlier_run(earlier):
+    train = pw.elastic(counting(), snapshot_every=10, name="stale")
+    state = sharded(0.0)
+    if earlier == "an interrupted run":
+        with pytest.raises(KeyboardInterrupt):
+            pw.elastic(interrupted_at(45), snapshot_every=10, name="stale")(state, steps=50)
+    for _ in range({"one run": 1, "99 runs": 99}.get(earlier, 0)):
+        state = train(state, steps=50)
+    fresh = state * 0 + 1000  # the user's new state; the store holds the earlier run's snapshots of steps 30 and 40
+    faults.fail_slice(1)
+    with pytest.raises(pw.ElasticError, match=r"no snapshot of the state of 'stale' from this run .*already lost when the run began"):
+        train(fresh, steps=5)
+    assert train.last_run.recoveries == []
+
+
+def test_a_run_losing_a_slice_before_its_second_snapshot_goes_back_to_its_first():
+    with pytest.raises(KeyboardInterrupt):
+        pw.elastic(interrupted_at(45), snapshot_every=10, name="again")(sharded(0.0), steps=50)
+    train = pw.elastic(counting({3: [("fail", 1)]}), snapshot_every=10, name="again")
+    final = train(sharded(1000.0), steps=5)
+    np.testing.assert_array_equal(np.asarray(final), np.full(8, 1005.0, np.float32))
+    assert [(r.failed_at, r.resumed_at) for r in train.last_run.recoveries] == [(4, 0)]
+    assert "5 steps in" in train.last_run.summary() and "1 recovery, 4 steps redone, 0 scale-ups" in train.last_run.summary()
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ("--start=-3 --steps 3", "PathwaysError: --start must be a step from 0 to 2 (--steps 3 is the step the run stops before), got -3"),
+        ("--steps=-5", "PathwaysError: --steps must be a whole number of at least 1, got -5"),
+        ("--steps 5 --snapshot-every 0", "PathwaysError: --snapshot-every must be a whole number of at least 1, got 0"),
+        ("--steps 5 --snapshot-every -1", "PathwaysError: --snapshot-every must be a whole number of at least 1, got -1"),
+        ("--steps 5 --snapshot-every nan", "--snapshot-every"),
+        ("--steps 5 --max-retries -1", "PathwaysError: --max-retries must be a whole number of at least 1, got -1"),
+    ],
+)
+def test_elastic_cell_magic_refuses_bad_step_options_in_one_line_and_runs_nothing(kernel, options, message):
+    assert kernel.run("import jax.numpy as jnp\nticks = jnp.zeros(())").status == "ok"
+    reply = kernel.run(f"%%pathways elastic {options} --state ticks\nticks = ticks + 1")
+    assert reply.status == "error"
+    lines = reply.error.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], reply.error
+    assert kernel.run("print(int(ticks), pw.snapshot_store().latest('elastic:ticks'))").text.strip() == "0 None"
+
+
+ELASTIC_50 = "%%pathways elastic --steps 50 --state params --snapshot-every 10\nparams = params + 1"
+EARLIER = {
+    "second run": f"get_ipython().run_cell_magic('pathways', {ELASTIC_50.splitlines()[0][11:]!r}, 'params = params + 1')",
+    "hundredth run": (
+        "for _ in range(99):\n"
+        f"    get_ipython().run_cell_magic('pathways', {ELASTIC_50.splitlines()[0][11:]!r}, 'params = params + 1')"
+    ),
+    "run after an interrupted one": (
+        f"get_ipython().run_cell_magic('pathways', {ELASTIC_50.splitlines()[0][11:]!r},"
+        " 'if step == 45: raise KeyboardInterrupt\\nparams = params + 1')"
+    ),
+}
+
+
+@pytest.mark.parametrize("which", list(EARLIER))
+def test_an_elastic_cell_whose_state_was_lost_never_resumes_an_earlier_cells_snapshot(kernel, which):
+    setup = "import jax, numpy as np\nfrom jax.sharding import NamedSharding, PartitionSpec as P\nparams = jax.device_put(np.zeros(8, np.float32), NamedSharding(pw.mesh(), P('data')))"
+    assert kernel.run(setup).status == "ok"
+    reply = kernel.run(EARLIER[which])
+    assert reply.status == "ok" or "KeyboardInterrupt" in reply.error, reply.error
+    reached = {"second run": 50, "hundredth run": 99 * 50, "run after an interrupted one": 45}[which]
+    kept = kernel.run("print(float(params[0]), sorted(s.step for s in pw.snapshot_store().list() if s.name == 'elastic:params'))")
+    assert kept.text.strip() == f"{reached:.1f} [30, 40]"
+    assert kernel.run("params = params * 0 + 1000").status == "ok"
+    try:
+        healing = kernel.run("%pathways fail 1").text
+        # `params` no longer holds what the earlier run left in it: its snapshots are of something else.
+        assert "no snapshot, now unusable (DATA_LOSS): params" in healing and "elastic 'params'" not in healing
+        reply = kernel.run("%%pathways elastic --steps 5 --state params --snapshot-every 2\nparams = params + 1")
+        assert reply.status == "error"
+        assert reply.error.strip().splitlines() == [
+            "ElasticError: elastic 'params': a slice was lost and there is no snapshot of params from this run to go back to "
+            "(it was already lost when the run began); recompute params or restore it from a snapshot (%pathways snapshots), "
+            "then run again"
+        ]
+        assert kernel.run("print(pw.is_lost(params))").text.strip() == "True"
+    finally:
+        kernel.run("%pathways restore 1")
+    assert kernel.run("params = jax.device_put(np.full(8, 1000.0, np.float32), NamedSharding(pw.mesh(), P('data')))").status == "ok"
+    reply = kernel.run("%%pathways elastic --steps 5 --state params --snapshot-every 2\nparams = params + 1\nif step == 3: pw.fail_slice(1)")
+    try:
+        assert reply.status == "ok", reply.error
+        assert "5 steps" in reply.text and "1 recovery, " in reply.text
+        assert kernel.run("print(float(params[0]))").text.strip() == "1005.0"
+    finally:
+        kernel.run("%pathways restore 1")

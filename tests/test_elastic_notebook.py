@@ -14,7 +14,7 @@ def test_elastic_notebook_survives_a_slice_loss_and_completes_every_step():
     assert "'data': 2, 'model': 4" in setup
     # Every step ran: the last one is printed, on both slices again after the scale-up.
     assert "step 59" in loop and "60 steps" in loop
-    assert "1 recoveries" in loop and "1 scale-ups" in loop
+    assert "1 recovery, " in loop and "1 scale-up, " in loop
     assert "step 29  loss" in loop and "on 1 slice(s)" in loop.split("step 29")[1].splitlines()[0]
     assert "on 2 slice(s)" in loop.split("step 59")[1].splitlines()[0]
     losses = [float(line.split("loss")[1].split()[0]) for line in loop.splitlines() if line.startswith("step")]

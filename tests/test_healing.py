@@ -69,3 +69,59 @@ def test_a_slice_lost_between_cells_heals_before_the_next_cell(notebook):
     assert "slice 1 lost" in reply.text and "v (" in reply.text
     assert reply.text.strip().endswith("28.0")
     notebook.run("%pathways autosnapshot off")
+
+
+def run_until_printed_then_interrupt(kernel, code: str, marker: str, timeout: float = 60) -> str:
+    """Run ``code``; once it prints ``marker``, interrupt the kernel (as the stop button does); all it printed and displayed."""
+    msg_id = kernel.kc.execute(code)
+    shown, interrupted = [], False
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        msg = kernel.iopub(timeout=deadline - time.time())
+        if msg is None or msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        kind, content = msg["header"]["msg_type"], msg["content"]
+        if kind == "stream":
+            shown.append(content["text"])
+        elif kind in ("display_data", "execute_result"):
+            shown.append(content["data"].get("text/plain", "") + "\n")
+        elif kind == "error":
+            shown.append("\n".join(content["traceback"]))
+        elif kind == "status" and content["execution_state"] == "idle":
+            break
+        if not interrupted and marker in "".join(shown):
+            kernel.km.interrupt_kernel()
+            interrupted = True
+    assert interrupted, "".join(shown)
+    return "".join(shown)
+
+
+def test_interrupting_an_elastic_cell_right_after_a_loss_heals_from_the_runs_newest_snapshot(fresh_kernel):
+    setup = (
+        "import time, jax, numpy as np\n"
+        "from jax.sharding import NamedSharding, PartitionSpec as P\n"
+        "mesh = pw.mesh()\n"
+        "params = jax.device_put(np.zeros(8), NamedSharding(mesh, P('data')))\n"
+        "opt = jax.device_put(np.zeros(()), pw.topology().slices[0].devices[0])  # nothing of it on slice 1\n"
+        "lost_once = False\n"
+    )
+    assert fresh_kernel.run(setup).status == "ok"
+    shown = run_until_printed_then_interrupt(
+        fresh_kernel,
+        "%%pathways elastic --steps 100000 --state params,opt --snapshot-every 10\n"
+        "params, opt = params + 1, opt + 1\n"
+        "if step == 55 and not lost_once:\n"
+        "    lost_once = True\n"
+        "    pw.fail_slice(1)\n"
+        "    print('slice lost', flush=True)\n"
+        "    time.sleep(60)\n",
+        "slice lost",
+    )
+    assert "KeyboardInterrupt" in shown
+    block = shown[shown.index("slice 1 lost"):]
+    assert "no snapshot" not in block and "unusable" not in block and len(block.strip().splitlines()) == 3, block
+    # Both state variables go back to the same step, the one still intact too.
+    assert "params (" in block and "opt (" in block and block.count("step 50 of elastic 'params,opt'") == 2, block
+    assert "elastic 'params,opt' is back at step 50: continue with %%pathways elastic --start 50" in block
+    check = fresh_kernel.run("print(float(params[0]), float(opt), params.sharding.spec, pw.is_lost(params))")
+    assert check.text.strip() == "50.0 50.0 P('data',) False", check.text

@@ -514,7 +514,7 @@ def _follow_elastic(loader: Loader) -> Callable[[], None] | None:
         if target is not None and not target._closed:
             target.reset(step, mesh)
 
-    unhook = elastic.on_restore(follow)
+    unhook = elastic.on_restore(follow, loader._session)
     return unhook if callable(unhook) else None
 
 

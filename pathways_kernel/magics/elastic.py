@@ -9,7 +9,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from pathways_kernel.state.autosnapshots import autosnapshot as set_autosnapshot
 from pathways_kernel.state.autosnapshots import for_shell
 from pathways_kernel.state import snapshots
-from pathways_kernel.training.elastic_loop import DEFAULT_MAX_RETRIES, DEFAULT_SNAPSHOT_EVERY, Elastic
+from pathways_kernel.training.elastic_loop import DEFAULT_MAX_RETRIES, DEFAULT_SNAPSHOT_EVERY, Elastic, check_count, check_steps
 from pathways_kernel.core.errors import NamespaceError, PathwaysError
 from pathways_kernel.magics import Text, subcommand
 
@@ -62,9 +62,9 @@ def autosnapshot(shell: Any, args: Any, cell: str | None):
 
 @subcommand("elastic", cell=True)
 @magic_arguments(name="pathways elastic")
-@argument("--steps", type=int, required=True, help="number of steps: the cell runs once per step")
+@argument("--steps", type=int, required=True, help="steps of the whole run: the cell runs once for each of steps --start..--steps-1")
 @argument("--state", required=True, help="comma-separated variables that are the training state")
-@argument("--start", type=int, default=0, help="first step (default 0)")
+@argument("--start", type=int, default=0, help="first step (default 0), e.g. the step a snapshot is from")
 @argument("--snapshot-every", type=int, default=DEFAULT_SNAPSHOT_EVERY, help="steps between host snapshots")
 @argument("--max-retries", type=int, default=DEFAULT_MAX_RETRIES, help="consecutive slice losses before giving up")
 @argument("--axes", default=None, help="mesh axes (default: data,model; data spans slices)")
@@ -72,7 +72,12 @@ def elastic(shell: Any, args: Any, cell: str | None):
     """Run the cell as an elastic training step: survives slice loss, scales back up."""
     if cell is None or not cell.strip():
         raise PathwaysError("%%pathways elastic needs a cell body: the training step, using `step`, `mesh` and the --state variables")
+    steps, start = check_steps(args.steps, args.start, ("--steps", "--start"))
+    snapshot_every = check_count(args.snapshot_every, "--snapshot-every", 1)
+    max_retries = check_count(args.max_retries, "--max-retries", 1)
     names = [n.strip() for n in args.state.split(",") if n.strip()]
+    if not names:
+        raise PathwaysError("--state names no variable; give the training state's variables, e.g. --state params,opt_state")
     ns = shell.user_ns
     missing = [n for n in names if n not in ns]
     if missing:
@@ -86,7 +91,14 @@ def elastic(shell: Any, args: Any, cell: str | None):
         return {n: ns[n] for n in names}
 
     axes = [a.strip() for a in args.axes.split(",") if a.strip()] if args.axes else None
-    loop = Elastic(body, args.snapshot_every, args.max_retries, axes, name=",".join(names))
-    final = loop.run({n: ns[n] for n in names}, args.steps, args.start)
-    ns.update(final)
+    loop = Elastic(body, snapshot_every, max_retries, axes, name=",".join(names), state_label=", ".join(names))
+    try:
+        ns.update(loop.run({n: ns[n] for n in names}, steps, start))
+    finally:
+        if loop.last_run is not None:
+            # However the run ended (done, interrupted, an error), the variables
+            # hold its state: healing may take them back to its snapshots.
+            store = snapshots.store()
+            for n in names:
+                store.note_origin(n, ns.get(n), f"elastic:{loop.name}", loop.last_run.run, names)
     return loop.last_run

@@ -4,13 +4,17 @@ Between cells (IPython ``pre_run_cell``, and ``post_run_cell`` so that a loss
 during a cell is reported under that cell), if a slice went down since the
 last check (a ``slice_down`` event in the session's log, whatever caused it),
 every variable of the user namespace holding a lost array
-(``faults.is_lost``: reading it raises ``DATA_LOSS``) is restored from its
-latest host snapshot (``snapshots.store().latest(name)``, as filed by
-``%pathways snapshot`` or ``%pathways autosnapshot on``) onto the mesh of the
-live slices, with the same ``PartitionSpec``s (``snapshots.restore``, which
-emits a ``restore`` event), and rebound to the same name. Variables without a
-snapshot are left as they are, unusable, and named. The user sees one short
-block saying which names came back, from how long ago, and which did not.
+(``faults.is_lost``: reading it raises ``DATA_LOSS``) is restored from the
+newest host snapshot of it, onto the mesh of the live slices, with the same
+``PartitionSpec``s (``snapshots.restore``, which emits a ``restore`` event),
+and rebound to the same name. A variable's snapshots are those filed under
+its name (``%pathways snapshot``, ``%pathways autosnapshot on``) and, while
+it still holds what a ``%%pathways elastic`` run left in it (even one
+interrupted mid-step), that run's own snapshots; the run's other state
+variables then go back to the same step with it, so that they stay
+consistent. Variables without a snapshot are left as they are, unusable, and
+named. The user sees one short block saying which names came back, from how
+long ago and which step, and which did not.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ class Healed:
     name: str
     age_s: float
     step: int | None
+    run: str | None = None  # the elastic run whose snapshot it came from
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +62,8 @@ class HealingReport(TextDisplay):
         if self.restored:
             live = ",".join(map(str, self.live_slices))
             out.append(f"restored from snapshots onto slices [{live}]: " + ", ".join(map(_describe, self.restored)))
+        for run, step in sorted({(h.run, h.step) for h in self.restored if h.run is not None}):
+            out.append(f"elastic '{run}' is back at step {step}: continue with %%pathways elastic --start {step}")
         if self.unusable:
             out.append(f"no snapshot, now unusable (DATA_LOSS): {', '.join(self.unusable)}; recompute or reload them")
         out.extend(f"could not restore {name}, now unusable: {why}" for name, why in self.failed)
@@ -72,6 +79,8 @@ class HealingReport(TextDisplay):
 
 def _describe(healed: Healed) -> str:
     step = "" if healed.step is None else f", step {healed.step}"
+    if healed.run is not None:
+        step += f" of elastic '{healed.run}'"
     return f"{healed.name} ({_age(healed.age_s)} ago{step})"
 
 
@@ -93,22 +102,45 @@ def heal(namespace: dict[str, Any], lost_slices: tuple[int, ...] = (), hidden: f
     store = snapshots.store(current)
     live = tuple(s.index for s in current.topology.up_slices)
     restored, unusable, failed = [], [], []
-    for name, value in snapshots.device_values(namespace).items():
-        if name in hidden or name in _IPYTHON_NAMES:
+    values = snapshots.device_values(namespace)
+    done: set[str] = set()
+    for name, value in values.items():
+        if name in hidden or name in _IPYTHON_NAMES or name in done:
             continue
         if not any(faults.is_lost(leaf) for leaf in jax.tree.leaves(value)):
             continue
-        snap = store.latest(name)
-        if snap is None:
+        own = store.latest(name)
+        origin = store.origin(name, value)
+        from_run = store.latest(origin.snap_name, run=origin.run) if origin is not None else None
+        if from_run is not None and (own is None or from_run.created >= own.created):
+            # The run's whole state goes back to one step: each of its
+            # variables that still holds what the run left in it.
+            group = [n for n in origin.group if n == name or _same_run(store.origin(n, namespace.get(n)), origin)]
+            try:
+                tree = snapshots.restore(from_run)
+            except (PathwaysError, jax.errors.JaxRuntimeError) as exc:
+                failed.extend((n, one_line(exc)) for n in group)
+                done.update(group)
+                continue
+            for n in group:
+                namespace[n] = tree[n]
+                restored.append(Healed(n, from_run.age_s, from_run.step, origin.snap_name.removeprefix("elastic:")))
+            done.update(group)
+            continue
+        if own is None:
             unusable.append(name)
             continue
         try:
-            namespace[name] = snapshots.restore(snap)
+            namespace[name] = snapshots.restore(own)
         except (PathwaysError, jax.errors.JaxRuntimeError) as exc:
             failed.append((name, one_line(exc)))
             continue
-        restored.append(Healed(name, snap.age_s, snap.step))
+        restored.append(Healed(name, own.age_s, own.step))
     return HealingReport(lost_slices, live, tuple(restored), tuple(unusable), tuple(failed))
+
+
+def _same_run(a: snapshots.Origin | None, b: snapshots.Origin) -> bool:
+    return a is not None and (a.snap_name, a.run) == (b.snap_name, b.run)
 
 
 class Healer:

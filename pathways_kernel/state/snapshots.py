@@ -114,9 +114,13 @@ def _nbytes(value: Any) -> int:
 class Snapshot:
     """A host copy of a pytree, with each leaf's layout; see the module doc."""
 
-    def __init__(self, name: str, step: int | None, treedef: Any, leaves: list[Leaf], created: float | None = None):
+    def __init__(
+        self, name: str, step: int | None, treedef: Any, leaves: list[Leaf], created: float | None = None, run: int | None = None,
+    ):
         self.name = name
         self.step = step
+        #: The elastic run that took it (``None`` for others): a run resumes only from its own.
+        self.run = run
         self.created = time.time() if created is None else created
         self.treedef = treedef
         self.leaves = leaves
@@ -319,7 +323,10 @@ def _copy_all(snap: Snapshot, arrays: list[Any], on_done: Callable[[Snapshot], N
         on_done(snap)
 
 
-def take(tree: Any, name: str = DEFAULT_NAME, step: int | None = None, on_done: Callable[[Snapshot], None] | None = None) -> Snapshot:
+def take(
+    tree: Any, name: str = DEFAULT_NAME, step: int | None = None, on_done: Callable[[Snapshot], None] | None = None,
+    run: int | None = None,
+) -> Snapshot:
     """Start copying ``tree`` to the host and return its pending ``Snapshot``.
 
     The store-free core of ``snapshot``; ``on_done(snap)`` runs on the copy
@@ -341,7 +348,7 @@ def take(tree: Any, name: str = DEFAULT_NAME, step: int | None = None, on_done: 
             host = np.array(value, copy=True) if isinstance(value, np.ndarray) else value
             leaves.append(Leaf(key, tuple(np.shape(value)), np.result_type(value) if _numeric(value) else np.dtype(object), None, (), host, on_device=False))
         arrays.append(value)
-    snap = Snapshot(name, step, treedef, leaves)
+    snap = Snapshot(name, step, treedef, leaves, run=run)
     _BUFFERS.note_snapshot(snap.nbytes)
     snap._future = _COPIER.submit(_copy_all, snap, arrays, on_done)
     return snap
@@ -469,6 +476,7 @@ class SnapshotStore:
         self._lock = threading.Lock()
         self._done: dict[str, collections.deque[Snapshot]] = {}
         self._pending: list[Snapshot] = []
+        self._origins: dict[str, Origin] = {}
         self.keep = keep
         self.max_bytes = max_bytes
 
@@ -482,9 +490,9 @@ class SnapshotStore:
         with self._lock:
             self._evict()
 
-    def snap(self, tree: Any, name: str, step: int | None = None) -> Snapshot:
+    def snap(self, tree: Any, name: str, step: int | None = None, run: int | None = None) -> Snapshot:
         """Take a snapshot of ``tree`` and add it; returns it pending."""
-        snap = take(tree, name, step, on_done=self._completed)
+        snap = take(tree, name, step, on_done=self._completed, run=run)
         with self._lock:
             self._pending.append(snap)
         # A weak reference: no cycle snapshot -> future -> callback -> snapshot,
@@ -547,19 +555,39 @@ class SnapshotStore:
         return sum(s.nbytes for q in self._done.values() for s in q)
 
     # -- queries ------------------------------------------------------------
-    def latest(self, name: str = DEFAULT_NAME, wait: bool = True) -> Snapshot | None:
-        """The newest good snapshot of ``name`` (``None`` if none).
+    def latest(self, name: str = DEFAULT_NAME, wait: bool = True, run: int | None = None) -> Snapshot | None:
+        """The newest good snapshot of ``name`` (``None`` if none); with
+        ``run``, the newest that elastic run took.
 
         With ``wait``, pending snapshots of that name are waited for first;
         ones whose copy failed are skipped.
         """
         if wait:
             with self._lock:
-                pending = [s for s in self._pending if s.name == name]
+                pending = [s for s in self._pending if s.name == name and (run is None or s.run == run)]
             concurrent.futures.wait([s._future for s in pending if s._future is not None])
         with self._lock:
-            queue = self._done.get(name)
-            return queue[-1] if queue else None
+            queue = self._done.get(name, ())
+            return next((s for s in reversed(queue) if run is None or s.run == run), None)
+
+    # -- where notebook variables came from ------------------------------------
+    def note_origin(self, variable: str, value: Any, snap_name: str, run: int, group: Sequence[str]) -> None:
+        """Record that ``variable``, while it holds ``value`` (these very
+        arrays), is entry ``variable`` of the state of elastic run ``run``,
+        whose snapshots are filed as ``snap_name`` and hold ``group``."""
+        import jax
+
+        arrays = [weakref.ref(leaf) for leaf in jax.tree.leaves(value) if _is_device_array(leaf)]
+        with self._lock:
+            self._origins[variable] = Origin(variable, snap_name, run, tuple(group), arrays)
+
+    def origin(self, variable: str, value: Any) -> "Origin | None":
+        """The elastic run ``variable``'s current ``value`` came from, if it
+        still holds the arrays that run left in it (reassigning it forgets
+        the run: its snapshots are of some other value)."""
+        with self._lock:
+            origin = self._origins.get(variable)
+        return origin if origin is not None and origin.holds(value) else None
 
     def list(self) -> list[Snapshot]:
         """Every kept and pending snapshot, oldest first."""
@@ -583,6 +611,23 @@ class SnapshotStore:
     def clear(self) -> None:
         with self._lock:
             self._done.clear()
+
+
+@dataclasses.dataclass(frozen=True)
+class Origin:
+    """A notebook variable that an elastic run left its state in (``SnapshotStore.origin``)."""
+
+    variable: str
+    snap_name: str
+    run: int
+    group: tuple[str, ...]  # the run's state variables: a rollback takes them all back together
+    arrays: list  # weak references to the arrays the run left in the variable
+
+    def holds(self, value: Any) -> bool:
+        import jax
+
+        leaves = [leaf for leaf in jax.tree.leaves(value) if _is_device_array(leaf)]
+        return bool(leaves) and len(leaves) == len(self.arrays) and all(ref() is leaf for ref, leaf in zip(self.arrays, leaves))
 
 
 def _throughput(snap: Snapshot) -> str:

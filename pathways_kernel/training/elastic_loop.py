@@ -27,8 +27,14 @@ results do not depend on the number of slices. A ``slice_up`` event is acted
 on at the next step boundary: the live state is resharded onto the larger
 mesh (``ScaleUpSignalError``, as in pathwaysutils, interrupts the step loop).
 
-Callbacks registered with ``on_restore(callback)`` are called as
-``callback(step, mesh)`` after every reshard or rollback, so that data
+A run resumes only from its own snapshots (each run has its own ``run``
+number, recorded with its snapshots; the first is of the state it was given):
+an earlier run's snapshot under the same name is of some other state. If the
+state was already lost when the run began, the run says so in one line
+instead of going back to anything.
+
+Callbacks registered with ``on_restore(callback)`` (per session) are called
+as ``callback(step, mesh)`` after every reshard or rollback, so that data
 loaders follow the new mesh and replay from ``step``.
 
 pathwaysutils (and so JAX) is imported on first use, not with the package.
@@ -38,6 +44,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
+import math
+import numbers
 import threading
 import time
 from typing import Any, Callable, Sequence
@@ -46,6 +55,7 @@ from pathways_kernel.core import meshes
 from pathways_kernel.state import snapshots
 from pathways_kernel.core.errors import PathwaysError, one_line
 from pathways_kernel.core.sessions import Session, session
+from pathways_kernel.core.text import count
 
 #: Consecutive failures (without a new good snapshot in between) before giving up.
 DEFAULT_MAX_RETRIES = 10
@@ -61,33 +71,66 @@ class ElasticError(PathwaysError, RuntimeError):
     """The elastic loop cannot go on (retries exhausted, no slice came back)."""
 
 
+#: Run numbers: a run resumes only from snapshots with its own.
+_RUNS = itertools.count(1)
+
+
 # -- restore callbacks (loaders follow the mesh) -------------------------------
-_callbacks: list[Callable[[int, Any], None]] = []
-_callbacks_lock = threading.Lock()
+class _RestoreHooks:
+    """A session's ``on_restore`` callbacks (a session component): a new session starts with none."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[int, Any], None]] = []
+
+    def add(self, callback: Callable[[int, Any], None]) -> Callable[[], None]:
+        with self._lock:
+            self._callbacks.append(callback)
+
+        def unregister() -> None:
+            with self._lock:
+                if callback in self._callbacks:
+                    self._callbacks.remove(callback)
+
+        return unregister
+
+    def notify(self, step: int, mesh: Any) -> None:
+        with self._lock:
+            callbacks = list(self._callbacks)
+        for callback in callbacks:
+            callback(step, mesh)
 
 
-def on_restore(callback: Callable[[int, Any], None]) -> Callable[[], None]:
-    """Call ``callback(step, mesh)`` after every reshard or rollback.
+def _hooks(s: Session) -> _RestoreHooks:
+    return s.component(_RestoreHooks, lambda _s: _RestoreHooks())
+
+
+def on_restore(callback: Callable[[int, Any], None], session_: Session | None = None) -> Callable[[], None]:
+    """Call ``callback(step, mesh)`` after every reshard or rollback of an
+    elastic run in this session (or ``session_``).
 
     ``step`` is the next step the loop will run; ``mesh`` the mesh it runs
     on. Returns a function that unregisters the callback.
     """
-    with _callbacks_lock:
-        _callbacks.append(callback)
-
-    def unregister() -> None:
-        with _callbacks_lock:
-            if callback in _callbacks:
-                _callbacks.remove(callback)
-
-    return unregister
+    return _hooks(session_ if session_ is not None else session()).add(callback)
 
 
-def _notify(step: int, mesh: Any) -> None:
-    with _callbacks_lock:
-        callbacks = list(_callbacks)
-    for callback in callbacks:
-        callback(step, mesh)
+# -- arguments ------------------------------------------------------------------
+def check_count(value: Any, name: str, least: int) -> int:
+    """``value`` if it is a whole number of at least ``least``; else a one-line ``PathwaysError``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+        raise PathwaysError(f"{name} must be a whole number of at least {least}, got {value!r}")
+    return int(value)
+
+
+def check_steps(steps: Any, start: Any, names: tuple[str, str] = ("steps", "start")) -> tuple[int, int]:
+    """Steps ``start..steps-1``, checked: ``steps`` is the step to stop before, not a count."""
+    steps = check_count(steps, names[0], 1)
+    if isinstance(start, bool) or not isinstance(start, numbers.Integral) or not 0 <= start < steps:
+        raise PathwaysError(
+            f"{names[1]} must be a step from 0 to {steps - 1} ({names[0]} {steps} is the step the run stops before), got {start!r}"
+        )
+    return steps, int(start)
 
 
 # -- what a run did ------------------------------------------------------------
@@ -111,6 +154,7 @@ class RunReport:
     """What an elastic run went through; ``elastic(...).last_run``."""
 
     name: str
+    run: int = 0  # the run number its snapshots carry
     steps: int = 0
     steps_executed: int = 0  # including steps redone after a rollback
     recoveries: list[Rollback] = dataclasses.field(default_factory=list)
@@ -128,11 +172,11 @@ class RunReport:
         return sum(r.steps_lost for r in self.recoveries)
 
     def summary(self) -> str:
-        lost = f", {self.steps_lost} steps redone" if self.recoveries else ""
+        lost = f", {count(self.steps_lost, 'step')} redone" if self.recoveries else ""
         return (
-            f"elastic '{self.name}': {self.steps} steps in {self.duration_s:.1f} s on slices "
-            f"{list(self.slices)}; {self.retries} recoveries{lost}, {self.scale_ups} scale-ups, "
-            f"{self.snapshots} snapshots"
+            f"elastic '{self.name}': {count(self.steps, 'step')} in {self.duration_s:.1f} s on slices "
+            f"{list(self.slices)}; {count(self.retries, 'recovery')}{lost}, {count(self.scale_ups, 'scale-up')}, "
+            f"{count(self.snapshots, 'snapshot')}"
         )
 
     def __repr__(self) -> str:
@@ -223,11 +267,13 @@ class Elastic:
         name: str | None = None,
         wait_s: float = DEFAULT_WAIT_S,
         prepare: Callable[[Any], Any] | None = None,
+        state_label: str | None = None,
     ):
-        if snapshot_every < 1:
-            raise PathwaysError(f"snapshot_every must be at least 1, got {snapshot_every}")
-        if max_retries is not None and max_retries < 1:
-            raise PathwaysError(f"max_retries must be at least 1, got {max_retries}")
+        snapshot_every = check_count(snapshot_every, "snapshot_every", 1)
+        if max_retries is not None:
+            max_retries = check_count(max_retries, "max_retries", 1)
+        if isinstance(wait_s, bool) or not isinstance(wait_s, numbers.Real) or not math.isfinite(wait_s) or wait_s < 0:
+            raise PathwaysError(f"wait_s must be a number of seconds, at least 0, got {wait_s!r}")
         self.step_fn = step_fn
         self.snapshot_every = snapshot_every
         from pathwaysutils.elastic.manager import ElasticRetryLimit
@@ -235,6 +281,8 @@ class Elastic:
         self.retry_policy = ElasticRetryLimit(max_retries) if max_retries is not None else (lambda attempt, error: True)
         self.axes = tuple(axes) if axes else None
         self.name = name or getattr(step_fn, "__name__", "elastic")
+        #: What the state is called in messages (the magic's --state variables).
+        self.state_label = state_label or f"the state of '{self.name}'"
         self.wait_s = wait_s
         self.prepare = prepare
         #: Set once ``prepare`` has run for every fallback mesh of the current run.
@@ -254,9 +302,11 @@ class Elastic:
         """
         from pathwaysutils.elastic.manager import ScaleUpSignalError
 
+        steps, start = check_steps(steps, start)
         s = session()
         watch = _SliceWatch(s)
-        report = RunReport(self.name)
+        run = next(_RUNS)
+        report = RunReport(self.name, run)
         self.last_run = report
         store = snapshots.store(s)
         snap_name = f"elastic:{self.name}"
@@ -265,7 +315,9 @@ class Elastic:
             mesh = s.mesh(self.axes)
             self._start_prepare(s, mesh)
             step = start
-            last_snap = store.snap(state, snap_name, step)
+            # The state as given: what the run goes back to if it loses a slice
+            # before its next snapshot (never an earlier run's).
+            first = last_snap = store.snap(state, snap_name, step, run)
             report.snapshots += 1
             failures, resumed_at = 0, start
             # What the previous attempt left to do first: a recovery or a scale-up.
@@ -274,7 +326,7 @@ class Elastic:
             while True:
                 try:
                     if recover:
-                        mesh, state, step = self._recover(s, watch, mesh, state, step, store, snap_name, report)
+                        mesh, state, step = self._recover(s, watch, mesh, state, step, store, snap_name, first, report)
                         recover, resumed_at = False, step
                     if scale_up:
                         scale_up = False
@@ -289,10 +341,17 @@ class Elastic:
                         # at most one loop snapshot is in flight. A snapshot past
                         # the last recovery point proves progress (errors of
                         # asynchronous steps surface late), so failures reset.
-                        if _wait_quietly(last_snap) and last_snap.step > resumed_at:
+                        copied = _wait_quietly(last_snap)
+                        if copied and last_snap.step > resumed_at:
                             failures = 0
+                        if last_snap is first:
+                            first = None  # not held longer than the store holds it
+                            if not copied:
+                                # The state was lost before the run could copy it: every
+                                # step since computed on lost data, and nothing is left to go back to.
+                                raise self._nothing_to_restore(lost_at_start=True)
                         if step % self.snapshot_every == 0 and step < steps:
-                            last_snap = store.snap(state, snap_name, step)
+                            last_snap = store.snap(state, snap_name, step, run)
                             report.snapshots += 1
                     self._check_boundary(s, watch, mesh)
                     _block(state)
@@ -384,10 +443,27 @@ class Elastic:
         s.events.emit("scale_up", slices_before=before, slices_after=after, step=step, duration_s=duration)
         s.events.emit("reshard", slices_before=before, slices_after=after, bytes=nbytes, duration_s=duration, step=step, detail=f"'{self.name}' live state")
         report.scale_ups += 1
-        _notify(step, new_mesh)
+        _hooks(s).notify(step, new_mesh)
         return new_mesh, state
 
-    def _recover(self, s: Session, watch: _SliceWatch, mesh: Any, state: Any, step: int, store: Any, snap_name: str, report: RunReport):
+    def _nothing_to_restore(self, lost_at_start: bool) -> ElasticError:
+        when = (
+            "it was already lost when the run began" if lost_at_start
+            else "the session's snapshot store dropped this run's snapshots (max_bytes too small?)"
+        )
+        label = self.state_label
+        return ElasticError(
+            f"elastic '{self.name}': a slice was lost and there is no snapshot of {label} from this run to go back to "
+            f"({when}); recompute {label} or restore it from a snapshot (%pathways snapshots), then run again"
+        )
+
+    def _recover(
+        self, s: Session, watch: _SliceWatch, mesh: Any, state: Any, step: int, store: Any, snap_name: str,
+        first: snapshots.Snapshot | None, report: RunReport,
+    ):
+        """Go on with the live slices: move the state if none of it was lost,
+        else roll back to this run's newest snapshot (``first``: the run's
+        initial snapshot while its copy is not yet known to have succeeded)."""
         start = time.perf_counter()
         before = _mesh_slices(s, mesh)
         self._wait_for_a_slice(s, watch)
@@ -410,12 +486,9 @@ class Elastic:
         else:
             state = None
         if state is None:
-            snap = store.latest(snap_name)
+            snap = store.latest(snap_name, run=report.run)
             if snap is None:
-                raise ElasticError(
-                    f"elastic '{self.name}': a slice was lost and there is no snapshot to restore; "
-                    f"run it again from its initial state"
-                )
+                raise self._nothing_to_restore(lost_at_start=first is not None and first.done() and not first.ok())
             state, resumed, how = snapshots.restore(snap, new_mesh), snap.step, f"snapshot of step {snap.step}"
         duration = time.perf_counter() - start
         s.events.emit(
@@ -423,7 +496,7 @@ class Elastic:
             duration_s=duration, step=resumed, detail=f"'{self.name}' from {how}",
         )
         report.recoveries.append(Rollback(step, resumed, before, after, duration))
-        _notify(resumed, new_mesh)
+        _hooks(s).notify(resumed, new_mesh)
         return new_mesh, state, resumed
 
     def _wait_for_a_slice(self, s: Session, watch: _SliceWatch) -> None:
@@ -524,4 +597,4 @@ def elastic(
 elastic.abstract = abstract  # type: ignore[attr-defined]
 
 
-__all__ = ["Elastic", "ElasticError", "RunReport", "Rollback", "abstract", "elastic", "on_restore"]
+__all__ = ["Elastic", "ElasticError", "RunReport", "Rollback", "abstract", "check_count", "check_steps", "elastic", "on_restore"]

@@ -1,0 +1,759 @@
+"""Goodput: where the accelerator time of each run, and of the session, went.
+
+Every ``@pw.elastic`` / ``%%pathways elastic`` run, bare ``pw.loader`` loop
+and ``pw.steps(...)`` loop keeps an ``Account``: a ledger that splits the
+run's wall time, with nothing counted twice and nothing left out, into
+productive step time and badput by cause:
+
+    compile          tracing and compiling on the run's thread (first step, after a reshard)
+    data_wait        the loop waited for its next batch
+    snapshot_stall   the loop waited on a host snapshot (issuing or finishing its copy)
+    checkpoint_save  the blocking part of a checkpoint save
+    recovery         loss detected -> training again: mesh rebuild, restore, recompile
+    redone           steps computed again after a rollback (and the step the loss cut short)
+    slice_wait       no slice was up: waiting for one to come back
+    scale_up         moving the live state onto the larger mesh when slices return
+    other            the loop's own work between steps (boundary checks, setup)
+
+The ledger always has one current category; entering another closes the
+current segment. Work measured inside a segment from elsewhere (a compile
+reported by ``jax.monitoring``) is moved out of it, so the figures still add
+up to the wall time. A rollback moves the productive time of the steps it
+discards into ``redone``.
+
+The session also counts the notebook's own badput: time between cells while
+it holds slices (``idle``), kept apart from the training figures.
+
+Each run is recorded, too, through ``ml-goodput-measurement``'s
+``ElasticGoodputRecorder`` into an in-memory log, and ``Account.field()``
+computes the figure MaxText users see with its ``ElasticGoodputCalculator``;
+see the README ("Goodput") for where the two models differ.
+
+MFU: ``flops(jitted, *args)`` reads a step's FLOPs from the compiled step's
+``cost_analysis()`` and gives them to the run in progress; the peak per chip
+comes from ``PEAK_BF16_FLOPS`` for TPUs and, on the embedded backend, from a
+matmul measured once on its CPU devices.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import datetime
+import shutil
+import tempfile
+import threading
+import time
+import weakref
+from typing import Any, Iterator
+
+from pathways_kernel.core.display import TextDisplay
+
+PRODUCTIVE = "productive"
+OTHER = "other"
+BADPUT = ("compile", "data_wait", "snapshot_stall", "checkpoint_save", "recovery", "redone", "slice_wait", "scale_up", OTHER)
+CATEGORIES = (PRODUCTIVE, *BADPUT)
+
+#: Peak dense bf16 FLOP/s per chip, from Google Cloud's TPU pages
+#: (cloud.google.com/tpu/docs/v5e, /v5p, /v6e, /tpu7x; checked 2026-12):
+#: v5e 197 TFLOP/s, v5p 459, v6e (Trillium) 918, TPU7x (Ironwood) 2307
+#: (4614 at fp8). Keys are ``device.device_kind`` as JAX reports it (v5p is
+#: "TPU v5", v5e "TPU v5 lite"), with the marketing names too.
+PEAK_BF16_FLOPS = {
+    "TPU v5 lite": 197e12,
+    "TPU v5e": 197e12,
+    "TPU v5": 459e12,
+    "TPU v5p": 459e12,
+    "TPU v6 lite": 918e12,
+    "TPU v6e": 918e12,
+    "TPU7x": 2307e12,
+}
+
+#: Runs a session keeps (older ones still count in the session's totals).
+MAX_RUNS = 100
+#: Per-step productive times kept for rollbacks (steps older than this are settled).
+MAX_STEPS_KEPT = 100_000
+
+#: The field library's names for our categories, as custom badput events.
+_FIELD_CUSTOM = ("data_wait", "snapshot_stall", "checkpoint_save")
+
+_local = threading.local()
+
+
+def _stack() -> list["Account"]:
+    stack = getattr(_local, "stack", None)
+    if stack is None:
+        stack = _local.stack = []
+    return stack
+
+
+def current() -> "Account | None":
+    """The innermost run in progress on this thread, if any."""
+    stack = _stack()
+    return stack[-1] if stack else None
+
+
+# -- the ledger ------------------------------------------------------------------
+class Account:
+    """The wall time of one run, split into productive time and badput."""
+
+    def __init__(self, name: str, kind: str, session: Any):
+        self.name = name
+        self.kind = kind
+        self.seconds = dict.fromkeys(CATEGORIES, 0.0)
+        self.steps = 0  # steps completed and kept (not redone)
+        self.steps_redone = 0
+        self.recoveries = 0
+        self.flops_per_step: float | None = None
+        self.ended = False
+        self._session = session
+        self._lock = threading.Lock()
+        self._state = OTHER
+        self._moved: dict[str, float] = {}
+        self._recovering = False
+        self._open_step: int | None = None
+        self._open_productive = 0.0
+        self._done: collections.OrderedDict[int, float] = collections.OrderedDict()
+        self._chips: int | None = None
+        self._chip_seconds = 0.0
+        self._unsubscribe = session.events.subscribe(self._on_event)
+        self._field = _FieldLog(name)
+        self.started = time.time()
+        self._since = self._began = time.perf_counter()
+        self._field.job_start()
+
+    # -- transitions ----------------------------------------------------------
+    def _close_segment(self, now: float) -> None:
+        """Count ``now - since`` in the current category, less what was moved out of it."""
+        segment = now - self._since
+        moved = sum(self._moved.values())
+        scale = segment / moved if moved > segment else 1.0
+        for category, seconds in self._moved.items():
+            self.seconds[category] += seconds * scale
+        own = segment - moved * scale
+        self.seconds[self._state] += own
+        if self._state == PRODUCTIVE and self._open_step is not None:
+            self._open_productive += own
+            self._chip_seconds += own * self._chip_count()
+        self._moved.clear()
+        self._since = now
+
+    def _switch(self, category: str) -> str:
+        with self._lock:
+            previous = self._state
+            self._close_segment(time.perf_counter())
+            self._state = category
+            return previous
+
+    def move(self, category: str, seconds: float) -> None:
+        """Count ``seconds`` of the current segment (already spent) as ``category``."""
+        with self._lock:
+            self._moved[category] = self._moved.get(category, 0.0) + seconds
+
+    @contextlib.contextmanager
+    def spent(self, category: str) -> Iterator[None]:
+        """Count the time inside the block as ``category``."""
+        previous = self._switch(category)
+        if category in _FIELD_CUSTOM:
+            self._field.custom(category, True)
+        elif category in ("slice_wait", "scale_up"):
+            self._field.elastic_wait(category, True)
+        try:
+            yield
+        finally:
+            self._switch(previous)
+            if category in _FIELD_CUSTOM:
+                self._field.custom(category, False)
+            elif category in ("slice_wait", "scale_up"):
+                self._field.elastic_wait(category, False)
+
+    # -- steps ----------------------------------------------------------------
+    def step_begin(self, step: int) -> None:
+        self._switch(PRODUCTIVE)
+        self._open_step, self._open_productive = step, 0.0
+        self._field.step(step)
+
+    def step_end(self) -> None:
+        self._switch(OTHER)
+        with self._lock:
+            if self._open_step is None:
+                return
+            self._done[self._open_step] = self._open_productive
+            self._done.move_to_end(self._open_step)
+            if len(self._done) > MAX_STEPS_KEPT:
+                self._done.popitem(last=False)
+            self.steps += 1
+            self._open_step = None
+            self._recovering = False
+
+    # -- losses ---------------------------------------------------------------
+    def recovery_begin(self) -> None:
+        """A loss was detected: the step it cut short is redone, recovery starts."""
+        self._switch("recovery")
+        with self._lock:
+            if self._open_step is not None:
+                self._redo(self._open_productive)
+                self._open_step = None
+            self._recovering = True
+            self.recoveries += 1
+        self._field.reinit(True)
+
+    def recovery_end(self, resumed_at: int) -> None:
+        """Recovery done, training resumes at ``resumed_at``: steps from there on are redone.
+
+        Compiles until the first step after it completes still count as recovery.
+        """
+        self._switch(OTHER)
+        with self._lock:
+            for step in [s for s in self._done if s >= resumed_at]:
+                self._redo(self._done.pop(step))
+                self.steps -= 1
+                self.steps_redone += 1
+        self._field.reinit(False)
+
+    def _redo(self, seconds: float) -> None:
+        self.seconds[PRODUCTIVE] -= seconds
+        self.seconds["redone"] += seconds
+
+    # -- chips, for MFU -------------------------------------------------------
+    def _on_event(self, event: Any) -> None:
+        if event.kind in ("slice_down", "slice_up", "connect"):
+            self._chips = None
+
+    def _chip_count(self) -> int:
+        if self._chips is None:
+            self._chips = len(self._session.live_devices()) or 1
+        return self._chips
+
+    # -- compiles (jax.monitoring, on this thread) ----------------------------
+    def compiled(self, seconds: float) -> None:
+        with self._lock:
+            if self._state == "recovery" or (self._recovering and self._state in (PRODUCTIVE, OTHER)):
+                category = "recovery"
+            else:
+                category = "compile"
+            if category != self._state:
+                self._moved[category] = self._moved.get(category, 0.0) + seconds
+
+    # -- the end --------------------------------------------------------------
+    def end(self) -> "Account":
+        """Close the ledger, emit a ``goodput`` event; idempotent."""
+        if self.ended:
+            return self
+        self.step_end()
+        with self._lock:
+            self._close_segment(time.perf_counter())
+            self.ended = True
+            self._ended_at = self._since
+        self._unsubscribe()
+        stack = _stack()
+        if self in stack:
+            stack.remove(self)
+        self._field.job_end()
+        ledger(self._session).finished(self)
+        self._session.events.emit("goodput", duration_s=self.wall_s, step=self.steps, detail=self.summary())
+        return self
+
+    # -- figures --------------------------------------------------------------
+    def snapshot(self) -> dict[str, float]:
+        """Seconds per category, up to now for a run in progress."""
+        with self._lock:
+            seconds = dict(self.seconds)
+            if not self.ended:
+                seconds[self._state] += time.perf_counter() - self._since
+            return seconds
+
+    @property
+    def wall_s(self) -> float:
+        return (self._ended_at if self.ended else time.perf_counter()) - self._began
+
+    @property
+    def goodput(self) -> float:
+        wall = self.wall_s
+        return self.snapshot()[PRODUCTIVE] / wall if wall > 0 else 0.0
+
+    def mfu(self) -> float | None:
+        """Model FLOPs utilization over the productive step time, or None without ``flops``."""
+        if not self.flops_per_step or self._chip_seconds <= 0:
+            return None
+        peak, _how = peak_flops_per_chip(self._session)
+        return self.flops_per_step * self.steps / (self._chip_seconds * peak)
+
+    def field(self) -> dict[str, Any]:
+        """Goodput and badput as ``ml-goodput-measurement`` computes them from this run's log."""
+        return self._field.compute()
+
+    def summary(self) -> str:
+        seconds = self.snapshot()
+        wall = self.wall_s or 1.0
+        worst = sorted(((v, k) for k, v in seconds.items() if k != PRODUCTIVE and v > 0.0005 * wall), reverse=True)
+        parts = ", ".join(f"{k} {100 * v / wall:.1f}%" for v, k in worst[:4])
+        return (
+            f"{self.kind} '{self.name}': goodput {100 * seconds[PRODUCTIVE] / wall:.1f}% of {wall:.1f} s, "
+            f"{self.steps} steps" + (f" ({self.steps_redone} redone)" if self.steps_redone else "")
+            + (f"; badput {parts}" if parts else "")
+        )
+
+
+# -- what the thread's run is doing --------------------------------------------
+def begin(name: str, kind: str, session: Any = None) -> Account:
+    """Start accounting a run on this thread; end it with ``Account.end()``."""
+    from pathways_kernel.core.sessions import session as current_session
+
+    _listen_for_compiles()
+    account = Account(name, kind, session or current_session())
+    ledger(account._session).started(account)
+    _stack().append(account)
+    return account
+
+
+@contextlib.contextmanager
+def spent(category: str, owner: Any = None) -> Iterator[None]:
+    """Count the block as ``category`` in this thread's run (or ``owner``'s own loop); no-op without one."""
+    account = current()
+    if account is None and owner is not None:
+        account = _loops.get(owner)
+    if account is None or account.ended:
+        yield
+        return
+    with account.spent(category):
+        yield
+
+
+# -- loops that are not elastic runs: a bare `for batch in loader` ------------
+_loops: "weakref.WeakKeyDictionary[Any, Account]" = weakref.WeakKeyDictionary()
+
+
+def loop_next(owner: Any, name: str) -> Account | None:
+    """``owner`` (a loader) is asked for its next item: the previous step of
+    its own loop ends. Returns its loop's account, or None when a run on this
+    thread (an elastic run, ``pw.steps``) already counts the loop."""
+    account = _loops.get(owner)
+    if account is None or account.ended:
+        if current() is not None:
+            return None
+        from pathways_kernel.core.sessions import session
+
+        _listen_for_compiles()
+        account = Account(name, "loader", session())
+        ledger(account._session).started(account)
+        _loops[owner] = account
+        _thread_loops().append(account)
+    account.step_end()
+    return account
+
+
+def loop_step(owner: Any) -> None:
+    """``owner`` handed out an item: a step of its own loop begins."""
+    account = _loops.get(owner)
+    if account is not None and not account.ended:
+        account.step_begin(account.steps + account.steps_redone)
+
+
+def end_loop(owner: Any) -> None:
+    account = _loops.pop(owner, None)
+    if account is not None:
+        account.end()
+
+
+def end_cell_loops() -> None:
+    """A cell ended: bare loops started in it are over (IPython ``post_run_cell``)."""
+    for owner, account in list(_loops.items()):
+        if account in _thread_loops():
+            end_loop(owner)
+    _thread_loops().clear()
+
+
+def _thread_loops() -> list[Account]:
+    loops = getattr(_local, "loops", None)
+    if loops is None:
+        loops = _local.loops = []
+    return loops
+
+
+# -- compiles, from jax.monitoring ---------------------------------------------
+_COMPILE_EVENTS = (
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    "/jax/core/compile/backend_compile_duration",
+)
+_listening = False
+_listening_lock = threading.Lock()
+
+
+def _on_duration(event: str, seconds: float, **_kwargs: Any) -> None:
+    if event not in _COMPILE_EVENTS:
+        return
+    account = current()
+    if account is None:
+        loops = getattr(_local, "loops", None)
+        account = loops[-1] if loops else None
+    if account is not None and not account.ended:
+        account.compiled(seconds)
+
+
+def _listen_for_compiles() -> None:
+    global _listening
+    with _listening_lock:
+        if not _listening:
+            from jax import monitoring
+
+            monitoring.register_event_duration_secs_listener(_on_duration)
+            _listening = True
+
+
+# -- MFU ---------------------------------------------------------------------
+def flops(fn: Any, *args: Any, **kwargs: Any) -> float:
+    """FLOPs of one call of the jitted ``fn`` on these arguments, from its
+    compiled ``cost_analysis()``; also the FLOPs per step of the run in
+    progress on this thread, for its MFU."""
+    from pathways_kernel.core.errors import PathwaysError
+
+    if not hasattr(fn, "lower"):
+        raise PathwaysError(f"pw.flops needs a jax.jit-ed function (one with .lower), got {type(fn).__name__}")
+    analysis = fn.lower(*args, **kwargs).compile().cost_analysis()
+    if isinstance(analysis, (list, tuple)):
+        analysis = analysis[0] if analysis else {}
+    value = float((analysis or {}).get("flops", 0.0))
+    if value <= 0:
+        raise PathwaysError("the compiled step reports no FLOPs (cost_analysis has none on this backend): MFU is unknown")
+    account = current()
+    if account is not None:
+        account.flops_per_step = value
+    return value
+
+
+def peak_flops_per_chip(session: Any) -> tuple[float, str]:
+    """Peak FLOP/s of one chip and where the figure comes from."""
+    devices = session.live_devices() or session.devices()
+    kind = devices[0].device_kind
+    if kind in PEAK_BF16_FLOPS:
+        return PEAK_BF16_FLOPS[kind], f"{kind} bf16 peak (Google Cloud TPU docs)"
+    measured = session.component(_MeasuredPeak)
+    return measured.flops, measured.how
+
+
+class _MeasuredPeak:
+    """Per-device FLOP/s of a batched f32 matmul run on every device at once, measured once per session."""
+
+    def __init__(self, session: Any):
+        self.flops, self.how = _measure_peak(session)
+
+
+def _measure_peak(session: Any, size: int = 768, reps: int = 3) -> tuple[float, str]:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    devices = session.live_devices() or session.devices()
+    sharding = NamedSharding(Mesh(np.array(devices), ("d",)), P("d"))
+    a = jax.device_put(np.ones((len(devices), size, size), np.float32), sharding)
+    matmul = jax.jit(lambda x: jnp.einsum("bij,bjk->bik", x, x), out_shardings=sharding)
+    matmul(a).block_until_ready()
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        matmul(a).block_until_ready()
+        best = min(best, time.perf_counter() - start)
+    peak = 2 * size**3 / best
+    return peak, f"measured: f32 {size}x{size} matmul on all {len(devices)} {devices[0].platform} devices at once"
+
+
+# -- the session's ledger -------------------------------------------------------
+class Ledger:
+    """Runs of one session, and the notebook's idle time between cells."""
+
+    def __init__(self, session: Any):
+        self._session = session
+        self._lock = threading.Lock()
+        self.active: list[Account] = []
+        self.runs: collections.deque[Account] = collections.deque(maxlen=MAX_RUNS)
+        self.totals = dict.fromkeys(CATEGORIES, 0.0)
+        self.run_wall_s = 0.0
+        self.idle_s = 0.0
+        self.cells_s = 0.0
+        self.since = time.perf_counter()
+        self._idle_since: float | None = None
+        self._cell_since: float | None = None
+
+    def started(self, account: Account) -> None:
+        with self._lock:
+            self.active.append(account)
+
+    def finished(self, account: Account) -> None:
+        with self._lock:
+            if account in self.active:
+                self.active.remove(account)
+            self.runs.append(account)
+            for category, seconds in account.seconds.items():
+                self.totals[category] += seconds
+            self.run_wall_s += account.wall_s
+
+    # -- between cells (IPython pre_run_cell / post_run_cell) ---------------------
+    def cell_started(self, *_args: Any) -> None:
+        now = time.perf_counter()
+        with self._lock:
+            if self._idle_since is not None and self._session.live_devices():
+                self.idle_s += now - self._idle_since
+            self._idle_since, self._cell_since = None, now
+
+    def cell_finished(self, *_args: Any) -> None:
+        end_cell_loops()
+        now = time.perf_counter()
+        with self._lock:
+            if self._cell_since is not None:
+                self.cells_s += now - self._cell_since
+            self._idle_since, self._cell_since = now, None
+
+    def idle_now_s(self) -> float:
+        with self._lock:
+            extra = time.perf_counter() - self._idle_since if self._idle_since is not None else 0.0
+            return self.idle_s + extra
+
+    def find(self, name: str) -> Account | None:
+        with self._lock:
+            for account in [*self.active[::-1], *reversed(self.runs)]:
+                if account.name == name:
+                    return account
+        return None
+
+
+def ledger(session: Any = None) -> Ledger:
+    from pathways_kernel.core.sessions import session as current_session
+
+    return (session or current_session()).component(Ledger)
+
+
+def install(shell: Any) -> None:
+    """Count the notebook's time between cells (idle, slices held) for ``shell``."""
+    hooks = getattr(shell, "_pathways_goodput_hooks", None)
+    if hooks is not None:
+        return
+
+    def started(*args: Any) -> None:
+        ledger().cell_started()
+
+    def finished(*args: Any) -> None:
+        ledger().cell_finished()
+
+    shell.events.register("pre_run_cell", started)
+    shell.events.register("post_run_cell", finished)
+    shell._pathways_goodput_hooks = (started, finished)
+
+
+# -- what users see ----------------------------------------------------------------
+LABELS = {
+    PRODUCTIVE: "productive steps",
+    "compile": "compiling",
+    "data_wait": "waiting for data",
+    "snapshot_stall": "waiting on snapshots",
+    "checkpoint_save": "saving checkpoints",
+    "recovery": "recovering from a loss",
+    "redone": "redoing lost steps",
+    "slice_wait": "waiting for slices",
+    "scale_up": "scaling back up",
+    OTHER: "loop overhead",
+}
+
+
+class Report(TextDisplay):
+    """``pw.goodput()``: one run, or every run of the session plus the notebook's idle time."""
+
+    def __init__(self, accounts: list[Account], ledger: Ledger | None, with_field: bool):
+        self.accounts = accounts
+        self.ledger = ledger
+        self.runs = [_figures(a, with_field) for a in accounts]
+
+    @property
+    def goodput(self) -> float:
+        """Productive time over the runs' wall time (0..1)."""
+        wall = sum(r["wall_s"] for r in self.runs)
+        return sum(r["seconds"][PRODUCTIVE] for r in self.runs) / wall if wall else 0.0
+
+    @property
+    def seconds(self) -> dict[str, float]:
+        total = dict.fromkeys(CATEGORIES, 0.0)
+        for r in self.runs:
+            for k, v in r["seconds"].items():
+                total[k] += v
+        return total
+
+    @property
+    def wall_s(self) -> float:
+        return sum(r["wall_s"] for r in self.runs)
+
+    @property
+    def mfu(self) -> float | None:
+        values = [r["mfu"] for r in self.runs if r["mfu"] is not None]
+        return values[-1] if values else None
+
+    @property
+    def idle_s(self) -> float | None:
+        return None if self.ledger is None else self.ledger.idle_now_s()
+
+    def to_text(self) -> str:
+        if not self.runs:
+            lines = ["no runs yet: @pw.elastic, %%pathways elastic, pw.loader and pw.steps(...) loops are counted"]
+        else:
+            wall = self.wall_s
+            head = "run" if len(self.runs) == 1 else f"{len(self.runs)} runs"
+            lines = [f"{head}: goodput {100 * self.goodput:.1f}% of {wall:.1f} s"]
+            for r in self.runs:
+                lines.append(f"  {r['summary']}")
+                if r["mfu"] is not None:
+                    lines.append(f"    MFU {100 * r['mfu']:.2f}% ({r['peak_how']})")
+                if r.get("field") is not None:
+                    lines.append(f"    ml-goodput-measurement: {r['field']}")
+            seconds = self.seconds
+            for category in CATEGORIES:
+                if seconds[category] > 0.0005 * wall or category == PRODUCTIVE:
+                    lines.append(
+                        f"  {LABELS[category]:<24} {seconds[category]:8.2f} s  {100 * seconds[category] / wall:5.1f}%"
+                    )
+        if self.ledger is not None:
+            session_s = time.perf_counter() - self.ledger.since
+            idle = self.ledger.idle_now_s()
+            lines.append(
+                f"notebook: idle between cells with slices held {idle:.1f} s "
+                f"({100 * idle / session_s if session_s else 0:.1f}% of the session's {session_s:.0f} s; not in the figures above)"
+            )
+        return "\n".join(lines)
+
+
+def _figures(account: Account, with_field: bool) -> dict[str, Any]:
+    mfu = account.mfu()
+    figures = {
+        "name": account.name,
+        "wall_s": account.wall_s,
+        "seconds": account.snapshot(),
+        "summary": account.summary(),
+        "mfu": mfu,
+        "peak_how": peak_flops_per_chip(account._session)[1] if mfu is not None else "",
+    }
+    if with_field and account.ended:
+        try:
+            result = account.field()
+            figures["field"] = f"goodput {result['goodput']:.1f}%"
+        except Exception as error:  # noqa: BLE001  (the library's own figure is a cross-check, not ours)
+            figures["field"] = f"no figure ({type(error).__name__}: {error})"
+    return figures
+
+
+def goodput(run: str | None = None, field: bool = True) -> Report:
+    """Goodput of the run named ``run`` (the latest of that name), or of every
+    run of the session, with the notebook's idle time between cells.
+
+    ``field``: also compute the figure of ``ml-goodput-measurement`` for
+    finished runs.
+
+    Raises:
+      PathwaysError: no run of that name.
+    """
+    from pathways_kernel.core.errors import PathwaysError
+
+    book = ledger()
+    if run is not None:
+        account = book.find(run)
+        if account is None:
+            names = sorted({a.name for a in [*book.active, *book.runs]})
+            known = f"; runs: {', '.join(names)}" if names else "; no run yet"
+            raise PathwaysError(f"no run named '{run}' in this session{known}")
+        return Report([account], None, field)
+    with book._lock:
+        accounts = [*book.runs, *book.active]
+    return Report(accounts, book, field)
+
+
+# -- the field's library, fed from the same run ------------------------------
+class _MemoryLog:
+    """The ``cloud_logger`` seam of ml-goodput-measurement, kept in memory."""
+
+    def __init__(self, job_name: str):
+        self.job_name = job_name
+        self.entries: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    def write_cloud_logging_entry(self, entry: dict[str, Any]) -> None:
+        with self._lock:
+            self.entries.append(entry)
+
+    def flush(self) -> None:
+        pass
+
+    def read_cloud_logging_entries(self, start_time=None, end_time=None, last_entry_info=None):
+        with self._lock:
+            entries = list(self.entries)
+        if last_entry_info is not None:
+            return [], last_entry_info
+        last = (datetime.datetime.now(datetime.timezone.utc), str(len(entries)))
+        return entries, last
+
+
+class _FieldLog:
+    """One run recorded through ``ElasticGoodputRecorder`` into a ``_MemoryLog``."""
+
+    def __init__(self, name: str):
+        from ml_goodput_measurement.src.goodput_elastic import ElasticGoodputRecorder
+
+        self.job_name = f"{name}-{id(self):x}"
+        self.log = _MemoryLog(self.job_name)
+        self.recorder = ElasticGoodputRecorder(self.job_name, "pathways-kernel", logging_enabled=True, cloud_logger=self.log)
+
+    def job_start(self) -> None:
+        self.recorder.record_job_start_time()
+
+    def job_end(self) -> None:
+        self.recorder.record_job_end_time()
+
+    def step(self, step: int) -> None:
+        self.recorder.record_step_start_time(step)
+
+    def custom(self, category: str, start: bool) -> None:
+        if start:
+            self.recorder.record_custom_badput_event_start_time(custom_badput_event_type=category)
+        else:
+            self.recorder.record_custom_badput_event_end_time(custom_badput_event_type=category)
+
+    def elastic_wait(self, category: str, start: bool) -> None:
+        if start:
+            self.recorder.record_elastic_wait_start_time(category)
+        else:
+            self.recorder.record_elastic_wait_end_time(category)
+
+    def reinit(self, start: bool) -> None:
+        if start:
+            self.recorder.record_elastic_reinit_start_time()
+        else:
+            self.recorder.record_elastic_reinit_end_time()
+
+    def compute(self) -> dict[str, Any]:
+        """Goodput (percent) and badput breakdown (percent per ``BadputType`` name)."""
+        import logging
+
+        from ml_goodput_measurement.src.goodput_elastic import ElasticGoodputCalculator
+
+        cache = tempfile.mkdtemp(prefix="pathways-goodput-")
+        # The calculator logs a warning per category it cannot compute; those
+        # are its own business, not the notebook's.
+        quiet = logging.getLogger().level
+        logging.getLogger().setLevel(logging.ERROR)
+        try:
+            calculator = ElasticGoodputCalculator(
+                self.job_name, "pathways-kernel", cloud_logger=self.log, using_pathways=True, cache_dir=cache
+            )
+            value, breakdown, last_step = calculator.get_job_goodput(include_badput_breakdown=True)
+        finally:
+            logging.getLogger().setLevel(quiet)
+            shutil.rmtree(cache, ignore_errors=True)
+        flat: dict[str, float] = {}
+        for kind, v in breakdown.items():
+            if isinstance(v, dict):
+                flat.update({f"custom:{k}": x for k, x in v.items()})
+            else:
+                flat[kind.name] = v
+        return {"goodput": value, "badput": flat, "last_step": last_step}
+
+
+__all__ = ["Account", "BADPUT", "CATEGORIES", "PEAK_BF16_FLOPS", "Report", "begin", "flops", "goodput", "peak_flops_per_chip", "spent"]

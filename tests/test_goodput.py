@@ -1,0 +1,250 @@
+"""Goodput accounting on real JAX CPU slices (local:2x4): each badput category
+appears when its cause is provoked and not otherwise, and the categories plus
+productive time add up to the wall time measured around the run."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+# The field library is imported on a run's first use; do it now, outside the timed runs.
+import ml_goodput_measurement.src.goodput_elastic  # noqa: F401
+
+import pathways_kernel as pw
+from pathways_kernel.emulator import chaosmonkey, faults
+from pathways_kernel.training import goodput
+
+#: A category "appears" above this many seconds and is "absent" below ABSENT_S.
+APPEARS_S = 0.02
+ABSENT_S = 0.005
+STEP_S = 0.01
+
+
+@pytest.fixture(autouse=True)
+def all_slices_up(local_session):
+    chaosmonkey.chaos_off()
+    yield local_session
+    chaosmonkey.chaos_off()
+
+
+def present(seconds: dict[str, float]) -> set[str]:
+    return {k for k in goodput.BADPUT if seconds[k] > APPEARS_S}
+
+
+def absent_but(seconds: dict[str, float], *allowed: str) -> None:
+    """Every badput category but ``allowed`` (and loop overhead) is all but zero."""
+    for category in goodput.BADPUT:
+        if category not in allowed and category != goodput.OTHER:
+            assert seconds[category] < ABSENT_S, (category, seconds)
+
+
+def adds_up(report: goodput.Report, wall: float) -> None:
+    total = sum(report.seconds.values())
+    assert abs(total - wall) <= 0.01 * wall, (total, wall, report.seconds)
+
+
+@jax.jit
+def matmul(w, x):
+    return jnp.tanh(x @ w)
+
+
+W = None
+
+
+@pytest.fixture(autouse=True)
+def warm(all_slices_up):
+    """Weights on the session's devices and ``matmul`` compiled for them, before any timed loop."""
+    global W
+    W = jnp.ones((64, 64))
+    matmul(W, jnp.ones((8, 64))).block_until_ready()
+
+
+def timed(fn):
+    """Wall time of ``fn()``; what it returns is freed after the clock stops (freeing is not the run's)."""
+    start = time.perf_counter()
+    result = fn()
+    elapsed = time.perf_counter() - start
+    del result
+    return elapsed
+
+
+def test_a_loop_with_nothing_wrong_is_productive_and_adds_up_to_its_wall_time():
+    xs = [jnp.ones((8, 64))] * 30
+
+    def loop():
+        for x in pw.steps(xs, name="clean"):
+            matmul(W, x).block_until_ready()
+            time.sleep(STEP_S)
+
+    wall = timed(loop)
+    report = pw.goodput("clean")
+    adds_up(report, wall)
+    absent_but(report.seconds)
+    assert report.goodput > 0.95
+    assert report.runs[0]["seconds"]["productive"] > 30 * STEP_S
+    event = pw.events(kind="goodput")[-1]
+    assert event.step == 30 and "clean" in event.detail and "goodput" in event.detail
+
+
+def test_a_recompile_counts_as_compile_and_a_slow_iterator_as_data_wait():
+    @jax.jit
+    def fresh(w, x):  # never compiled before this test
+        return jnp.sin(x @ w) * 2
+
+    def slow_batches():
+        for i in range(20):
+            time.sleep(0.03)
+            # step 10 changes the batch shape: a recompile
+            yield jnp.ones((8 if i < 10 else 16, 64))
+
+    def loop():
+        for x in pw.steps(slow_batches(), name="compiles"):
+            fresh(W, x).block_until_ready()
+            time.sleep(STEP_S)
+
+    wall = timed(loop)
+    report = pw.goodput("compiles")
+    adds_up(report, wall)
+    assert present(report.seconds) >= {"compile", "data_wait"}
+    assert report.seconds["data_wait"] >= 0.9 * 20 * 0.03
+    absent_but(report.seconds, "compile", "data_wait")
+
+
+def test_a_slow_loader_is_data_wait_of_its_own_loop():
+    def slow_samples(step, shard, num_shards):
+        time.sleep(0.05)
+        return np.full((16 // num_shards, 4), step, np.float32)
+
+    with pw.loader(slow_samples, spec=P("data"), prefetch=0, name="slow") as batches:
+        start = time.perf_counter()  # the loop's clock starts at its first batch
+        for _, batch in zip(range(8), batches):
+            time.sleep(STEP_S)
+    wall = time.perf_counter() - start
+    report = pw.goodput("loader slow")
+    assert report.accounts[0].kind == "loader" and report.accounts[0].ended
+    adds_up(report, wall)
+    assert report.seconds["data_wait"] >= 0.9 * 8 * 0.05
+    absent_but(report.seconds, "data_wait", "compile")
+
+
+def state_on(mesh, mib: float = 0.1):
+    n = int(mib * (1 << 20)) // 4 // 64 // 8 * 8
+    return {"w": jax.device_put(np.ones((n, 64), np.float32), NamedSharding(mesh, P("data")))}
+
+
+@jax.jit
+def nudge(state):
+    return jax.tree.map(lambda p: p * 0.999, state)
+
+
+def slow_nudge(state, step, mesh):
+    time.sleep(STEP_S)
+    return nudge(state)
+
+
+def test_an_elastic_run_without_faults_has_no_loss_categories():
+    train = pw.elastic(slow_nudge, snapshot_every=10, name="calm")
+    state = state_on(pw.session().mesh())
+    nudge(state)
+    wall = timed(lambda: train(state, steps=40))
+    report = pw.goodput("calm")
+    adds_up(report, wall)
+    absent_but(report.seconds, "snapshot_stall", "compile")
+    assert report.accounts[0].steps == 40
+
+
+def test_a_snapshot_slower_than_a_step_stalls_the_loop():
+    # 64 MiB copied to host after every step, against a step of a few ms.
+    train = pw.elastic(lambda st, step, mesh: nudge(st), snapshot_every=1, name="stalls")
+    state = state_on(pw.session().mesh(), mib=64)
+    jax.block_until_ready(nudge(state))
+    wall = timed(lambda: train(state, steps=6))
+    report = pw.goodput("stalls")
+    adds_up(report, wall)
+    assert "snapshot_stall" in present(report.seconds)
+    absent_but(report.seconds, "snapshot_stall", "compile")
+
+
+def test_a_lost_slice_is_recovery_and_redone_steps_then_the_run_goes_on():
+    failed = []
+
+    def step_fn(st, step, mesh):
+        if step == 15 and not failed:
+            failed.append(step)
+            faults.fail_slice(1)
+        time.sleep(STEP_S)
+        return nudge(st)
+
+    train = pw.elastic(step_fn, snapshot_every=10, name="loses")
+    state = state_on(pw.session().mesh())
+    wall = timed(lambda: train(state, steps=30))
+    report = pw.goodput("loses")
+    account = report.accounts[0]
+    adds_up(report, wall)
+    assert present(report.seconds) >= {"recovery", "redone"}
+    # Steps 10..15 ran twice: the snapshot was of step 10, the loss was seen after step 15.
+    assert account.steps == 30 and account.recoveries == 1
+    assert account.steps_redone == train.last_run.steps_lost == 6
+    assert report.seconds["redone"] >= 6 * STEP_S
+    absent_but(report.seconds, "recovery", "redone", "compile", "snapshot_stall")
+
+
+def test_no_slice_up_is_slice_wait_until_one_comes_back():
+    down = []
+
+    def step_fn(st, step, mesh):
+        if step == 5 and not down:
+            down.append(step)
+            faults.fail_slice(1)
+            faults.fail_slice(0)
+            threading.Timer(0.5, faults.restore_slice, (0,)).start()
+        return nudge(st)
+
+    train = pw.elastic(step_fn, snapshot_every=5, name="waits")
+    state = state_on(pw.session().mesh())
+    wall = timed(lambda: train(state, steps=10))
+    report = pw.goodput("waits")
+    adds_up(report, wall)
+    assert 0.4 <= report.seconds["slice_wait"] <= 0.5 + 0.3, report.seconds
+    assert report.seconds["recovery"] > 0 and report.accounts[0].recoveries == 1
+
+
+def test_mfu_on_the_embedded_backend_is_a_fraction_of_the_measured_peak():
+    x = jnp.ones((8, 64))
+    for i, batch in enumerate(pw.steps([x] * 20, name="mfu")):
+        if i == 0:
+            per_step = pw.flops(matmul, W, batch)
+        matmul(W, batch).block_until_ready()
+    report = pw.goodput("mfu")
+    assert per_step == pytest.approx(2 * 8 * 64 * 64, rel=0.1)
+    assert 0 < report.mfu <= 1
+    assert "measured" in report.to_text()
+
+
+def test_the_field_library_agrees_on_a_loop_it_can_model():
+    def batches():
+        for i in range(30):
+            if i % 5 == 0:
+                time.sleep(0.02)
+            yield jnp.ones((8, 64))
+
+    for x in pw.steps(batches(), name="agree"):
+        matmul(W, x).block_until_ready()
+        time.sleep(STEP_S)
+    account = pw.goodput("agree").accounts[0]
+    field = account.field()
+    assert field["goodput"] == pytest.approx(100 * account.goodput, abs=3)
+    # It sees the same waits (those between two step starts; the first, before step 0, is its OTHER).
+    assert 0 < field["badput"]["custom:DATA_WAIT"] <= 100 * account.seconds["data_wait"] / account.wall_s + 1
+
+
+def test_an_unknown_run_is_one_line():
+    with pytest.raises(pw.PathwaysError, match="no run named 'nope'"):
+        pw.goodput("nope")
