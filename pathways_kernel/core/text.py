@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 #: Plurals that are not the singular plus "s".
-_IRREGULAR = {"recovery": "recoveries", "copy": "copies", "batch": "batches", "is": "are", "was": "were", "has": "have"}
+_IRREGULAR = {"recovery": "recoveries"}
 
 
 def plural(word: str, n: int) -> str:
