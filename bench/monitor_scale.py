@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 import types
+from pathlib import Path
 
 import numpy as np
 
@@ -23,6 +25,9 @@ from pathways_kernel.backends.base import Placement
 from pathways_kernel.monitoring import comm
 from pathways_kernel.monitoring import protocol
 from pathways_kernel.core.slices import Topology
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+import monitor_frontend  # noqa: E402  (the panel's decoding, in Python)
 
 
 def main() -> None:
@@ -54,7 +59,7 @@ def main() -> None:
         data, buffers = protocol.encode_metrics(comm.metrics_message(metrics))
         costs.append(time.perf_counter() - started)
         sizes.append(sum(len(b) for b in buffers))
-    protocol.decode_metrics(data, buffers)  # what the frontend gets is valid v1
+    monitor_frontend.decode_metrics(data, buffers)  # what the frontend gets is valid v1
 
     per_update = statistics.median(costs)
     print(f"chips                          {n} ({args.slices} slices x {args.chips})")

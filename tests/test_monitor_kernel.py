@@ -7,10 +7,12 @@ kernel's answers on IOPub, while a cell keeps the main shell busy.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any
 
+import monitor_frontend
 import pytest
 
 from pathways_kernel.monitoring import protocol as p
@@ -25,6 +27,7 @@ class Frontend:
         self.kc = kernel.kc
         self.subshell = self._create_subshell()
         self.inbox: list[dict[str, Any]] = []  # comm messages seen on IOPub, in order
+        self.statuses: list[dict[str, Any]] = []  # status messages seen on IOPub, in order
 
     def _create_subshell(self) -> str:
         msg = self.kc.session.msg("create_subshell_request", {})
@@ -37,13 +40,15 @@ class Frontend:
                 return reply["content"]["subshell_id"]
         raise AssertionError("no create_subshell_reply")
 
-    def _send(self, msg_type: str, content: dict[str, Any], buffers: list[bytes] | None = None,
-              main_shell: bool = False) -> None:
+    def _send(
+        self, msg_type: str, content: dict[str, Any], buffers: list[bytes] | None = None, main_shell: bool = False
+    ) -> None:
         msg = self.kc.session.msg(msg_type, content)
         if not main_shell:
             msg["header"]["subshell_id"] = self.subshell
         self.kc.shell_channel.send(msg) if not buffers else self.kc.session.send(
-            self.kc.shell_channel.socket, msg, buffers=buffers)
+            self.kc.shell_channel.socket, msg, buffers=buffers
+        )
 
     def open(self, main_shell: bool = False) -> str:
         comm_id = uuid.uuid4().hex
@@ -62,6 +67,8 @@ class Frontend:
         msg = self.kernel.iopub(timeout)
         if msg is not None and msg["header"]["msg_type"] in ("comm_msg", "comm_close", "comm_open"):
             self.inbox.append(msg)
+        elif msg is not None and msg["header"]["msg_type"] == "status":
+            self.statuses.append(msg)
 
     def wait_for(self, predicate, timeout: float, since: int = 0) -> dict[str, Any] | None:
         """The first comm message (from position ``since`` on) that satisfies ``predicate``."""
@@ -78,15 +85,19 @@ class Frontend:
             self.pump(min(remaining, 0.05))
 
     def reply_to(self, comm_id: str, request_id: str | None, timeout: float, since: int = 0) -> dict[str, Any] | None:
-        msg = self.wait_for(lambda m: _is(m, comm_id, "reply") and m["content"]["data"]["request_id"] == request_id,
-                            timeout, since)
+        msg = self.wait_for(
+            lambda m: _is(m, comm_id, "reply") and m["content"]["data"]["request_id"] == request_id, timeout, since
+        )
         return None if msg is None else msg["content"]["data"]
 
 
 def _is(msg: dict[str, Any], comm_id: str, kind: str) -> bool:
     content = msg["content"]
-    return (msg["header"]["msg_type"] == "comm_msg" and content.get("comm_id") == comm_id
-            and content.get("data", {}).get("type") == kind)
+    return (
+        msg["header"]["msg_type"] == "comm_msg"
+        and content.get("comm_id") == comm_id
+        and content.get("data", {}).get("type") == kind
+    )
 
 
 def _closed(msg: dict[str, Any], comm_id: str) -> bool:
@@ -103,12 +114,12 @@ def test_topology_then_metrics_on_open(frontend):
     comm = frontend.open()
     msg = frontend.wait_for(lambda m: _is(m, comm, "topology"), timeout=30)
     assert msg is not None, "no topology after comm_open"
-    topology = p.decode_topology(msg["content"]["data"], msg["buffers"])
+    topology = monitor_frontend.decode_topology(msg["content"]["data"], msg["buffers"])
     assert [s.chip_count for s in topology.slices] == [4, 4]
     assert topology.chips == 8 and topology.backend == "local:2x4" and topology.supports_fault_injection
     msg = frontend.wait_for(lambda m: _is(m, comm, "metrics"), timeout=10)
     assert msg is not None, "no metrics after the topology"
-    metrics = p.decode_metrics(msg["content"]["data"], msg["buffers"])
+    metrics = monitor_frontend.decode_metrics(msg["content"]["data"], msg["buffers"])
     assert metrics.chips == 8 and metrics.topology_seq == topology.topology_seq and metrics.source == "client"
 
 
@@ -117,8 +128,11 @@ def test_metrics_and_replies_flow_while_a_cell_sleeps(frontend):
     assert frontend.wait_for(lambda m: _is(m, comm, "metrics"), timeout=30) is not None
     frontend.kc.execute("import time; time.sleep(5)")
     busy = frontend.kernel.iopub(10)
-    while busy is not None and not (busy["header"]["msg_type"] == "status" and busy["content"]["execution_state"] == "busy"
-                                    and busy["parent_header"].get("msg_type") == "execute_request"):
+    while busy is not None and not (
+        busy["header"]["msg_type"] == "status"
+        and busy["content"]["execution_state"] == "busy"
+        and busy["parent_header"].get("msg_type") == "execute_request"
+    ):
         if busy["header"]["msg_type"].startswith("comm"):
             frontend.inbox.append(busy)
         busy = frontend.kernel.iopub(10)
@@ -186,17 +200,31 @@ def test_fail_and_restore_slice_from_the_panel(frontend, kernel):
     mark = len(frontend.inbox)
     request_id = frontend.request(comm, "fail_slice", slice=1)
     reply = frontend.reply_to(comm, request_id, timeout=30, since=mark)
-    assert reply == {"v": 1, "type": "reply", "request_id": request_id, "ok": True, "error": None,
-                     "result": {"slice": 1, "changed": True}}
-    down = frontend.wait_for(lambda m: _is(m, comm, "topology")
-                             and m["content"]["data"]["slices"][1]["state"] == "down", timeout=5, since=mark)
+    assert reply == {
+        "v": 1,
+        "type": "reply",
+        "request_id": request_id,
+        "ok": True,
+        "error": None,
+        "result": {"slice": 1, "changed": True},
+    }
+    down = frontend.wait_for(
+        lambda m: _is(m, comm, "topology") and m["content"]["data"]["slices"][1]["state"] == "down",
+        timeout=5,
+        since=mark,
+    )
     assert down is not None, "no topology with slice 1 down"
-    event = frontend.wait_for(lambda m: _is(m, comm, "event")
-                              and m["content"]["data"]["event"]["kind"] == "slice_down", timeout=5, since=mark)
+    event = frontend.wait_for(
+        lambda m: _is(m, comm, "event") and m["content"]["data"]["event"]["kind"] == "slice_down", timeout=5, since=mark
+    )
     assert event is not None and event["content"]["data"]["event"]["slices_after"] == [0]
-    metrics = frontend.wait_for(lambda m: _is(m, comm, "metrics")
-                                and m["content"]["data"]["topology_seq"] == down["content"]["data"]["topology_seq"],
-                                timeout=5, since=mark)
+    metrics = frontend.wait_for(
+        lambda m: (
+            _is(m, comm, "metrics") and m["content"]["data"]["topology_seq"] == down["content"]["data"]["topology_seq"]
+        ),
+        timeout=5,
+        since=mark,
+    )
     assert metrics is not None and metrics["content"]["data"]["slices"][1]["state"] == "down"
 
     mark = len(frontend.inbox)
@@ -216,7 +244,9 @@ def test_twenty_reloads_keep_live_comms_bounded(frontend, kernel):
     mark = len(frontend.inbox)
     request_id = frontend.request(last, "ping")
     assert frontend.reply_to(last, request_id, timeout=10, since=mark)["ok"] is True
-    reply = kernel.run("from pathways_kernel.monitoring import comm as _mc; print(len(_mc.server().connections), _mc.MAX_COMMS)")
+    reply = kernel.run(
+        "from pathways_kernel.monitoring import comm as _mc; print(len(_mc.server().connections), _mc.MAX_COMMS)"
+    )
     live, cap = map(int, reply.text.split())
     assert live <= cap, f"{live} live monitor comms after 20 opens (cap {cap})"
 
@@ -235,8 +265,11 @@ def test_notebook_dashboard_updates_while_a_later_cell_runs(kernel):
             continue
         if msg["header"]["msg_type"] == "comm_msg" and msg["content"]["data"].get("method") == "update":
             updates += 1
-        if msg["header"]["msg_type"] == "status" and msg["content"]["execution_state"] == "idle" \
-                and msg["parent_header"].get("msg_type") == "execute_request":
+        if (
+            msg["header"]["msg_type"] == "status"
+            and msg["content"]["execution_state"] == "idle"
+            and msg["parent_header"].get("msg_type") == "execute_request"
+        ):
             break
     # Idle chips leave the bars alone; the header's clock still ticks every second.
     assert updates >= 1, "the dashboard did not move while the cell ran"
@@ -258,7 +291,10 @@ def test_notebook_dashboard_updates_while_a_later_cell_runs(kernel):
 
 def test_a_long_cell_does_not_make_a_main_shell_comm_stale(frontend, kernel):
     # A frontend without subshells cannot ping while a cell runs; its comm must survive the cell.
-    assert kernel.run("from pathways_kernel.monitoring import comm as _mc; _mc.server().stale_after_s = 1.5").status == "ok"
+    assert (
+        kernel.run("from pathways_kernel.monitoring import comm as _mc; _mc.server().stale_after_s = 1.5").status
+        == "ok"
+    )
     try:
         comm = frontend.open(main_shell=True)
         assert frontend.wait_for(lambda m: _is(m, comm, "topology"), timeout=30) is not None
@@ -281,9 +317,143 @@ def test_comm_follows_a_backend_switch(frontend, kernel):
     mark = len(frontend.inbox)
     # Not kernel.run: it would swallow the comm's messages while it waits for the cell.
     kernel.kc.execute("pw.connect('local:4x2', force=True)")
-    msg = frontend.wait_for(lambda m: _is(m, comm, "topology") and m["content"]["data"]["backend"] == "local:4x2",
-                            timeout=15, since=mark)
+    msg = frontend.wait_for(
+        lambda m: _is(m, comm, "topology") and m["content"]["data"]["backend"] == "local:4x2", timeout=15, since=mark
+    )
     assert msg is not None, "no topology for the new backend"
-    assert [s.chip_count for s in p.decode_topology(msg["content"]["data"], msg["buffers"]).slices] == [2, 2, 2, 2]
-    assert frontend.wait_for(lambda m: _is(m, comm, "metrics") and len(m["content"]["data"]["slices"]) == 4,
-                             timeout=15, since=mark) is not None
+    assert [s.chip_count for s in monitor_frontend.decode_topology(msg["content"]["data"], msg["buffers"]).slices] == [
+        2,
+        2,
+        2,
+        2,
+    ]
+    assert (
+        frontend.wait_for(
+            lambda m: _is(m, comm, "metrics") and len(m["content"]["data"]["slices"]) == 4, timeout=15, since=mark
+        )
+        is not None
+    )
+
+
+# -- the protocol keeps its promises -------------------------------------------------
+
+
+def _replies(frontend: Frontend, comm_id: str, since: int) -> list[dict[str, Any]]:
+    return [m["content"]["data"] for m in frontend.inbox[since:] if _is(m, comm_id, "reply")]
+
+
+def test_a_10_mb_bad_field_gets_a_short_error_reply(frontend):
+    comm = frontend.open()
+    assert frontend.wait_for(lambda m: _is(m, comm, "topology"), timeout=30) is not None
+    for bad in (
+        {"type": "x" * 10_000_000},
+        {"type": "ping", "x" * 10_000_000: 1},
+        {"type": "subscribe", "rate": "9" * 10_000_000},
+    ):
+        mark = len(frontend.inbox)
+        frontend.send(comm, {"v": 1, "request_id": "big", **bad})
+        msg = frontend.wait_for(
+            lambda m: _is(m, comm, "reply") and m["content"]["data"]["request_id"] == "big", timeout=60, since=mark
+        )
+        assert msg is not None, "no reply to a 10 MB request"
+        reply = msg["content"]["data"]
+        assert reply["ok"] is False and "..." in reply["error"], reply["error"][:200]
+        size = len(json.dumps(msg["content"]))
+        assert size < 2_000, f"a {size:,}-byte error reply to a 10 MB field"
+
+
+def test_5000_requests_get_exactly_5000_replies(frontend):
+    comm = frontend.open()
+    assert frontend.wait_for(lambda m: _is(m, comm, "topology"), timeout=30) is not None
+    mark = len(frontend.inbox)
+    ids = [f"flood-{i}" for i in range(5000)]
+    for i, request_id in enumerate(ids):
+        # Every third one valid (ping), the rest large unknown types: the kernel must answer all of them.
+        kind = "ping" if i % 3 == 0 else f"unknown-{i}-" + "y" * 2_000
+        frontend.send(comm, {"v": 1, "type": kind, "request_id": request_id})
+    deadline = time.time() + 180
+    while len(_replies(frontend, comm, mark)) < len(ids) and time.time() < deadline:
+        frontend.pump(0.5)
+    replies = _replies(frontend, comm, mark)
+    assert sorted(r["request_id"] for r in replies) == sorted(ids), f"{len(replies)} replies to {len(ids)} requests"
+    assert sum(r["ok"] for r in replies) == len(range(0, 5000, 3))
+    # And the comm still streams.
+    assert frontend.wait_for(lambda m: _is(m, comm, "metrics"), timeout=10, since=mark) is not None
+
+
+def test_monitor_requests_never_show_the_kernel_idle_while_a_cell_runs(frontend, kernel):
+    """JupyterLab takes every IOPub status as the kernel's: monitor traffic on a subshell publishes none."""
+    _never_idle_during_a_cell(frontend)
+
+
+def test_a_stock_kernel_with_the_extension_keeps_its_status_too():
+    from kernels import Kernel
+
+    k = Kernel("python3")
+    try:
+        assert k.run("%load_ext pathways_kernel").status == "ok"
+        _never_idle_during_a_cell(Frontend(k))
+    finally:
+        k.shutdown()
+
+
+def _never_idle_during_a_cell(frontend: Frontend) -> None:
+    comm = frontend.open()
+    assert frontend.wait_for(lambda m: _is(m, comm, "topology"), timeout=60) is not None
+    frontend.kc.execute("import time; time.sleep(4)")
+    started = time.time()
+    frontend.wait_for(lambda m: False, timeout=0.5)
+    mark, statuses = len(frontend.inbox), len(frontend.statuses)
+    asked = [
+        frontend.request(comm, "ping"),
+        frontend.request(comm, "subscribe", rate=2),
+        frontend.request(comm, "fail_slice", slice=1),
+        frontend.request(comm, "restore_slice", slice=1),
+        frontend.request(comm, "snapshot"),
+    ]
+    for request_id in asked:
+        assert frontend.reply_to(comm, request_id, timeout=3, since=mark) is not None, "not answered during the cell"
+    assert time.time() - started < 4, "the replies waited for the cell"
+    frontend.wait_for(
+        lambda m: any(
+            s["content"]["execution_state"] == "idle" and s["parent_header"].get("msg_type") == "execute_request"
+            for s in frontend.statuses[statuses:]
+        ),
+        timeout=15,
+    )
+    during = frontend.statuses[statuses:]
+    cell_over = next(
+        i
+        for i, s in enumerate(during)
+        if s["content"]["execution_state"] == "idle" and s["parent_header"].get("msg_type") == "execute_request"
+    )
+    shown = [(s["content"]["execution_state"], s["parent_header"].get("msg_type")) for s in during[:cell_over]]
+    assert ("idle", "comm_msg") not in shown and all(state == "busy" for state, _ in shown), shown
+
+
+def test_a_kernel_without_a_backend_says_why_and_follows_a_connect():
+    import os
+
+    from kernels import Kernel
+
+    k = Kernel("pathways", env={**os.environ, "PATHWAYS_BACKEND": "proxy:grpc://127.0.0.1:1"})
+    try:
+        frontend = Frontend(k)
+        comm = frontend.open()
+        msg = frontend.wait_for(lambda m: _is(m, comm, "no_backend") or _closed(m, comm), timeout=120)
+        assert msg is not None and _is(msg, comm, "no_backend"), msg
+        error = msg["content"]["data"]["error"]
+        assert "127.0.0.1:1" in error and "\n" not in error, error
+        # Still answered: a ping keeps the comm, an action says why it cannot work.
+        mark = len(frontend.inbox)
+        assert frontend.reply_to(comm, frontend.request(comm, "ping"), timeout=10, since=mark)["ok"] is True
+        reply = frontend.reply_to(comm, frontend.request(comm, "fail_slice", slice=0), timeout=10, since=mark)
+        assert reply["ok"] is False and "fail_slice: no backend: ConnectError: cannot connect" in reply["error"], reply
+        assert "%pathways connect local:2x4" in reply["error"]
+        # Once a backend connects, the same comm shows it.
+        k.kc.execute("%pathways connect local:2x4")
+        topology = frontend.wait_for(lambda m: _is(m, comm, "topology"), timeout=60, since=mark)
+        assert topology is not None and topology["content"]["data"]["backend"] == "local:2x4"
+        assert not any(_closed(m, comm) for m in frontend.inbox)
+    finally:
+        k.shutdown()

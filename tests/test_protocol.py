@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 
+import monitor_frontend
 import numpy as np
 import pytest
 
 from pathways_kernel.core.eventlog import Event
 from pathways_kernel.monitoring import protocol as p
+from pathways_kernel.monitoring.telemetry import SliceMetrics
 
 
 def _topology(n_slices: int = 2, chips: int = 4) -> p.TopologyMessage:
@@ -19,7 +21,9 @@ def _topology(n_slices: int = 2, chips: int = 4) -> p.TopologyMessage:
         target="embedded",
         platform="cpu",
         supports_fault_injection=True,
-        slices=tuple(p.SliceInfo(i, "down" if i == 1 else "up", "cpu", (2, 2, 1), i * chips, chips) for i in range(n_slices)),
+        slices=tuple(
+            p.SliceInfo(i, "down" if i == 1 else "up", "cpu", (2, 2, 1), i * chips, chips) for i in range(n_slices)
+        ),
         chip_id=np.arange(n, dtype=np.int32)[::-1].copy(),
         chip_slice=np.repeat(np.arange(n_slices, dtype=np.uint16), chips),
         chip_coords=np.array([[c % 2, c // 2, 0] for _ in range(n_slices) for c in range(chips)], np.uint16),
@@ -36,7 +40,7 @@ def _metrics(n: int = 8) -> p.MetricsMessage:
         source="client",
         window_s=2.0,
         memory_unit=unit,
-        slices=(p.SliceMetrics(0, "up", 0.5, int(memory[:4].sum()), None), p.SliceMetrics(1, "down", 0.0, 0, 2**34)),
+        slices=(SliceMetrics(0, "up", 0.5, int(memory[:4].sum()), None), SliceMetrics(1, "down", 0.0, 0, 2**34)),
         utilization=0.5,
         memory_bytes=int(memory.sum()),
         chip_utilization=p.quantize_utilization(np.linspace(0, 1, n)),
@@ -49,20 +53,25 @@ def test_topology_round_trip_in_chip_order():
     data, buffers = p.encode_topology(t)
     assert data["v"] == 1 and data["type"] == "topology" and data["chips"] == 8
     assert [len(b) for b in buffers] == [8 * 4, 8 * 2, 8 * 3 * 2]
-    back = p.decode_topology(data, buffers)
+    back = monitor_frontend.decode_topology(data, buffers)
     assert back.slices == t.slices
     np.testing.assert_array_equal(back.chip_id, t.chip_id)
     np.testing.assert_array_equal(back.chip_slice, t.chip_slice)
     np.testing.assert_array_equal(back.chip_coords, t.chip_coords)
     assert (back.topology_seq, back.backend, back.target, back.platform, back.supports_fault_injection) == (
-        3, "local:2x4", "embedded", "cpu", True)
+        3,
+        "local:2x4",
+        "embedded",
+        "cpu",
+        True,
+    )
 
 
 def test_metrics_round_trip_is_two_bytes_per_chip():
     m = _metrics()
     data, buffers = p.encode_metrics(m)
     assert sum(len(b) for b in buffers) == 2 * m.chips
-    back = p.decode_metrics(data, buffers)
+    back = monitor_frontend.decode_metrics(data, buffers)
     assert back.slices == m.slices and back.seq == 7 and back.memory_unit == m.memory_unit
     np.testing.assert_array_equal(back.chip_utilization, m.chip_utilization)
     np.testing.assert_array_equal(back.chip_memory, m.chip_memory)
@@ -98,9 +107,16 @@ def test_event_and_reply():
     e = Event(4, 12.5, "reshard", (0, 1), (0,), 1024, 0.25, 10, "2 -> 1 slices")
     data, buffers = p.encode_event(e)
     assert buffers == []
-    assert p.decode_event(data) == {
-        "seq": 4, "time": 12.5, "kind": "reshard", "slices_before": [0, 1], "slices_after": [0],
-        "bytes": 1024, "duration_s": 0.25, "step": 10, "detail": "2 -> 1 slices",
+    assert monitor_frontend.decode_event(data) == {
+        "seq": 4,
+        "time": 12.5,
+        "kind": "reshard",
+        "slices_before": [0, 1],
+        "slices_after": [0],
+        "bytes": 1024,
+        "duration_s": 0.25,
+        "step": 10,
+        "detail": "2 -> 1 slices",
     }
     ok, _ = p.encode_reply("r1", True, result={"rate": 2.0})
     assert ok == {"v": 1, "type": "reply", "request_id": "r1", "ok": True, "error": None, "result": {"rate": 2.0}}
@@ -120,7 +136,7 @@ def test_event_and_reply():
     ],
 )
 def test_request_round_trip(request_):
-    assert p.decode_request(p.encode_request(request_)) == request_
+    assert p.decode_request(monitor_frontend.encode_request(request_)) == request_
 
 
 def _req(**fields):
@@ -188,7 +204,7 @@ def test_malformed_requests_are_rejected(data, buffers, echoed, message):
 def test_malformed_metrics_are_rejected(mutate, message):
     data, buffers = mutate(*p.encode_metrics(_metrics()))
     with pytest.raises(p.ProtocolError, match=message):
-        p.decode_metrics(data, buffers)
+        monitor_frontend.decode_metrics(data, buffers)
 
 
 @pytest.mark.parametrize(
@@ -206,18 +222,75 @@ def test_malformed_topologies_are_rejected(mutate, message):
     data, buffers = p.encode_topology(_topology())
     mutate(data)
     with pytest.raises(p.ProtocolError, match=message):
-        p.decode_topology(data, buffers)
+        monitor_frontend.decode_topology(data, buffers)
 
 
 def test_topology_with_wrong_buffers_is_rejected():
     data, buffers = p.encode_topology(_topology())
     with pytest.raises(p.ProtocolError, match="chip_coords"):
-        p.decode_topology(data, [buffers[0], buffers[1], buffers[2][:-2]])
+        monitor_frontend.decode_topology(data, [buffers[0], buffers[1], buffers[2][:-2]])
     with pytest.raises(p.ProtocolError, match="3 binary buffers"):
-        p.decode_topology(data, buffers[:2])
+        monitor_frontend.decode_topology(data, buffers[:2])
 
 
 def test_close_reasons():
     assert p.close_data("evicted") == {"v": 1, "type": "closed", "reason": "evicted"}
     with pytest.raises(ValueError):
         p.close_data("bored")
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"v": 1, "type": "x" * 10_000_000, "request_id": "r"},
+        {"v": "1" * 10_000_000, "type": "ping", "request_id": "r"},
+        {"v": 1, "type": "ping", "request_id": "r", "y" * 10_000_000: 1},
+        {"v": 1, "type": "ping", "request_id": "r", **{f"field{i}": i for i in range(100_000)}},
+        {"v": 1, "type": "subscribe", "request_id": "r", "rate": "9" * 10_000_000},
+        {"v": 1, "type": "subscribe", "request_id": "r", "rate": ["9"] * 1_000_000},
+        {"v": 1, "type": [1] * 1_000_000, "request_id": "r"},
+    ],
+)
+def test_an_error_quotes_only_a_short_prefix_of_bad_input(data):
+    with pytest.raises(p.ProtocolError) as info:
+        p.decode_request(data)
+    data, _ = p.encode_reply(info.value.request_id, False, str(info.value))
+    assert data["request_id"] == "r"
+    assert len(str(data)) < 400, str(data)[:400]
+
+
+def test_quote_marks_the_cut():
+    assert p.quote("abc") == "'abc'"
+    assert p.quote("x" * 100) == "'" + "x" * (p.MAX_QUOTE - 4) + "..."
+    assert len(p.quote("x" * 100)) == p.MAX_QUOTE
+    assert p.quote({"a": 1}) == "a JSON object of 1 items"
+
+
+def test_the_contract_states_the_limits_the_code_enforces():
+    """docs/protocol.md, protocol.py and (via crosslang.test.ts) protocol.ts say the same thing."""
+    from pathlib import Path
+
+    from pathways_kernel.monitoring import comm
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "protocol.md").read_text()
+    assert f"comm target `{p.TARGET}`" in doc and f"protocol version, always `{p.VERSION}`" in doc
+    for kind in p.KERNEL_TYPES:
+        assert f"### `{kind}`" in doc, kind
+    for kind, fields in p.REQUEST_FIELDS.items():
+        row = next((line for line in doc.splitlines() if line.startswith(f"| `{kind}`")), None)
+        assert row is not None, f"request {kind} missing from the requests table"
+        assert all(f"`{field}`" in row for field in fields), row
+    assert f"`0 <= rate <= {p.MAX_RATE_HZ:g}` (Hz)" in doc
+    assert f"longer than {p.MAX_REQUEST_ID} characters" in doc
+    assert f"at most {p.MAX_QUOTE} characters of a bad value" in doc
+    assert f"every {p.PING_INTERVAL_S} s" in doc and f"(default {p.STALE_AFTER_S})" in doc
+    assert f"(default {comm.MAX_COMMS})" in doc and comm.STALE_AFTER_S == p.STALE_AFTER_S
+    assert " | ".join(f'"{r}"' for r in p.CLOSE_REASONS) in doc
+    assert f"when {comm.MAX_PENDING_REPLIES} replies wait" in doc and f"beyond {comm.MAX_QUEUED_EVENTS}" in doc
+    assert f"the last {comm.REPLAY_EVENTS} events" in doc
+    for table_row in (
+        "| `topology_seq`              | integer >= 1",
+        "| `topology_seq`          | integer >= 1",
+        '| `event.detail`      | string            | free text, may be `""`; always present',
+    ):
+        assert table_row in doc, table_row

@@ -11,7 +11,7 @@ import pytest
 
 import pathways_kernel as pw
 from pathways_kernel.monitoring import telemetry
-from pathways_kernel.monitoring import protocol
+import monitor_frontend
 from pathways_kernel.monitoring.comm import Connection, MonitorServer
 from pathways_kernel.core.sessions import session as current_session
 
@@ -200,9 +200,9 @@ def test_connection_streams_the_protocol_and_closes_when_stale(session):
     conn = Connection(comm, server)
     conn.start(contextvars.copy_context())
     data, buffers = comm.wait(lambda d, b: d.get("type") == "topology")
-    topology = protocol.decode_topology(data, buffers)
+    topology = monitor_frontend.decode_topology(data, buffers)
     data, buffers = comm.wait(lambda d, b: d.get("type") == "metrics")
-    metrics = protocol.decode_metrics(data, buffers)
+    metrics = monitor_frontend.decode_metrics(data, buffers)
     assert metrics.chips == topology.chips == 8 and metrics.topology_seq == topology.topology_seq
     # Never heard from (no ping): closed as stale, with the reason.
     data, _ = comm.wait(lambda d, b: d.get("type") == "closed")

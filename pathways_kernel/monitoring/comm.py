@@ -17,6 +17,20 @@ Page reloads never close kernel comms, so connections are collected: one not
 heard from (any request, ``ping`` included) for ``STALE_AFTER_S`` is closed,
 and at most ``MAX_COMMS`` live at once (opening one more closes the one heard
 from least recently).
+
+What waits to be sent is bounded by what may be dropped: only the newest
+metrics frame and the newest topology wait; events beyond ``MAX_QUEUED_EVENTS``
+drop the oldest (the log keeps them all); replies are never dropped: while
+``MAX_PENDING_REPLIES`` wait, handling the next request waits for the sender.
+
+A kernel without a backend (its proxy target unreachable at start) keeps the
+comm open and says why (``no_backend``); the topology follows once a backend
+connects.
+
+Monitor traffic on a subshell publishes no busy/idle status: JupyterLab and
+jupyter_server take every IOPub status as the kernel's, whatever request it
+answers, so the idle after a ping would show the kernel Idle while a cell runs
+(``quiet_monitor_status``).
 """
 
 from __future__ import annotations
@@ -26,22 +40,24 @@ import contextvars
 import logging
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-from pathways_kernel.monitoring import telemetry
 from pathways_kernel.core.errors import PathwaysError, one_line
 from pathways_kernel.core.eventlog import Event
-from pathways_kernel.monitoring import protocol
 from pathways_kernel.core.slices import Topology
+from pathways_kernel.monitoring import protocol, telemetry
 
 MAX_COMMS = 8
-STALE_AFTER_S = 60.0
+STALE_AFTER_S = float(protocol.STALE_AFTER_S)
 #: Events replayed to a new connection.
 REPLAY_EVENTS = 50
-#: Queued messages per connection beyond which the oldest events are dropped.
-MAX_QUEUE = 1000
+#: Events waiting per connection beyond which the oldest are dropped.
+MAX_QUEUED_EVENTS = 1000
+#: Replies waiting per connection beyond which request handling waits for the sender.
+MAX_PENDING_REPLIES = 256
 
 log = logging.getLogger("pathways_kernel.monitoring")
 
@@ -117,7 +133,7 @@ _encoded_metrics = _EncodedMetrics()
 class Connection:
     """One frontend's comm: a sender thread, a hub subscription, request handling."""
 
-    def __init__(self, comm: Any, server: "MonitorServer", subshell_id: str | None = None):
+    def __init__(self, comm: Any, server: MonitorServer, subshell_id: str | None = None):
         self.comm = comm
         self.server = server
         #: The subshell the frontend opened the comm on; None: the main shell.
@@ -126,75 +142,136 @@ class Connection:
         self.last_heard = self.opened
         self.rate: float | None = None  # None: the hub's publish rate
         self.closed = False
+        #: Why the kernel has no backend (one line), while it has none.
+        self.no_backend: str | None = None
         self._cond = threading.Condition()
-        self._queue: collections.deque[protocol.Message] = collections.deque()
-        self._metrics: telemetry.Metrics | None = None  # only the newest sample waits
+        # Only the newest topology and metrics wait; they supersede older ones.
+        self._topology: protocol.Message | None = None
+        self._metrics: telemetry.Metrics | None = None
+        self._events: collections.deque[protocol.Message] = collections.deque(maxlen=MAX_QUEUED_EVENTS)
+        self._replies: collections.deque[protocol.Message] = collections.deque()
         self._sub: telemetry.Subscription | None = None
         self._close_reason: str | None = None
         self._thread: threading.Thread | None = None
+
+    @property
+    def comm_id(self) -> str | None:
+        return getattr(self.comm, "comm_id", None)
 
     # Called in the comm_open handler, so copy_context() holds the subshell's parent.
     def start(self, context: contextvars.Context) -> None:
         self.comm.on_msg(self._on_msg)
         self.comm.on_close(self._on_frontend_close)
-        self._thread = threading.Thread(target=context.run, args=(self._send_loop,), name="pathways-monitor-send",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=context.run, args=(self._send_loop,), name="pathways-monitor-send", daemon=True
+        )
         self._thread.start()
 
     # -- hub callbacks (hub thread; never block) --------------------------------
     def _on_metrics(self, m: telemetry.Metrics) -> None:
         with self._cond:
             self._metrics = m
-            self._cond.notify()
+            self._cond.notify_all()
 
     def _on_event(self, event: Event) -> None:
-        self._put(protocol.encode_event(event))
+        message = protocol.encode_event(event)
+        with self._cond:
+            self._events.append(message)
+            self._cond.notify_all()
 
     def _on_topology(self, topology: Topology, seq: int) -> None:
         hub = self._sub.hub if self._sub else None
         if hub is not None:
-            self._put(protocol.encode_topology(topology_message(topology, seq, hub.session.backend)))
+            message = protocol.encode_topology(topology_message(topology, seq, hub.session.backend))
+            with self._cond:
+                self._topology = message
+                self._cond.notify_all()
 
     def _on_hub_close(self) -> None:
         # The session was replaced: the send loop resubscribes to the new one.
         with self._cond:
             self._sub = None
-            self._cond.notify()
+            self._cond.notify_all()
 
-    def _put(self, message: protocol.Message) -> None:
-        with self._cond:
-            if len(self._queue) >= MAX_QUEUE:
-                self._queue.popleft()
-            self._queue.append(message)
-            self._cond.notify()
+    def _on_connect(self, event: Event) -> None:
+        # Without a backend the send loop waits for one; any connect may be it.
+        if event.kind == "connect":
+            with self._cond:
+                self.no_backend = None
+                self._cond.notify_all()
 
     # -- sending ----------------------------------------------------------------
     def _subscribe(self) -> None:
         for attempt in range(3):
-            hub = telemetry.hub()
             try:
-                sub = hub.subscribe(self._on_metrics, self._on_event, self._on_topology, self._on_hub_close,
-                                    rate=self.rate)
+                hub = telemetry.hub()
+                sub = hub.subscribe(
+                    self._on_metrics, self._on_event, self._on_topology, self._on_hub_close, rate=self.rate
+                )
                 break
+            except PathwaysError as exc:
+                self._wait_for_backend(one_line(exc))
+                return
             except RuntimeError:  # the session closed between hub() and subscribe()
                 if attempt == 2:
                     raise
                 time.sleep(0.1)
         topology = hub.layout.topology
+        replay = [protocol.encode_event(event) for event in hub.session.events.last(REPLAY_EVENTS)]
         with self._cond:
             self._sub = sub
-            self._queue.appendleft(protocol.encode_topology(topology_message(topology, hub.topology_seq, hub.session.backend)))
-        for event in hub.session.events.last(REPLAY_EVENTS):
-            self._put(protocol.encode_event(event))
+            self._topology = protocol.encode_topology(topology_message(topology, hub.topology_seq, hub.session.backend))
+            self._events.extendleft(reversed(replay))
+
+    def _wait_for_backend(self, reason: str) -> None:
+        """Say why there is no backend, then answer requests until one connects (or the comm ends)."""
+        from pathways_kernel.core.sessions import EVENTS
+
+        with self._cond:
+            self.no_backend = reason
+        unsubscribe = EVENTS.subscribe(self._on_connect)
+        try:
+            self.comm.send(*protocol.encode_no_backend(reason))
+            while True:
+                with self._cond:
+                    if self.no_backend is None or self.closed or self.stale(time.monotonic()):
+                        return
+                    if not self._replies:
+                        self._cond.wait(1.0)
+                    replies = self._take_replies()
+                for data, _ in replies:
+                    self.comm.send(data)
+        finally:
+            unsubscribe()
+
+    def _take_replies(self) -> list[protocol.Message]:
+        """The waiting replies, oldest first; call holding ``_cond``."""
+        replies = list(self._replies)
+        self._replies.clear()
+        self._cond.notify_all()  # request handlers waiting for room
+        return replies
 
     def _send_loop(self) -> None:
         try:
             while True:
                 if self._sub is None and not self.closed:
                     self._subscribe()
+                    if self._sub is None:  # no backend: _subscribe waited for one to connect
+                        if not self.closed and self.stale(time.monotonic()):
+                            self.close("stale")
+                        if self.closed:
+                            return
+                        continue
                 with self._cond:
                     deadline = self.last_heard + self.server.stale_after_s
-                    while not self.closed and not self._queue and self._metrics is None and self._sub is not None:
+                    while (
+                        not self.closed
+                        and self._topology is None
+                        and not self._events
+                        and not self._replies
+                        and self._metrics is None
+                        and self._sub is not None
+                    ):
                         remaining = deadline - time.monotonic()
                         if remaining <= 0:
                             break
@@ -203,11 +280,15 @@ class Connection:
                     if self.closed:
                         return
                     self._excuse_busy_main_shell()
-                    batch = list(self._queue)
-                    self._queue.clear()
+                    topology, self._topology = self._topology, None
+                    events = list(self._events)
+                    self._events.clear()
+                    replies = self._take_replies()
                     metrics, self._metrics = self._metrics, None
-                for data, buffers in batch:
-                    self.comm.send(data, buffers=buffers or None)
+                if topology is not None:
+                    self.comm.send(topology[0], buffers=topology[1])
+                for data, _ in events + replies:
+                    self.comm.send(data)
                 if metrics is not None:
                     data, buffers = _encoded_metrics.get(metrics)
                     self.comm.send(data, buffers=buffers)
@@ -255,18 +336,26 @@ class Connection:
             self._reply(request.request_id, False, one_line(exc))
         except Exception as exc:  # a bug: keep the kernel up, tell the frontend, keep the traceback in the log
             log.exception("pathways monitor: %s request failed", request.type)
-            self._reply(request.request_id, False, f"{request.type} failed: {one_line(exc)}")
+            self._reply(request.request_id, False, f"{request.type} failed: {protocol.quote(one_line(exc))}")
         else:
             self._reply(request.request_id, True, None, result)
 
     def _reply(self, request_id: str | None, ok: bool, error: str | None, result: dict | None = None) -> None:
-        self._put(protocol.encode_reply(request_id, ok, error, result))
+        message = protocol.encode_reply(request_id, ok, error, result)
+        with self._cond:
+            # Backpressure, not loss: a flood of requests waits here for the sender to catch up.
+            while len(self._replies) >= MAX_PENDING_REPLIES and not self.closed:
+                self._cond.wait(1.0)
+            if not self.closed:
+                self._replies.append(message)
+                self._cond.notify_all()
 
     def set_rate(self, rate: float) -> float:
         self.rate = rate
         sub = self._sub
         if sub is None:
-            return min(rate, telemetry.hub().sample_hz)
+            # Before the hub (or without a backend) the rate waits for the subscription.
+            return min(rate, telemetry.DEFAULT_SAMPLE_HZ)
         return sub.set_rate(rate)
 
     # -- lifecycle ------------------------------------------------------------------
@@ -277,7 +366,7 @@ class Connection:
                 return
             self.closed = True
             self._close_reason = reason
-            self._cond.notify()
+            self._cond.notify_all()
         self._detach()
         if self._thread is None or not self._thread.is_alive():
             self._flush_close()
@@ -285,7 +374,7 @@ class Connection:
     def _on_frontend_close(self, msg: dict[str, Any]) -> None:
         with self._cond:
             self.closed = True
-            self._cond.notify()
+            self._cond.notify_all()
         self._detach()
 
     def _detach(self) -> None:
@@ -340,8 +429,15 @@ class MonitorServer:
         for conn in self.connections:
             conn.close("shutdown")
 
+    def owns(self, comm_id: Any) -> bool:
+        """Whether ``comm_id`` is one of this server's live comms."""
+        with self._lock:
+            return any(c.comm_id == comm_id for c in self._connections)
+
     def handle(self, conn: Connection, request: protocol.Request) -> dict[str, Any]:
         """Carry out a validated request; returns the reply's ``result``."""
+        if conn.no_backend is not None and request.type not in ("ping", "subscribe"):
+            raise PathwaysError(f"{request.type}: {no_backend_advice(conn.no_backend)}")
         handler: Callable[[Connection, protocol.Request], dict[str, Any]] = getattr(self, f"_do_{request.type}")
         return handler(conn, request)
 
@@ -370,6 +466,11 @@ class MonitorServer:
             "leaves": sum(len(s.leaves) for s in snaps),
             "nbytes": sum(int(s.nbytes) for s in snaps),
         }
+
+
+def no_backend_advice(reason: str) -> str:
+    """What a user sees when the kernel has no backend: why, and what to do."""
+    return f"no backend: {reason}; run %pathways connect local:2x4 or fix the target"
 
 
 def _set_slice(index: int | None, state: str) -> dict[str, Any]:
@@ -408,6 +509,7 @@ def register(shell: Any) -> bool:
     import comm
 
     comm.get_comm_manager().register_target(protocol.TARGET, server().open)
+    quiet_monitor_status(shell.kernel)
     if _main_shell_busy not in shell.events.callbacks["pre_execute"]:
         shell.events.register("pre_execute", _main_shell_busy)
         shell.events.register("post_execute", _main_shell_idle)
@@ -423,3 +525,56 @@ def _main_shell_busy() -> None:
 def _main_shell_idle() -> None:
     if threading.current_thread() is threading.main_thread():
         server().main_shell_busy = False
+
+
+# -- kernel status -------------------------------------------------------------------
+
+#: msg_ids of monitor messages whose busy was not published, so their idle is not either.
+_quiet: set[str] = set()
+
+
+def quiet_monitor_status(kernel: Any) -> None:
+    """Make ``kernel`` publish no busy/idle for monitor comm messages handled on a subshell.
+
+    JupyterLab (services 7.6, ``_handleMessage``) and jupyter_server set the
+    kernel's state from every IOPub status, whatever request it answers. A
+    subshell handles the panel's ping while the main shell runs a cell; its
+    idle would show the kernel Idle until the cell ends. Those requests are the
+    monitor's own traffic, not the kernel's state. (The panel does not wait
+    for their idle: it disposes the futures of what it sends.) Status of
+    anything else, widgets' comms included, is untouched.
+    """
+    if getattr(kernel, "_pathways_quiet_status", False):
+        return
+    publish = kernel._publish_status
+
+    def _publish_status(status: str, channel: str, parent: dict | None = None) -> None:
+        if channel == "shell" and _is_monitor_traffic(status, parent or kernel.get_parent(channel)):
+            return
+        publish(status, channel, parent)
+
+    kernel._publish_status = _publish_status
+    kernel._pathways_quiet_status = True
+
+
+def _is_monitor_traffic(status: str, parent: dict) -> bool:
+    header = parent.get("header") or {}
+    msg_id = header.get("msg_id")
+    if status == "idle":
+        if msg_id in _quiet:
+            _quiet.discard(msg_id)
+            return True
+        return False
+    if status != "busy" or threading.current_thread() is threading.main_thread():
+        return False
+    content = parent.get("content") or {}
+    msg_type = header.get("msg_type")
+    if msg_type == "comm_open":
+        ours = content.get("target_name") == protocol.TARGET
+    elif msg_type in ("comm_msg", "comm_close"):
+        ours = server().owns(content.get("comm_id"))
+    else:
+        ours = False
+    if ours:
+        _quiet.add(msg_id)
+    return ours
