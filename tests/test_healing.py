@@ -125,3 +125,19 @@ def test_interrupting_an_elastic_cell_right_after_a_loss_heals_from_the_runs_new
     assert "elastic 'params,opt' is back at step 50: continue with %%pathways elastic --start 50" in block
     check = fresh_kernel.run("print(float(params[0]), float(opt), params.sharding.spec, pw.is_lost(params))")
     assert check.text.strip() == "50.0 50.0 P('data',) False", check.text
+
+
+def test_a_finished_elastic_cell_heals_from_its_newest_snapshot_and_names_the_step(fresh_kernel):
+    setup = (
+        "import jax, numpy as np\n"
+        "from jax.sharding import NamedSharding, PartitionSpec as P\n"
+        "params = jax.device_put(np.zeros(8), NamedSharding(pw.mesh(), P('data')))\n"
+    )
+    assert fresh_kernel.run(setup).status == "ok"
+    reply = fresh_kernel.run("%%pathways elastic --steps 50 --state params --snapshot-every 10\nparams = params + 1")
+    assert reply.status == "ok", reply.error
+    healed = fresh_kernel.run("%pathways fail 1").text
+    # The run's last snapshot is of step 40: the variable goes back there, and says so.
+    assert "params (" in healed and "step 40 of elastic 'params'" in healed, healed
+    assert "continue with %%pathways elastic --start 40" in healed
+    assert fresh_kernel.run("print(float(params[0]))").text.strip() == "40.0"
