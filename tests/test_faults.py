@@ -211,11 +211,131 @@ def test_chaos_schedule_is_deterministic_for_a_seed():
     assert {e.slice_index for e in first if e.action == "fail"} == {0, 1, 2}
 
 
-def test_chaos_rejects_settings_that_cannot_work():
-    with pytest.raises(PathwaysError, match="positive --mtbf"):
-        chaosmonkey.schedule([0, 1], 0, 1, seed=0)
-    with pytest.raises(PathwaysError, match="--min-up"):
-        chaosmonkey.schedule([0, 1], 1, 1, seed=0, min_up=2)
+BAD_CHAOS = {
+    # flag: (API keyword, values refused); nan once made a storm of transitions,
+    # inf a ZeroDivisionError, 1e308 an OverflowError in the chaos thread.
+    "--mtbf": ("mtbf", [float("nan"), float("inf"), 1e308, 0.0, -1.0, 1e-9]),
+    "--mttr": ("mttr", [float("nan"), float("inf"), 1e308, 0.0, -1.0, 1e-9]),
+    "--seed": ("seed", [-1, float("nan"), float("inf"), 1.5]),
+    "--min-up": ("min_up", [-1, 2, 10**30, float("nan"), float("inf")]),
+}
+CHAOS_DEFAULTS = dict(mtbf=1.0, mttr=1.0, seed=0, min_up=1)
+
+
+@pytest.mark.parametrize("flag", BAD_CHAOS)
+def test_chaos_refuses_bad_values_in_one_line(local_session, flag):
+    import pathways_kernel as pw
+
+    keyword, values = BAD_CHAOS[flag]
+    for value in values:
+        with pytest.raises(PathwaysError, match=flag):
+            pw.chaos(**{**CHAOS_DEFAULTS, keyword: value})
+        assert not chaosmonkey.chaos_status().running
+    # Zero and huge seeds, and no slice kept up, are fine.
+    assert next(chaosmonkey.schedule([0, 1], 1.0, 1.0, seed=0, min_up=0)).action == "fail"
+    assert next(chaosmonkey.schedule([0, 1], 1e7, 0.01, seed=10**40)).action == "fail"
+
+
+def test_chaos_magic_refuses_bad_values_in_one_line(lost):
+    for flag, (_, values) in BAD_CHAOS.items():
+        for value in values:
+            args = {"--mtbf": "1", "--mttr": "1", flag: repr(value)}
+            reply = lost.run("%pathways chaos " + " ".join(f"{k} {v}" for k, v in args.items()))
+            assert reply.status == "error", (flag, value, reply.text)
+            assert len(reply.error.strip().splitlines()) == 1, reply.error
+            assert flag in reply.error or "min-up" in reply.error, reply.error
+    assert "chaos off" in lost.run("%pathways chaos").text
+
+
+def test_failure_cost_stays_flat_over_many_failures(local_session):
+    import jax
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    # Buffers kept for readers in flight were once lost and kept again by each
+    # later failure: 60 failures made 3,660 kept arrays and fail_slice 25x slower.
+    sharding = NamedSharding(local_session.mesh(), P("data", "model"))
+    live_before = len(jax.live_arrays())
+    latencies, reports = [], []
+    for _ in range(200):
+        x = jax.device_put(np.ones((64, 64), np.float32), sharding)
+        start = time.perf_counter()
+        reports.append(faults.fail_slice(1))
+        latencies.append(time.perf_counter() - start)
+        faults.restore_slice(1)
+    assert faults.is_lost(x)
+    assert {report.arrays for report in reports} == {1}  # only x, each time
+    assert len(faults._graveyard) <= 200
+    assert len(jax.live_arrays()) - live_before <= 200 + 2
+    first, last = sorted(latencies[:50])[25], sorted(latencies[-50:])[25]
+    assert last <= 3 * first + 0.002, (first, last)
+
+
+def test_fail_and_restore_answer_while_a_long_step_is_read(local_session):
+    import threading
+
+    import jax
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    def slow(x):
+        time.sleep(10)
+        return x
+
+    everywhere = NamedSharding(local_session.mesh(), P())
+    step = jax.jit(lambda w: jax.pure_callback(slow, jax.ShapeDtypeStruct(w.shape, w.dtype), w).sum(), out_shardings=everywhere)
+    w = jax.device_put(np.ones((8, 8), np.float32), NamedSharding(local_session.mesh(), P("data", "model")))
+    loss = step(w)
+    took = {}
+
+    def inject():
+        time.sleep(0.5)  # the main thread is waiting in float(loss) by now
+        for action in (faults.fail_slice, faults.restore_slice):
+            start = time.perf_counter()
+            action(1)
+            took[action.__name__] = time.perf_counter() - start
+
+    thread = threading.Thread(target=inject)
+    thread.start()
+    # The read began before the loss: it completes, then the array is lost.
+    assert float(loss) == 64.0
+    thread.join()
+    assert took["fail_slice"] < 1.0 and took["restore_slice"] < 1.0, took
+    deadline = time.monotonic() + 2
+    while not faults.is_lost(loss) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert faults.is_lost(loss) and faults.is_lost(w)
+
+
+def test_fault_injection_is_off_outside_the_tested_jax(local_session, monkeypatch):
+    import jax
+    import numpy as np
+
+    import pathways_kernel as pw
+    from pathways_kernel.core import jaxcompat
+
+    monkeypatch.setattr(jaxcompat, "installed_versions", lambda: ("0.11.0", "0.11.0"))
+    for attempt in (lambda: pw.fail_slice(1), lambda: pw.restore_slice(1), lambda: pw.chaos(1.0, 1.0)):
+        with pytest.raises(NotSupportedError) as refused:
+            attempt()
+        assert "installed: jax 0.11.0, jaxlib 0.11.0" in str(refused.value)
+        assert jaxcompat.TESTED_JAX in str(refused.value)
+    # Everything else on the embedded backend keeps working.
+    x = jax.device_put(np.arange(8.0), jax.sharding.NamedSharding(local_session.mesh(), jax.sharding.PartitionSpec(("data", "model"))))
+    assert float(x.sum()) == 28.0
+    assert len(local_session.topology.up_slices) == 2
+
+
+def test_fault_magics_name_the_jax_versions_when_outside_the_tested_range(fresh_kernel):
+    assert fresh_kernel.run("import jax; jax.numpy.ones(3)").status == "ok"
+    fresh_kernel.run("from pathways_kernel.core import jaxcompat; jaxcompat.installed_versions = lambda: ('0.9.0', '0.9.0')")
+    reply = fresh_kernel.run("%pathways fail 1")
+    assert reply.status == "error"
+    assert reply.error.strip() == (
+        "NotSupportedError: fail_slice is off: fault injection needs jax/jaxlib >=0.10.1,<0.11 "
+        "(it relies on their internals); installed: jax 0.9.0, jaxlib 0.9.0"
+    )
+    assert "2/2 slices healthy" in fresh_kernel.run("%pathways health").text
 
 
 def test_fault_injection_is_refused_on_a_pathways_backend():

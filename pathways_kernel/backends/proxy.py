@@ -225,10 +225,11 @@ def _strip_timestamp(message: str) -> str:
 
 def clear_jax() -> None:
     import jax
-    from jax._src import xla_bridge
     from jax.extend import backend as jax_backend
 
-    if xla_bridge._backends:
+    from pathways_kernel.core import jaxcompat
+
+    if jaxcompat.backends_initialized():
         jax_backend.clear_backends()
     jax.clear_caches()
 

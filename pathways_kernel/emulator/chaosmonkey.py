@@ -19,6 +19,8 @@ from __future__ import annotations
 import atexit
 import collections
 import dataclasses
+import math
+import numbers
 import random
 import threading
 import time
@@ -39,6 +41,13 @@ class ChaosEvent:
     slice_index: int
 
 
+#: The times chaos accepts, in seconds: below 10 ms it is a storm, not a
+#: schedule (each transition costs milliseconds); above about 116 days
+#: nothing would ever happen (and waits that long overflow).
+MIN_SECONDS = 0.01
+MAX_SECONDS = 1e7
+
+
 def schedule(
     slices: Sequence[int],
     mtbf: float,
@@ -50,16 +59,33 @@ def schedule(
     """The endless, deterministic failure/repair schedule; see the module doc.
 
     Raises:
-      PathwaysError: non-positive times, or ``min_up`` leaves no slice to fail.
+      PathwaysError: times outside ``MIN_SECONDS..MAX_SECONDS`` (or not numbers),
+        a seed that is not a non-negative integer, or a ``min_up`` that is not
+        an integer leaving a slice to fail.
     """
-    if mtbf <= 0 or mttr <= 0:
-        raise PathwaysError(f"chaos needs positive --mtbf and --mttr seconds, got {mtbf} and {mttr}")
-    if not 0 <= min_up < len(slices):
+    _check_seconds("--mtbf", mtbf)
+    _check_seconds("--mttr", mttr)
+    if not _is_int(seed) or seed < 0:
+        # random.Random ignores a seed's sign: -3 would replay seed 3.
+        raise PathwaysError(f"chaos --seed must be a non-negative integer, got {seed!r}")
+    if not _is_int(min_up) or not 0 <= min_up < len(slices):
         raise PathwaysError(
-            f"chaos with {len(slices)} slices and --min-up {min_up} could never fail a slice; "
-            f"use --min-up below {len(slices)}"
+            f"chaos with {len(slices)} slices and --min-up {min_up!r} could never fail a slice; "
+            f"use an integer from 0 to {len(slices) - 1}"
         )
-    return _schedule(sorted(slices), mtbf, mttr, seed, set(down), min_up)
+    return _schedule(sorted(slices), float(mtbf), float(mttr), int(seed), set(down), int(min_up))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_seconds(flag: str, value: Any) -> None:
+    if (
+        not isinstance(value, numbers.Real) or isinstance(value, bool)
+        or not math.isfinite(value) or not MIN_SECONDS <= value <= MAX_SECONDS
+    ):
+        raise PathwaysError(f"chaos {flag} must be seconds from {MIN_SECONDS:g} to {MAX_SECONDS:g}, got {value!r}")
 
 
 def _schedule(slices: list[int], mtbf: float, mttr: float, seed: int, down: set[int], min_up: int) -> Iterator[ChaosEvent]:
@@ -133,7 +159,7 @@ class Chaos:
         session.on_close(self.stop)
 
     def start(self, mtbf: float, mttr: float, seed: int, min_up: int = 1) -> ChaosStatus:
-        self.session.require_fault_injection("chaos")
+        faults.require_fault_injection(self.session, "chaos")
         topology = self.session.topology
         events = schedule(
             [s.index for s in topology.slices], mtbf, mttr, seed,
@@ -200,8 +226,10 @@ def chaos(mtbf: float, mttr: float, seed: int = 0, min_up: int = 1) -> ChaosStat
       min_up: slices that always stay up (default 1).
 
     Raises:
-      NotSupportedError: the session's backend is not ``local``.
-      PathwaysError: bad times or ``min_up``.
+      NotSupportedError: the session's backend is not ``local``, or jax/jaxlib
+        are outside the range fault injection was tested with.
+      PathwaysError: times outside ``MIN_SECONDS..MAX_SECONDS``, a negative
+        or non-integer seed, or a ``min_up`` leaving no slice to fail.
     """
     return _chaos().start(mtbf, mttr, seed, min_up)
 
@@ -218,5 +246,5 @@ def chaos_off() -> ChaosStatus:
       NotSupportedError: the session's backend is not ``local``.
     """
     runner = _chaos()
-    runner.session.require_fault_injection("chaos")
+    faults.require_fault_injection(runner.session, "chaos")
     return runner.stop()

@@ -3,13 +3,15 @@
 ``fail_slice(i)`` makes slice ``i`` of a ``local`` session behave like a slice
 that Pathways lost; ``restore_slice(i)`` brings it back empty. Other backends
 refuse both (``NotSupportedError``): a real cluster loses slices by itself.
+So does a jax/jaxlib outside the range the mechanism was tested with
+(``jaxcompat.TESTED_JAX``): it rests on JAX internals, all of them in
+``core/jaxcompat.py``.
 
 Mechanism: real error buffers, not a Python-level imitation
 -----------------------------------------------------------
 jaxlib can build an array whose buffers hold an error status instead of data
-(``_jax._make_error_array``, the primitive behind
-``jax.experimental.transfer.make_error_array``), and ``ArrayImpl._replace_with``
-swaps an array's buffers in place, keeping the Python object the user holds.
+(``jax.experimental.transfer.make_error_array``) and swap an array's buffers
+in place, keeping the Python object the user holds (see core/jaxcompat.py).
 On ``fail_slice(i)``, every live array (``jax.live_arrays()``: the runtime's own
 list, no ``id()`` bookkeeping) with a shard on a device of slice ``i`` gets
 error buffers, with the same shape, dtype and sharding, carrying
@@ -22,21 +24,19 @@ the error flows into their results, so ``float(x.sum())`` raises. The message
 reads ``INTERNAL: DATA_LOSS: ...`` (the runtime wraps it), which
 ``pathwaysutils.elastic.is_error_due_to_slice_down`` accepts.
 
-New work placed on a lost device fails the same way. Three narrow hooks, on
-JAX's dispatch paths only, installed at the first ``fail_slice``, do this:
+New work placed on a lost device fails the same way. Three narrow hooks on
+JAX's Python dispatch paths (``jaxcompat.install_dispatch_hooks``), installed
+at the first ``fail_slice``, do this:
 
-- ``pxla.ExecuteReplicated.__call__`` (every jit/pmap/eager-op execution that
-  goes through Python): while a slice is down, results with a shard on it get
-  error buffers.
-- ``pjit._get_fastpath_data``: an executable touching a lost device is never
-  given the C++ fast path, so it always passes through the hook above; the C++
-  dispatch caches are cleared on each fail and restore so that nothing cached
-  earlier bypasses it.
-- ``dispatch._batched_device_put_impl`` (``jax.device_put`` and the
-  ``device_put`` primitive): putting a lost array anywhere raises
-  ``DATA_LOSS`` at once (as the runtime does for any copy of it, including the
-  no-op put onto its own sharding, and after the slice is back), and results
-  placed on a lost device get error buffers.
+- after each execution that goes through Python (jit/pmap/eager ops): while
+  a slice is down, results with a shard on it get error buffers;
+- an executable touching a lost device is never given the C++ fast path, so
+  it always passes through the hook above; the C++ dispatch caches are
+  cleared on each fail and restore so that nothing cached earlier bypasses it;
+- ``jax.device_put``: putting a lost array anywhere raises ``DATA_LOSS`` at
+  once (as the runtime does for any copy of it, including the no-op put onto
+  its own sharding, and after the slice is back), and results placed on a
+  lost device get error buffers.
 
 So pathwaysutils' own health check (``get_active_slice_indices``: a ``pmap``
 per slice, errors caught at ``block_until_ready``) reports the slice down until
@@ -49,19 +49,28 @@ slice returns.
 Losing a slice from another thread (chaos, a monitor request) while the
 notebook or a snapshot thread reads an array is safe: jaxlib keeps pointers
 into an array while it waits without the GIL, so each swap waits until no
-other thread is in a host read of that array (seen from ``jax/_src/array.py``
-frames, checked with the GIL held right before the swap), and the old buffers
-stay alive ``_GRACE_S`` seconds for C++ paths with no frame of ours (numpy's
-buffer protocol). Without these guards, both races crash the process.
+other thread is in a host read of that array (``jaxcompat.arrays_being_read``,
+checked right before the swap), and the old buffers stay alive ``_GRACE_S``
+seconds (and until ready) for C++ paths with no frame of ours (numpy's buffer
+protocol). Without these guards, both races crash the process.
+
+Cost: each failure walks ``jax.live_arrays()`` once or twice; the buffers kept
+for readers are not live arrays of the user's (a later failure never loses or
+keeps them again), so a failure costs the same after a thousand failures as
+after one, and what is kept is bounded by the data lost in the last
+``_GRACE_S`` seconds. No wait under the injector's lock is unbounded: a read
+in flight is waited for at most ``_READ_WAIT_S``.
 
 Limits
 ------
 - The data is not actually gone from host RAM at once: the old buffers live
-  ``_GRACE_S`` (5) seconds more, and as long as a numpy view taken earlier
-  with ``np.asarray`` (zero-copy on CPU) holds them; that view keeps reading
-  the old bytes, as a host copy would.
+  ``_GRACE_S`` seconds more (and until ready), and as long as a numpy view
+  taken earlier with ``np.asarray`` (zero-copy on CPU) holds them; that view
+  keeps reading the old bytes, as a host copy would.
 - A host read in progress on another thread delays its array's loss until
-  the read is done (a ``float(loss)`` waiting on a long step: that long).
+  the read is done (a ``float(loss)`` waiting on a long step: that long);
+  ``fail_slice`` returns after ``_READ_WAIT_S`` and a thread of ours swaps
+  the array's buffers when the read ends. Until then ``is_lost`` says False.
 - An array computed after ``restore_slice`` from a lost input is lost too, but
   the ``jit`` call returns before the error is known (asynchronous dispatch);
   ``is_lost`` waits for it.
@@ -77,25 +86,31 @@ from __future__ import annotations
 import atexit
 import collections
 import dataclasses
-import functools
-import os
-import sys
 import threading
 import time
 from typing import Any, Iterable
 
+from pathways_kernel.core import jaxcompat
 from pathways_kernel.core.display import TextDisplay
-from pathways_kernel.core.errors import PathwaysError
+from pathways_kernel.core.errors import NotSupportedError, PathwaysError
 from pathways_kernel.core.eventlog import format_bytes
 
 #: Devices of slices that are down now; read lock-free by the dispatch hooks.
 _lost_devices: frozenset = frozenset()
 #: Device -> slice index, for the messages of the hooks.
 _slice_of_device: dict[Any, int] = {}
-_hooks_lock = threading.Lock()
-_hooks_installed = False
-#: The module whose methods start host reads (see ``_arrays_being_read``).
-_ARRAY_MODULE = os.path.join("jax", "_src", "array.py")
+
+
+def require_fault_injection(session: Any, what: str) -> None:
+    """Refuse ``what`` unless the session is ``local`` and jax/jaxlib are in the tested range.
+
+    Raises:
+      NotSupportedError: another backend, or a jax/jaxlib outside ``jaxcompat.TESTED_JAX``.
+    """
+    session.require_fault_injection(what)
+    reason = jaxcompat.fault_injection_unsupported()
+    if reason:
+        raise NotSupportedError(f"{what} is off: {reason}")
 
 
 # -- the error a lost slice produces ------------------------------------------
@@ -119,20 +134,6 @@ def _lost_slice_of(devices: Iterable[Any]) -> int | None:
     return None
 
 
-def _array_devices(array: Any) -> Iterable[Any]:
-    return array.sharding._internal_device_list
-
-
-def _error_like(array: Any, message: str) -> Any:
-    """An array of ``array``'s shape, dtype and sharding whose buffers hold ``message``."""
-    import jax
-    from jaxlib import _jax
-
-    sharding = array.sharding
-    client = next(iter(sharding.device_set)).client
-    return _jax._make_error_array(client, jax.ShapeDtypeStruct(array.shape, array.dtype, sharding=sharding), message)
-
-
 def _make_lost(array: Any, message: str) -> None:
     """Swap ``array``'s buffers for error buffers carrying ``message``.
 
@@ -140,96 +141,140 @@ def _make_lost(array: Any, message: str) -> None:
     ``_make_lost_when_unread`` for the others.
     """
     try:
-        array._replace_with(_error_like(array, message))
+        jaxcompat.replace_buffers(array, jaxcompat.make_error_like(array, message))
     except (TypeError, ValueError, RuntimeError, AttributeError):
         # Some exotic layout jaxlib cannot express: losing it outright is
         # still truthful, only the error text differs.
         array.delete()
 
 
-def _arrays_being_read() -> set[int]:
-    """``id``s of the arrays other threads are reading to the host right now.
-
-    jaxlib's host copy (``ArrayImpl._value``) keeps pointers into the array
-    while it waits without the GIL; swapping the array's buffers at that moment
-    crashes the process. Every such wait is entered from a method of
-    ``jax/_src/array.py``, so a thread with that file on its stack may be in
-    one: its ``self`` and the per-device arrays it reads through (``_arrays``,
-    the cached fully-replicated shard) are busy.
-    """
-    from jaxlib import _jax
-
-    busy: set[int] = set()
-    me = threading.get_ident()
-    for ident, frame in sys._current_frames().items():
-        while frame is not None and ident != me:
-            if frame.f_code.co_filename.endswith(_ARRAY_MODULE):
-                owner = frame.f_locals.get("self")
-                if isinstance(owner, _jax.ArrayImpl):
-                    busy.add(id(owner))
-                    if not owner.is_deleted():
-                        busy.update(id(a) for a in owner._arrays)
-                        if owner.is_fully_replicated:
-                            busy.add(id(owner._fully_replicated_shard()))
-            frame = frame.f_back
-    return busy
-
-
-#: (when, array) pairs holding the buffers of arrays lost less than
-#: ``_GRACE_S`` ago; see ``_make_lost_when_unread``.
+#: (when, keeper) pairs holding the buffers of arrays lost less than
+#: ``_GRACE_S`` ago, oldest first; see ``_make_lost_when_unread``.
 _graveyard: collections.deque = collections.deque()
+#: ``id``s of the keepers in ``_graveyard``. A keeper is a live array with
+#: shards on the lost slice: without this, every later failure would find it
+#: in ``jax.live_arrays()``, lose it and bury its buffers once more (the
+#: graveyard, and each failure's cost, grew with every failure before).
+_kept: set[int] = set()
 _graveyard_lock = threading.Lock()
 _sweeper: threading.Timer | None = None
-_GRACE_S = 5.0
+#: A reader in flight at the swap either waits for the buffers to be ready
+#: (they are kept until then) or takes its own reference to them within
+#: microseconds of that; one second covers a thread descheduled on a loaded
+#: machine. What is kept is bounded by the data lost in the last second.
+_GRACE_S = 1.0
 
 
 def _bury(array: Any) -> None:
     """Keep ``array``'s current buffers alive for a grace period."""
-    keeper = _error_like(array, "DATA_LOSS: buffers kept for readers in flight")
-    keeper._replace_with(array)  # the keeper now shares array's buffers
+    keeper = jaxcompat.make_error_like(array, "DATA_LOSS: buffers kept for readers in flight")
+    jaxcompat.replace_buffers(keeper, array)  # the keeper now shares array's buffers
     with _graveyard_lock:
         _graveyard.append((time.monotonic(), keeper))
+        _kept.add(id(keeper))
 
 
 def _sweep_graveyard() -> None:
-    """Release buried buffers once their grace period is over (and they are ready)."""
+    """Release buried buffers once their grace period is over (and they are ready);
+    sweep again later while some are left."""
     global _sweeper
     # Buffers are freed under the lock, so that _empty_graveyard at exit
     # waits for a sweep in progress.
     with _graveyard_lock:
         now = time.monotonic()
         kept = [(when, keeper) for when, keeper in _graveyard if now - when < _GRACE_S or not keeper.is_ready()]
-        _graveyard.clear()
-        _graveyard.extend(kept)
-        _sweeper = None
-        if _graveyard:
+        if len(kept) < len(_graveyard):
+            _graveyard.clear()
+            _graveyard.extend(kept)
+            _kept.clear()
+            _kept.update(id(keeper) for _, keeper in kept)
+        if _sweeper is threading.current_thread():
+            _sweeper = None
+        if _graveyard and _sweeper is None:
             _sweeper = threading.Timer(_GRACE_S, _sweep_graveyard)
             _sweeper.daemon = True
             _sweeper.start()
 
 
+#: How long ``fail_slice`` waits for reads in flight on other threads before
+#: leaving their arrays to the deferred swapper (it holds the injector's lock).
+_READ_WAIT_S = 0.1
+#: (array, error) pairs whose swap waits for a read in flight, and their ids.
+_deferred: list[tuple[Any, Any]] = []
+_deferred_ids: set[int] = set()
+_deferred_lock = threading.Lock()
+_deferrer: threading.Thread | None = None
+_deferrer_stop = threading.Event()
+
+
+def _swap_unread(pending: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+    """Swap in the error buffers of the arrays no other thread is reading; the rest."""
+    busy = jaxcompat.arrays_being_read()
+    waiting = []
+    for array, error in pending:
+        if id(array) in busy:
+            waiting.append((array, error))
+        elif not array.is_deleted():
+            jaxcompat.replace_buffers(array, error)
+    return waiting
+
+
+def _defer(pending: list[tuple[Any, Any]]) -> None:
+    """Swap ``pending`` once their reads are done, on a thread of its own."""
+    global _deferrer
+    with _deferred_lock:
+        _deferred.extend(pending)
+        _deferred_ids.update(id(array) for array, _ in pending)
+        if _deferrer is None and not _deferrer_stop.is_set():
+            _deferrer = threading.Thread(target=_swap_deferred, name="pathways-faults-deferred", daemon=True)
+            _deferrer.start()
+
+
+def _swap_deferred() -> None:
+    global _deferrer
+    while True:
+        with _deferred_lock:
+            _deferred[:] = _swap_unread(_deferred)
+            _deferred_ids.clear()
+            _deferred_ids.update(id(array) for array, _ in _deferred)
+            if not _deferred or _deferrer_stop.is_set():
+                _deferrer = None
+                return
+        _deferrer_stop.wait(0.005)
+
+
 @atexit.register
 def _empty_graveyard() -> None:
     """Release buried buffers on the main thread before the interpreter ends:
-    a daemon timer freeing them during finalization aborts the process."""
+    a daemon thread freeing them during finalization aborts the process."""
     global _sweeper
+    _deferrer_stop.set()
+    deferrer = _deferrer
+    if deferrer is not None:
+        deferrer.join()
+    with _deferred_lock:
+        _deferred.clear()
+        _deferred_ids.clear()
     with _graveyard_lock:
         sweeper, _sweeper = _sweeper, None
         _graveyard.clear()
+        _kept.clear()
     if sweeper is not None:
         sweeper.cancel()
         sweeper.join()
 
 
-def _make_lost_when_unread(arrays: list[Any], message: str) -> None:
+def _make_lost_when_unread(arrays: list[Any], message: str, deadline: float) -> None:
     """``_make_lost`` each array without pulling buffers from under a reader.
 
     Two races with threads reading these arrays, both seen as crashes:
-    - a host copy in progress (``_value``) uses the array's own fields: each
-      swap waits until no other thread is in such a read of that array
-      (``_arrays_being_read``), checked right before the swap with the GIL
-      held, so no read can start in between. A read in progress delays its
-      array's loss until it is done, as if the slice failed a moment later.
+    - a host copy in progress uses the array's own fields: each swap waits
+      until no other thread is in such a read of that array
+      (``jaxcompat.arrays_being_read``), checked right before the swap. A
+      read in progress delays its array's loss until it is done, as if the
+      slice failed a moment later; past ``deadline`` (``time.monotonic()``)
+      the swap is left to a thread of its own, so that a long read
+      (``float(loss)`` of a long step) never holds up the caller.
     - numpy's buffer protocol (``np.asarray`` of a one-device array) and
       other C++ paths hold plain pointers to the buffers while they wait
       without the GIL, entered with no frame of ours to see: the old buffers
@@ -238,110 +283,75 @@ def _make_lost_when_unread(arrays: list[Any], message: str) -> None:
     pending = []
     for array in arrays:
         try:
-            error = _error_like(array, message)
+            error = jaxcompat.make_error_like(array, message)
             _bury(array)
         except (TypeError, ValueError, RuntimeError, AttributeError):
             array.delete()
             continue
         pending.append((array, error))
-    while pending:
-        busy = _arrays_being_read()
-        waiting = []
-        for array, error in pending:
-            if id(array) in busy:
-                waiting.append((array, error))
-            elif not array.is_deleted():
-                array._replace_with(error)
-        pending = waiting
-        if pending:
-            time.sleep(0.001)
-    if _sweeper is None:
-        _sweep_graveyard()
+    pending = _swap_unread(pending)
+    while pending and time.monotonic() < deadline:
+        time.sleep(0.001)
+        pending = _swap_unread(pending)
+    if pending:
+        _defer(pending)
+    _sweep_graveyard()
 
 
 def _arrays_on(devices: frozenset) -> list[Any]:
-    """Live arrays with a shard on ``devices`` that are not lost already."""
+    """Live arrays with a shard on ``devices`` that are not lost (or being lost) already."""
     import jax
 
+    skip = _kept | _deferred_ids
     return [
         array for array in jax.live_arrays()
-        if not array.is_deleted() and not devices.isdisjoint(_array_devices(array)) and not is_lost(array, wait=False)
+        if id(array) not in skip and not array.is_deleted() and not devices.isdisjoint(jaxcompat.devices_of(array))
+        and not is_lost(array, wait=False)
     ]
 
 
 def _lose_results(results: Any, what: str) -> None:
-    from jaxlib import _jax
-
+    array_type = jaxcompat.concrete_array_type()
     for result in results if isinstance(results, (list, tuple)) else (results,):
-        if isinstance(result, _jax.ArrayImpl) and not result.is_deleted():
-            slice_index = _lost_slice_of(_array_devices(result))
+        if isinstance(result, array_type) and not result.is_deleted():
+            slice_index = _lost_slice_of(jaxcompat.devices_of(result))
             if slice_index is not None:
                 _make_lost(result, placed_on_lost_message(slice_index, what))
 
 
-def _check_readable(value: Any) -> None:
-    """Raise DATA_LOSS now if ``value`` is a ready array holding lost data."""
-    from jaxlib import _jax
-
-    if isinstance(value, _jax.ArrayImpl) and not value.is_deleted() and value.is_ready():
-        value.block_until_ready()
-
-
 # -- hooks on JAX's dispatch paths --------------------------------------------
+def _on_execute(results: Any, name: str, devices: Iterable[Any]) -> None:
+    if _lost_devices and _lost_slice_of(devices) is not None:
+        _lose_results(results, f"computation '{name}'")
+
+
+def _skip_fastpath(devices: Iterable[Any]) -> bool:
+    return bool(_lost_devices) and _lost_slice_of(devices) is not None
+
+
+def _before_device_put(xs: tuple) -> None:
+    # Even with every slice up again: lost data stays lost. Raise DATA_LOSS
+    # now for a ready input holding lost data.
+    array_type = jaxcompat.concrete_array_type()
+    for x in xs:
+        if isinstance(x, array_type) and not x.is_deleted() and x.is_ready():
+            x.block_until_ready()
+
+
+def _after_device_put(results: Any) -> None:
+    if _lost_devices:
+        _lose_results(results, "device_put")
+
+
 def _install_hooks() -> None:
     """Install the three dispatch hooks (once per process); see the module doc."""
-    global _hooks_installed
-    with _hooks_lock:
-        if _hooks_installed:
-            return
-        from jax._src import dispatch, pjit
-        from jax._src.interpreters import pxla
-
-        execute = pxla.ExecuteReplicated.__call__
-
-        @functools.wraps(execute)
-        def execute_replicated(self, *args):
-            results = execute(self, *args)
-            if _lost_devices and _lost_slice_of(self._local_devices) is not None:
-                _lose_results(results, f"computation '{self.name}'")
-            return results
-
-        fastpath = pjit._get_fastpath_data
-
-        @functools.wraps(fastpath)
-        def get_fastpath_data(executable, *args, **kwargs):
-            if _lost_devices and executable is not None:
-                call = getattr(executable, "unsafe_call", None)
-                if _lost_slice_of(getattr(call, "_local_devices", ())) is not None:
-                    return None
-            return fastpath(executable, *args, **kwargs)
-
-        device_put = dispatch._batched_device_put_impl
-
-        @functools.wraps(device_put)
-        def batched_device_put(*xs, **params):
-            # Even with every slice up again: lost data stays lost.
-            for x in xs:
-                _check_readable(x)
-            results = device_put(*xs, **params)
-            if _lost_devices:
-                _lose_results(results, "device_put")
-            return results
-
-        pxla.ExecuteReplicated.__call__ = execute_replicated
-        pjit._get_fastpath_data = get_fastpath_data
-        dispatch._batched_device_put_impl = batched_device_put
-        _hooks_installed = True
+    jaxcompat.install_dispatch_hooks(_on_execute, _skip_fastpath, _before_device_put, _after_device_put)
 
 
 def _clear_dispatch_caches() -> None:
-    """Drop JAX's C++ dispatch caches (not the compiled executables)."""
-    from jax._src import pjit
-    from jaxlib import _jax
-
-    pjit._cpp_pjit_cache_fun_only.clear()
-    pjit._cpp_pjit_cache_explicit_attributes.clear()
-    _jax.PjitFunctionCache.clear_all()
+    """Drop the C++ dispatch caches, so that nothing cached earlier bypasses the hooks."""
+    if jaxcompat.dispatch_hooks_installed():
+        jaxcompat.clear_dispatch_caches()
 
 
 # -- the injector -------------------------------------------------------------
@@ -391,7 +401,7 @@ class FaultInjector:
         on other threads, and meanwhile nothing new may land on the slice nor
         anyone see it up while data on it already raises.
         """
-        self.session.require_fault_injection("fail_slice")
+        require_fault_injection(self.session, "fail_slice")
         with self._lock:
             topology = self.session.topology
             target = _slice(topology, index)
@@ -406,14 +416,15 @@ class FaultInjector:
             self._move_default_device()
             self.session.set_slice_state(index, "down", detail=f"{detail}: {len(lost)} arrays lost")
             message = lost_array_message(index)
-            _make_lost_when_unread(lost, message)
+            deadline = time.monotonic() + _READ_WAIT_S
+            _make_lost_when_unread(lost, message, deadline)
             # Arrays that appeared while the slice was being marked down.
-            _make_lost_when_unread(_arrays_on(devices), message)
+            _make_lost_when_unread(_arrays_on(devices), message, deadline)
             topology = self.session.topology
         return FaultReport(index, "fail", True, len(lost), sum(array.nbytes for array in lost), _up(topology))
 
     def restore(self, index: int, detail: str = "repaired") -> FaultReport:
-        self.session.require_fault_injection("restore_slice")
+        require_fault_injection(self.session, "restore_slice")
         with self._lock:
             topology = self.session.topology
             target = _slice(topology, index)

@@ -13,6 +13,7 @@ import math
 from typing import Any, ClassVar, Sequence
 
 from pathways_kernel.backends.base import Backend, Placement
+from pathways_kernel.core import jaxcompat
 
 
 def grid_shape(chips: int) -> tuple[int, int, int]:
@@ -21,12 +22,6 @@ def grid_shape(chips: int) -> tuple[int, int, int]:
     while chips % y:
         y -= 1
     return (chips // y, y, 1)
-
-
-def _backends_initialized() -> bool:
-    from jax._src import xla_bridge
-
-    return bool(xla_bridge._backends)
 
 
 class LocalBackend(Backend):
@@ -50,7 +45,7 @@ class LocalBackend(Backend):
     def activate(self) -> None:
         import jax
 
-        if _backends_initialized():
+        if jaxcompat.backends_initialized():
             if jax.config.jax_num_cpu_devices == self.num_devices and _cpu_count() == self.num_devices:
                 return
             # Safe only because the session refuses to switch once arrays

@@ -8,7 +8,10 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from pathways_kernel import api
-from pathways_kernel.magics import subcommand
+from pathways_kernel.emulator.chaosmonkey import MAX_SECONDS, MIN_SECONDS
+from pathways_kernel.magics import integer, seconds, subcommand
+
+chaos_seconds = seconds(MIN_SECONDS, MAX_SECONDS)
 
 
 @subcommand("fail")
@@ -29,10 +32,10 @@ def restore(shell: Any, args: Any, cell: str | None):
 
 @subcommand("chaos")
 @magic_arguments(name="pathways chaos")
-@argument("--mtbf", type=float, default=None, help="mean seconds a slice stays up before it fails")
-@argument("--mttr", type=float, default=None, help="mean seconds a failed slice stays down")
-@argument("--seed", type=int, default=0, help="seed of the failure schedule (same seed, same schedule)")
-@argument("--min-up", type=int, default=1, help="slices that always stay up (default 1)")
+@argument("--mtbf", type=chaos_seconds, default=None, help="mean seconds a slice stays up before it fails")
+@argument("--mttr", type=chaos_seconds, default=None, help="mean seconds a failed slice stays down")
+@argument("--seed", type=integer(0), default=0, help="seed of the failure schedule (same seed, same schedule)")
+@argument("--min-up", type=integer(0), default=1, help="slices that always stay up (default 1)")
 @argument("--off", action="store_true", help="stop chaos; slices stay as they are")
 def chaos(shell: Any, args: Any, cell: str | None):
     """Random slice failures and repairs from a seeded schedule (local backend; off by default)."""

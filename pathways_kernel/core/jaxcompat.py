@@ -1,0 +1,207 @@
+"""Every use of private JAX/jaxlib API in the package, in one place.
+
+Each function says what it relies on. They are tested against ``TESTED_JAX``
+(jax and jaxlib versions); ``fault_injection_unsupported`` names the installed
+versions when they fall outside it, and fault injection (the only feature
+that needs the private parts to behave exactly as here) is then refused,
+while everything else keeps working. Public spellings are used wherever JAX
+has one (``jax.experimental.transfer.make_error_array``,
+``jax.extend.backend.clear_backends``).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import sys
+import threading
+from typing import Any, Callable, Iterable
+
+#: The jax/jaxlib range these shims were written and tested against.
+TESTED_JAX_MIN = "0.10.1"
+TESTED_JAX_BELOW = "0.11"
+TESTED_JAX = f">={TESTED_JAX_MIN},<{TESTED_JAX_BELOW}"
+
+
+# -- versions -----------------------------------------------------------------
+def installed_versions() -> tuple[str, str]:
+    """The installed ``(jax, jaxlib)`` versions."""
+    import jax
+    import jaxlib
+
+    return jax.__version__, jaxlib.__version__
+
+
+def _release(version: str) -> tuple[int, ...]:
+    # "0.10.2", "0.10.2.dev20260101", "0.11.0rc1": the numeric release part.
+    match = re.match(r"\d+(\.\d+)*", version)
+    return tuple(int(part) for part in match.group(0).split(".")) if match else ()
+
+
+def _in_tested_range(version: str) -> bool:
+    return _release(TESTED_JAX_MIN) <= _release(version) < _release(TESTED_JAX_BELOW)
+
+
+def fault_injection_unsupported() -> str | None:
+    """Why fault injection is off with the installed jax/jaxlib (``None``: it is on)."""
+    jax_version, jaxlib_version = installed_versions()
+    if _in_tested_range(jax_version) and _in_tested_range(jaxlib_version):
+        return None
+    return (
+        f"fault injection needs jax/jaxlib {TESTED_JAX} (it relies on their internals); "
+        f"installed: jax {jax_version}, jaxlib {jaxlib_version}"
+    )
+
+
+# -- backends -----------------------------------------------------------------
+def backends_initialized() -> bool:
+    """Whether JAX has created its backends (``xla_bridge.backends_are_initialized``).
+
+    Without it, ``True``: callers then compare the devices they get, which
+    initializes the backends, and clear them if they do not fit.
+    """
+    try:
+        from jax._src import xla_bridge
+
+        return bool(xla_bridge.backends_are_initialized())
+    except (ImportError, AttributeError):
+        return True
+
+
+# -- arrays ---------------------------------------------------------------------
+def concrete_array_type() -> type:
+    """The class of arrays backed by buffers (``jaxlib._jax.ArrayImpl``): no tracers."""
+    from jaxlib import _jax
+
+    return _jax.ArrayImpl
+
+
+def devices_of(array: Any) -> Iterable[Any]:
+    """The devices of ``array``'s sharding, in order (``Sharding._internal_device_list``,
+    cached; the public ``device_set`` builds a new set on each call)."""
+    return array.sharding._internal_device_list
+
+
+def make_error_like(array: Any, message: str) -> Any:
+    """An array of ``array``'s shape, dtype and sharding whose buffers hold ``message``."""
+    import jax
+    from jax.experimental import transfer
+
+    return transfer.make_error_array(jax.ShapeDtypeStruct(array.shape, array.dtype, sharding=array.sharding), message)
+
+
+def replace_buffers(array: Any, other: Any) -> None:
+    """Make ``array`` (the same Python object) use ``other``'s buffers
+    (``ArrayImpl._replace_with``; shape, dtype and sharding must match)."""
+    array._replace_with(other)
+
+
+#: The module whose methods start host reads (see ``arrays_being_read``).
+_ARRAY_MODULE = os.path.join("jax", "_src", "array.py")
+
+
+def arrays_being_read() -> set[int]:
+    """``id``s of the arrays other threads are reading to the host right now.
+
+    jaxlib's host copy (``ArrayImpl._value``) keeps pointers into the array
+    while it waits without the GIL. Every such wait is entered from a method
+    of ``jax/_src/array.py`` (seen through ``sys._current_frames``), so a
+    thread with that file on its stack may be in one: its ``self`` and the
+    per-device arrays it reads through (``_arrays``, the cached
+    fully-replicated shard) are busy.
+    """
+    array_type = concrete_array_type()
+    busy: set[int] = set()
+    me = threading.get_ident()
+    for ident, frame in sys._current_frames().items():
+        while frame is not None and ident != me:
+            if frame.f_code.co_filename.endswith(_ARRAY_MODULE):
+                owner = frame.f_locals.get("self")
+                if isinstance(owner, array_type):
+                    busy.add(id(owner))
+                    if not owner.is_deleted():
+                        busy.update(id(a) for a in owner._arrays)
+                        if owner.is_fully_replicated:
+                            busy.add(id(owner._fully_replicated_shard()))
+            frame = frame.f_back
+    return busy
+
+
+# -- dispatch -------------------------------------------------------------------
+_hooks_lock = threading.Lock()
+_hooks_installed = False
+
+
+def install_dispatch_hooks(
+    on_execute: Callable[[Any, str, Iterable[Any]], None],
+    skip_fastpath: Callable[[Iterable[Any]], bool],
+    before_device_put: Callable[[tuple], None],
+    after_device_put: Callable[[Any], None],
+) -> None:
+    """Wrap JAX's Python dispatch paths (once per process).
+
+    - ``pxla.ExecuteReplicated.__call__`` (every jit/pmap/eager execution that
+      goes through Python): ``on_execute(results, name, devices)`` after it.
+    - ``pjit._get_fastpath_data``: when ``skip_fastpath(devices)`` (the
+      executable's ``unsafe_call._local_devices``), the C++ fast path is not
+      given, so calls keep coming through the wrapper above.
+    - ``dispatch._batched_device_put_impl`` (``jax.device_put`` and the
+      ``device_put`` primitive): ``before_device_put(xs)``, then
+      ``after_device_put(results)``.
+    """
+    global _hooks_installed
+    with _hooks_lock:
+        if _hooks_installed:
+            return
+        from jax._src import dispatch, pjit
+        from jax._src.interpreters import pxla
+
+        execute = pxla.ExecuteReplicated.__call__
+
+        @functools.wraps(execute)
+        def execute_replicated(self, *args):
+            results = execute(self, *args)
+            on_execute(results, self.name, self._local_devices)
+            return results
+
+        fastpath = pjit._get_fastpath_data
+
+        @functools.wraps(fastpath)
+        def get_fastpath_data(executable, *args, **kwargs):
+            if executable is not None:
+                call = getattr(executable, "unsafe_call", None)
+                if skip_fastpath(getattr(call, "_local_devices", ())):
+                    return None
+            return fastpath(executable, *args, **kwargs)
+
+        device_put = dispatch._batched_device_put_impl
+
+        @functools.wraps(device_put)
+        def batched_device_put(*xs, **params):
+            before_device_put(xs)
+            results = device_put(*xs, **params)
+            after_device_put(results)
+            return results
+
+        pxla.ExecuteReplicated.__call__ = execute_replicated
+        pjit._get_fastpath_data = get_fastpath_data
+        dispatch._batched_device_put_impl = batched_device_put
+        _hooks_installed = True
+
+
+def clear_dispatch_caches() -> None:
+    """Drop JAX's C++ dispatch caches, not the compiled executables
+    (``pjit._cpp_pjit_cache_*`` and ``PjitFunctionCache.clear_all``;
+    ``jax.clear_caches`` would also drop every compiled executable)."""
+    from jax._src import pjit
+    from jaxlib import _jax
+
+    pjit._cpp_pjit_cache_fun_only.clear()
+    pjit._cpp_pjit_cache_explicit_attributes.clear()
+    _jax.PjitFunctionCache.clear_all()
+
+
+def dispatch_hooks_installed() -> bool:
+    """Whether ``install_dispatch_hooks`` ran (until then no cache can bypass them)."""
+    return _hooks_installed
