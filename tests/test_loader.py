@@ -96,7 +96,7 @@ def test_failure_and_repair_replays_exactly_the_fault_free_samples(local_session
     assert sum(commit.values(), []) == list(range(12 * B))
     np.testing.assert_allclose(state, expected_state)
     details = [e.detail for e in pw.events(kind="sidecar")]
-    assert "loader samples: replay from step 3 on 1 shards" in details
+    assert "loader samples: replay from step 3 on 1 shard" in details
     assert "loader samples: replay from step 8 on 2 shards" in details
 
 

@@ -116,7 +116,7 @@ def test_cell_magic_defines_sidecars_for_the_chosen_slices(kernel):
     assert "[1] [1, 1, 1]" in reply.text
     assert "reading 3 rows on slice 1" in reply.text  # a sidecar's prints show in the calling cell
     reply = kernel.run("%pathways sidecar")
-    assert "sidecar calls" in reply.text and "slice 1: 1 calls" in reply.text
+    assert "sidecar calls" in reply.text and "slice 1: 1 call," in reply.text
 
 
 @pytest.mark.kernel
@@ -146,7 +146,7 @@ def test_notebook_feeds_a_training_loop_from_per_slice_loaders():
     text = "".join(outputs_text(cell) for cell in code_cells(execute("sidecar.ipynb")))
     assert "every sample exactly once: True" in text
     assert "committed steps saw every sample exactly once: True" in text
-    assert "1 recoveries" in text and "1 scale-ups" in text
-    assert "replay from step 10 on 1 shards" in text
+    assert "1 recovery, " in text and "1 scale-up, " in text
+    assert "replay from step 10 on 1 shard" in text
     assert "batch sharded over slices [0, 1]" in text
     assert "sidecar calls" in text

@@ -168,7 +168,7 @@ def test_snapshot_magics_in_the_kernel(kernel):
     assert reply.status == "ok", reply.error
     reply = kernel.run("%pathways snapshot w b --step 4")
     assert reply.status == "ok", reply.error
-    assert "snapshot 'w' step 4: 1 arrays, 256 B" in reply.text and "snapshot 'b' step 4" in reply.text
+    assert "snapshot 'w' step 4: 1 array, 256 B" in reply.text and "snapshot 'b' step 4" in reply.text
     reply = kernel.run("pw.snapshot_store().latest('w').wait().leaves[0].spec")
     assert "PartitionSpec('data', 'model')" in reply.text or "P('data', 'model')" in reply.text
     reply = kernel.run("%pathways snapshots")

@@ -36,6 +36,7 @@ from typing import Any, Callable
 
 from pathways_kernel.core.errors import MeshError, PathwaysError
 from pathways_kernel.core.eventlog import format_bytes
+from pathways_kernel.core.text import count
 from pathways_kernel.colocated.sidecars import (
     DEFAULT_TIMEOUT_S,
     SidecarError,
@@ -294,7 +295,7 @@ class Loader:
             "sidecar",
             slices_after=self._layout.slices,
             step=start,
-            detail=f"loader {self.name}: {self._layout.num_shards} shards, prefetch {prefetch}",
+            detail=f"loader {self.name}: {count(self._layout.num_shards, 'shard')}, prefetch {prefetch}",
         )
         self._schedule(start, self.prefetch)
 
@@ -371,7 +372,7 @@ class Loader:
             slices_before=before,
             slices_after=self._layout.slices,
             step=step,
-            detail=f"loader {self.name}: replay from step {step} on {self._layout.num_shards} shards",
+            detail=f"loader {self.name}: replay from step {step} on {count(self._layout.num_shards, 'shard')}",
         )
 
     def close(self) -> None:
@@ -415,7 +416,7 @@ class Loader:
         s = self.state()
         return (
             f"<loader {self.name}: step {s['step']}, slices {s['slices']}, prefetch {self.prefetch}, "
-            f"{s['queue_depth']} ready, {s['batches']} batches ({format_bytes(s['bytes'])}), {s['waits']} waits>"
+            f"{s['queue_depth']} ready, {count(s['batches'], 'batch')} ({format_bytes(s['bytes'])}), {count(s['waits'], 'wait')}>"
         )
 
     # -- producing ----------------------------------------------------------------
@@ -491,7 +492,7 @@ class Loader:
             bytes=c["bytes"] - s["bytes"],
             duration_s=s["busy_s"],
             step=step,
-            detail=f"loader {self.name}: {c['batches'] - s['batches']} batches, queue depth {depth}, {c['waits']} waits",
+            detail=f"loader {self.name}: {count(c['batches'] - s['batches'], 'batch')}, queue depth {depth}, {count(c['waits'], 'wait')}",
         )
         self._summary = {"time": now, "batches": c["batches"], "bytes": c["bytes"], "busy_s": 0.0}
 

@@ -42,6 +42,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from pathways_kernel.core.errors import PathwaysError, one_line
 from pathways_kernel.core.eventlog import format_bytes
+from pathways_kernel.core.text import count
 
 #: Seconds a sidecar call may run before it is reported as hung.
 DEFAULT_TIMEOUT_S = 60.0
@@ -140,8 +141,8 @@ class ActivityTable:
         ]
         for index, s in d["slices"].items():
             lines.append(
-                f"  slice {index}: {s['calls']} calls, {format_bytes(s['bytes'])}, {s['busy_s']:.2f} s busy, "
-                f"{s['errors']} errors, {s['timeouts']} timeouts"
+                f"  slice {index}: {count(s['calls'], 'call')}, {format_bytes(s['bytes'])}, {s['busy_s']:.2f} s busy, "
+                f"{count(s['errors'], 'error')}, {count(s['timeouts'], 'timeout')}"
             )
         for name, state in d["loaders"].items():
             lines.append("  loader " + name + ": " + ", ".join(f"{k} {v}" for k, v in state.items()))

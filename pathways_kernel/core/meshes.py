@@ -17,6 +17,7 @@ import numpy as np
 
 from pathways_kernel.core.errors import MeshError
 from pathways_kernel.core.slices import Slice
+from pathways_kernel.core.text import count
 
 DEFAULT_AXES = ("data", "model")
 
@@ -122,7 +123,7 @@ def parse_shape(text: str) -> tuple[int, ...]:
 
 def describe(mesh: Any) -> str:
     """One line: axis names and sizes."""
-    return "Mesh(" + ", ".join(f"{name}={size}" for name, size in mesh.shape.items()) + f") over {mesh.size} devices"
+    return "Mesh(" + ", ".join(f"{name}={size}" for name, size in mesh.shape.items()) + f") over {count(mesh.size, 'device')}"
 
 
 def _fmt(shape: Sequence[int]) -> str:

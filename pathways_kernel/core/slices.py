@@ -13,6 +13,7 @@ import html
 from typing import Any, Iterable, Literal, Sequence
 
 from pathways_kernel.core.display import TextDisplay
+from pathways_kernel.core.text import count
 from pathways_kernel.backends.base import Placement
 
 SliceState = Literal["up", "down"]
@@ -160,7 +161,7 @@ class Topology(TextDisplay):
 
 def _count(chips: int, devices: int) -> str:
     """``"8 chips"``, or ``"8 chips (16 devices)"`` where chips expose several cores."""
-    return f"{chips} chips" if chips == devices else f"{chips} chips ({devices} devices)"
+    return count(chips, "chip") if chips == devices else f"{count(chips, 'chip')} ({count(devices, 'device')})"
 
 
 def _chip_order(chip: Chip) -> tuple:

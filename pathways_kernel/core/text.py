@@ -1,14 +1,17 @@
-"""Counts in messages: "1 recovery", "2 recoveries"."""
+"""Counts in messages: "1 recovery", "2 recoveries", "1 array", "3 slice losses"."""
 
 from __future__ import annotations
 
-#: Plurals that are not the singular plus "s".
-_IRREGULAR = {"recovery": "recoveries"}
-
 
 def plural(word: str, n: int) -> str:
-    """``word`` as it goes with ``n`` of it."""
-    return word if n == 1 else _IRREGULAR.get(word, word + "s")
+    """``word`` (a noun, or a phrase ending in one) as it goes with ``n`` of it."""
+    if n == 1:
+        return word
+    if word.endswith(("s", "x", "ch", "sh")):
+        return word + "es"
+    if word.endswith("y") and word[-2:-1] not in ("a", "e", "i", "o", "u"):
+        return word[:-1] + "ies"
+    return word + "s"
 
 
 def count(n: int, word: str) -> str:

@@ -19,6 +19,7 @@ from pathways_kernel.monitoring import telemetry
 from pathways_kernel.core.errors import PathwaysError
 from pathways_kernel.core.eventlog import Event, format_bytes
 from pathways_kernel.core.slices import Topology
+from pathways_kernel.core.text import count
 
 MAX_DASHBOARDS = 4
 #: Slices drawn one row each; beyond this the dashboard shows totals only.
@@ -74,7 +75,7 @@ class Dashboard:
         parts = [
             f"<b>Pathways</b> {html.escape(session.backend.spec)}",
             f"{len(t.up_slices)}/{len(t.slices)} slices up",
-            f"{len(t.chips)} chips",
+            count(len(t.chips), "chip"),
         ]
         if m is not None:
             parts.append(f"utilization {m.total_utilization:.0%}")

@@ -18,6 +18,7 @@ from pathways_kernel.core.display import TextDisplay
 from pathways_kernel.state import snapshots
 from pathways_kernel.core.errors import PathwaysError
 from pathways_kernel.core.eventlog import format_bytes
+from pathways_kernel.core.text import count
 
 
 @dataclasses.dataclass
@@ -32,7 +33,7 @@ class AutoStatus(TextDisplay):
         if not self.on:
             return "autosnapshot off"
         limit = "no limit" if self.max_bytes is None else f"at most {format_bytes(self.max_bytes)}"
-        text = f"autosnapshot on ({limit}); {len(self.names)} variables held, {format_bytes(self.held_bytes)}"
+        text = f"autosnapshot on ({limit}); {count(len(self.names), 'variable')} held, {format_bytes(self.held_bytes)}"
         if self.skipped:
             text += f"; skipped (too large): {', '.join(self.skipped)}"
         return text

@@ -34,6 +34,7 @@ import numpy as np
 
 from pathways_kernel.core.errors import PathwaysError
 from pathways_kernel.core.eventlog import format_bytes
+from pathways_kernel.core.text import count
 
 #: Completed snapshots kept per name unless configured otherwise.
 DEFAULT_KEEP = 2
@@ -204,7 +205,7 @@ class Snapshot:
     def summary(self) -> str:
         state = "copying" if not self.done() else "ok" if self.ok() else "failed"
         step = "" if self.step is None else f" step {self.step}"
-        return f"snapshot '{self.name}'{step}: {len(self.leaves)} arrays, {format_bytes(self.nbytes)}, {state}"
+        return f"snapshot '{self.name}'{step}: {count(len(self.leaves), 'array')}, {format_bytes(self.nbytes)}, {state}"
 
     def __repr__(self) -> str:
         return f"<{self.summary()}>"
@@ -523,7 +524,7 @@ class SnapshotStore:
         if self.events is not None:
             self.events.emit(
                 "snapshot", bytes=snap.nbytes, duration_s=snap.duration_s, step=snap.step,
-                detail=f"'{snap.name}' {len(snap.leaves)} arrays, {_throughput(snap)}",
+                detail=f"'{snap.name}' {count(len(snap.leaves), 'array')}, {_throughput(snap)}",
             )
 
     def _file(self, snap: Snapshot) -> None:
@@ -627,7 +628,7 @@ class Origin:
         import jax
 
         leaves = [leaf for leaf in jax.tree.leaves(value) if _is_device_array(leaf)]
-        return bool(leaves) and len(leaves) == len(self.arrays) and all(ref() is leaf for ref, leaf in zip(self.arrays, leaves))
+        return bool(leaves) and len(leaves) == len(self.arrays) and all(ref() is leaf for ref, leaf in zip(self.arrays, leaves, strict=True))
 
 
 def _throughput(snap: Snapshot) -> str:

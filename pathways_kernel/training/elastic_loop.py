@@ -49,13 +49,14 @@ import math
 import numbers
 import threading
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from pathways_kernel.core import meshes
-from pathways_kernel.state import snapshots
 from pathways_kernel.core.errors import PathwaysError, one_line
 from pathways_kernel.core.sessions import Session, session
 from pathways_kernel.core.text import count
+from pathways_kernel.state import snapshots
 
 #: Consecutive failures (without a new good snapshot in between) before giving up.
 DEFAULT_MAX_RETRIES = 10
@@ -366,7 +367,7 @@ class Elastic:
                     s.events.emit("retry", step=step, detail=f"attempt {failures}: {_reason(error)}")
                     if not self.retry_policy(failures, error):
                         raise ElasticError(
-                            f"elastic '{self.name}' gave up after {failures} consecutive slice losses at step {step}; "
+                            f"elastic '{self.name}' gave up after {count(failures, 'consecutive slice loss')} at step {step}; "
                             f"restore the slices (%pathways restore N) and run it again, or raise --max-retries"
                         ) from error
                     recover, scale_up = True, False
