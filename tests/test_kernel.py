@@ -78,12 +78,36 @@ def test_mesh_is_bound_into_the_namespace(kernel):
         ("%pathways mesh --bogus", "unrecognized arguments: --bogus"),
         ("%pathways status extra", "unrecognized arguments: extra"),
         ("pw.mesh(dcn=(5, 1))", "DCN shape 5x1 needs 5 slices"),
+        ("%pathways connect local:" + "9" * 5000 + "x1", "that many devices is more than the 4096"),
+        ("%pathways connect local:\uff12x\uff14", "bad local spec 'local:\\uff12x\\uff14'"),
+        ("%pathways events --last=-5", "argument --last: must be at least 1, got -5"),
+        ("%pathways events --last 0", "argument --last: must be at least 1, got 0"),
+        ("%pathways events --last nan", "argument --last: expected a whole number"),
+        ("%pathways events --last " + "9" * 5000, "argument --last: must be at most"),
+        ("%pathways events --kind ''", "argument --kind: must not be empty"),
+        ("%pathways mesh --axes ,,", "argument --axes: an empty name"),
+        ("%pathways mesh --axes data,,model", "argument --axes: an empty name"),
+        ("%pathways mesh --axes 'da ta,model'", "'da ta' is not a Python name"),
+        ("%pathways mesh --dcn ''", "argument --dcn: must not be empty"),
+        ("%pathways mesh --name ''", "argument --name: must not be empty"),
+        ("%pathways mesh --name pw", "'pw' is the module pathways_kernel"),
+        ("%pathways mesh --name pw --overwrite", "'pw' is the module pathways_kernel"),
+        ("%pathways mesh --name Out --overwrite", "'Out' belongs to IPython"),
+        ("%pathways mesh --name class", "'class' is not a valid Python name"),
+        ("%pathways mesh --name list", "'list' would shadow the Python builtin list"),
+        ("%pathways connect grpc://127.0.0.1:1 --timeout nan", "argument --timeout: expected a finite number"),
+        ("%pathways connect grpc://127.0.0.1:1 --timeout=-1", "argument --timeout: must be more than 0 s"),
+        ("%pathways connect grpc://127.0.0.1:1 --timeout 0", "argument --timeout: must be more than 0 s"),
+        ("%pathways connect grpc://127.0.0.1:1 --timeout 1e300", "argument --timeout: must be at most 3600 s"),
+        ("%pathways connect sps --count 0", "argument --count: must be at least 1"),
+        ("%pathways reconnect --timeout inf", "argument --timeout: expected a finite number"),
     ],
 )
 def test_bad_input_is_one_clear_line_and_the_kernel_stays_healthy(kernel, code, fragment):
     line = one_line(kernel.run(code))
     assert fragment in line
-    assert kernel.run("print(pw.status().devices)").text.strip() == "8"
+    assert len(line) < 300  # what the user typed is not echoed back whole
+    assert kernel.run("print(pw.status().devices, type(pw).__name__)").text.split() == ["8", "module"]
 
 
 def test_connect_before_first_computation_switches_the_backend(fresh_kernel):

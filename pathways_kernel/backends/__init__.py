@@ -19,7 +19,8 @@ BACKEND_ENV = "PATHWAYS_BACKEND"
 #: Upper bound on emulated devices; XLA's CPU client gets slow far beyond it.
 MAX_LOCAL_DEVICES = 4096
 
-_LOCAL = re.compile(r"^local(?::(?P<body>.*))?$")
+_LOCAL = re.compile(r"^local(?::(?P<body>.*))?$", re.DOTALL)
+_LOCAL_BODY = re.compile(r"([0-9]+)[xX]([0-9]+)")
 # HOST:PORT without a scheme: a proxy address missing its grpc://.
 _HOST_PORT = re.compile(r"^[\w.\-\[\]:]+:\d+$")
 
@@ -37,20 +38,28 @@ def parse_local(body: str | None) -> tuple[int, int]:
     """``"2x4"`` -> ``(2, 4)``; raises ``SpecError`` with the fix on bad input."""
     if body is None or body == "":
         return 2, 4
-    parts = body.lower().split("x")
-    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+    # Escaped, so that a full-width digit or a newline shows as what it is; cut, so that it stays one line.
+    shown = body[:20].encode("unicode_escape").decode() + ("..." if len(body) > 20 else "")
+    # ASCII digits only: str.isdigit and int() also take full-width ones.
+    match = _LOCAL_BODY.fullmatch(body)
+    if match is None:
         raise SpecError(
-            f"bad local spec 'local:{body}': expected local:SxC with S slices of C chips, e.g. local:2x4"
+            f"bad local spec 'local:{shown}': expected local:SxC with S slices of C chips (digits 0-9), e.g. local:2x4"
         )
-    slices, chips = int(parts[0]), int(parts[1])
-    if slices < 1 or chips < 1:
-        raise SpecError(f"bad local spec 'local:{body}': slices and chips must be at least 1, e.g. local:2x4")
-    if slices * chips > MAX_LOCAL_DEVICES:
-        raise SpecError(
-            f"bad local spec 'local:{body}': {slices * chips} devices is more than the "
-            f"{MAX_LOCAL_DEVICES} the embedded backend emulates"
-        )
-    return slices, chips
+    digits = [group.lstrip("0") for group in match.groups()]
+    if not all(digits):
+        raise SpecError(f"bad local spec 'local:{shown}': slices and chips must be at least 1, e.g. local:2x4")
+    # Numbers this long are too many devices anyway; int() of thousands of digits is slow or refused.
+    if any(len(d) > 9 for d in digits):
+        devices = "that many"
+    else:
+        slices, chips = int(digits[0]), int(digits[1])
+        if slices * chips <= MAX_LOCAL_DEVICES:
+            return slices, chips
+        devices = str(slices * chips)
+    raise SpecError(
+        f"bad local spec 'local:{shown}': {devices} devices is more than the {MAX_LOCAL_DEVICES} the embedded backend emulates"
+    )
 
 
 def from_spec(spec: str, *, timeout: float | None = None, insecure: bool | None = None) -> Backend:

@@ -9,7 +9,10 @@ and register themselves on import.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import math
+import re
 import shlex
 from typing import Any, Callable
 
@@ -70,6 +73,77 @@ def top_level_help() -> str:
     lines.append("")
     lines.append("%pathways SUBCOMMAND --help for its options.")
     return "\n".join(lines)
+
+
+#: Largest whole number an option takes: steps and counts end up in int64 fields.
+MAX_INT = 2**63 - 1
+
+_INT = re.compile(r"[+-]?[0-9]+")
+
+
+def _shown(text: str) -> str:
+    """``text`` quoted for a one-line message: escaped, and cut when long."""
+    return repr(text if len(text) <= 40 else text[:40] + "...")
+
+
+def integer(minimum: int, maximum: int = MAX_INT) -> Callable[[str], int]:
+    """An argparse ``type``: an ASCII whole number in ``[minimum, maximum]``."""
+
+    def parse(text: str) -> int:
+        # int() would also take full-width digits and '1_000', and refuses 5000 digits in a traceback.
+        if not _INT.fullmatch(text.strip()):
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {_shown(text)}")
+        if len(text.strip().lstrip("+-").lstrip("0")) > len(str(MAX_INT)):
+            raise argparse.ArgumentTypeError(f"must be at most {maximum}, got {_shown(text)}")
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum}, got {value}")
+        return value
+
+    return parse
+
+
+def seconds(minimum: float, maximum: float, allow_minimum: bool = True) -> Callable[[str], float]:
+    """An argparse ``type``: a finite number of seconds in ``[minimum, maximum]``
+    (``(minimum, maximum]`` unless ``allow_minimum``)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number of seconds, got {_shown(text)}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"expected a finite number of seconds, got {_shown(text)}")
+        if value < minimum or (value == minimum and not allow_minimum):
+            raise argparse.ArgumentTypeError(f"must be {'at least' if allow_minimum else 'more than'} {minimum:g} s, got {value:g}")
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum:g} s, got {value:g}")
+        return value
+
+    return parse
+
+
+#: ``--timeout`` of connect/reconnect: a pre-flight longer than an hour is a typo, not a slow network.
+preflight_seconds = seconds(0.0, 3600.0, allow_minimum=False)
+
+
+def name_list(text: str) -> list[str]:
+    """An argparse ``type``: comma-separated Python names, none empty (``a,b``)."""
+    names = [n.strip() for n in text.split(",")]
+    bad = next((n for n in names if not n.isidentifier()), None)
+    if bad is not None:
+        what = "an empty name" if not bad else f"{_shown(bad)} is not a Python name"
+        raise argparse.ArgumentTypeError(f"{what} in {_shown(text)}: give comma-separated names, e.g. data,model")
+    return names
+
+
+def non_empty(text: str) -> str:
+    """An argparse ``type``: any string but an empty or blank one."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
 
 
 class Text(str):

@@ -9,12 +9,13 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from pathways_kernel import api
 from pathways_kernel.backends import connection
-from pathways_kernel.magics import subcommand
+from pathways_kernel.magics import preflight_seconds, subcommand
 
 
 @subcommand("reconnect")
 @magic_arguments(name="pathways reconnect")
-@argument("--timeout", type=float, default=None, help="proxy: seconds for the pre-flight check (default: as before)")
+@argument("--timeout", type=preflight_seconds, default=None,
+          help="proxy: seconds for the pre-flight check (default: as before)")
 def reconnect(shell: Any, args: Any, cell: str | None):
     """Clear JAX's backends and caches and connect again to the same backend (after a disconnect)."""
     connection.reconnect(timeout=args.timeout)

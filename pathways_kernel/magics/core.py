@@ -9,8 +9,11 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from pathways_kernel import api
 from pathways_kernel.backends import connection
 from pathways_kernel.core import meshes
-from pathways_kernel.magics import Text, subcommand
+from pathways_kernel.magics import Text, integer, name_list, non_empty, preflight_seconds, subcommand
 from pathways_kernel.core.slices import DeviceTable
+
+#: More slices than any one Pathways cluster runs.
+MAX_SLICES = 4096
 
 
 @subcommand("status")
@@ -36,19 +39,18 @@ def devices(shell: Any, args: Any, cell: str | None):
 
 @subcommand("mesh")
 @magic_arguments(name="pathways mesh")
-@argument("--axes", default=None, help="comma-separated axis names (default: data,model)")
-@argument("--dcn", default=None, help="sizes across slices per axis, e.g. 2,1 (product = live slices)")
-@argument("--ici", default=None, help="sizes within a slice per axis, e.g. 1,4 (product = chips per slice)")
-@argument("--name", default="mesh", help="bind the mesh to this name in the namespace (default: mesh)")
+@argument("--axes", type=name_list, default=None, help="comma-separated axis names (default: data,model)")
+@argument("--dcn", type=non_empty, default=None, help="sizes across slices per axis, e.g. 2,1 (product = live slices)")
+@argument("--ici", type=non_empty, default=None, help="sizes within a slice per axis, e.g. 1,4 (product = chips per slice)")
+@argument("--name", type=non_empty, default="mesh", help="bind the mesh to this name in the namespace (default: mesh)")
 @argument("--no-bind", action="store_true", help="do not bind the mesh into the namespace")
 @argument("--overwrite", action="store_true", help="let --name replace a value of another type")
 def mesh(shell: Any, args: Any, cell: str | None):
     """Build a multi-slice mesh over the live slices: a DCN axis across slices, ICI axes within."""
-    axes = [a.strip() for a in args.axes.split(",") if a.strip()] if args.axes else None
     m = api.mesh(
-        axes,
-        meshes.parse_shape(args.dcn) if args.dcn else None,
-        meshes.parse_shape(args.ici) if args.ici else None,
+        args.axes,
+        None if args.dcn is None else meshes.parse_shape(args.dcn),
+        None if args.ici is None else meshes.parse_shape(args.ici),
         name=None if args.no_bind else args.name,
         overwrite=args.overwrite,
     )
@@ -60,7 +62,8 @@ def mesh(shell: Any, args: Any, cell: str | None):
 @magic_arguments(name="pathways connect")
 @argument("spec", help="local:SxC (embedded, e.g. local:2x4), grpc://HOST:PORT (Pathways proxy) or sps (shared service)")
 @argument("--force", action="store_true", help="switch even if device arrays would be discarded")
-@argument("--timeout", type=float, default=None, help="proxy: seconds for the pre-flight check (default 5)")
+@argument("--timeout", type=preflight_seconds, default=None,
+          help="proxy: seconds for the pre-flight check (default 5)")
 @argument("--insecure", action="store_true", default=None,
           help="proxy: plaintext gRPC, as kubectl port-forward gives (default: ALTS, or $IFRT_PROXY_USE_INSECURE_GRPC_CREDENTIALS)")
 @argument("--cluster", default="", help="sps: GKE cluster name")
@@ -68,7 +71,7 @@ def mesh(shell: Any, args: Any, cell: str | None):
 @argument("--region", default="", help="sps: cluster location")
 @argument("--service", default="", help="sps: HOST:PORT of the Pathways head")
 @argument("--tpu", default="", help="sps: TYPE:TOPOLOGY, e.g. tpuv6e:2x2")
-@argument("--count", type=int, default=1, help="sps: number of slices (default 1)")
+@argument("--count", type=integer(1, MAX_SLICES), default=1, help="sps: number of slices (default 1)")
 @argument("--bucket", default="", help="sps: gs:// scratch location for the proxy")
 @argument("--proxy-image", default=None, help="sps: proxy server image (default: the one the service needs)")
 def connect(shell: Any, args: Any, cell: str | None):
@@ -86,8 +89,8 @@ def connect(shell: Any, args: Any, cell: str | None):
 
 @subcommand("events")
 @magic_arguments(name="pathways events")
-@argument("--last", type=int, default=20, help="show the last N events (default 20)")
-@argument("--kind", default=None, help="only events of this kind, e.g. slice_down")
+@argument("--last", type=integer(1), default=20, help="show the last N events (default 20)")
+@argument("--kind", type=non_empty, default=None, help="only events of this kind, e.g. slice_down")
 def events(shell: Any, args: Any, cell: str | None):
     """The session's event log: slice up/down, reshards, snapshots, transfers, ..."""
     return api.events_table(args.last, args.kind)
