@@ -22,9 +22,11 @@ from jax.sharding import PartitionSpec as P
 
 from pathways_kernel.state import compile_cache
 from pathways_kernel.state import storage
-from pathways_kernel.core.errors import NotSupportedError, StorageError, one_line
+from pathways_kernel.core.errors import NotSupportedError, PathwaysError, StorageError, one_line
 from pathways_kernel.core.eventlog import EventLog
 from pathways_kernel.state.snapshots import Snapshot
+
+pytest_plugins = ["mounts"]  # full_disk, read_only
 
 
 def host_snapshot(seed: int, name: str = "state", step: int | None = None, mib: float = 1.0) -> Snapshot:
@@ -66,12 +68,38 @@ def load(url: str) -> Snapshot:
     ("gs://bucket/a//b", "empty or relative"),
     ("http:/weird", "malformed storage URL"),
     ("", "no storage URL"),
+    ("gs://bucket/" + "p" * 2000, "prefix of 2000 bytes"),
+    ("gs://bucket/a\x00b", "control characters"),
+    ("gs://bucket/a\nb", "control characters"),
+    ("/tmp/a\x00b", "control characters"),
+    ("/tmp/" + "d" * 300, "too long"),
+    ("/tmp/" + "d/" * 2100, "too long"),
 ])
 def test_malformed_urls_are_one_clear_line(url, says):
     with pytest.raises(StorageError) as info:
         storage.parse_url(url)
     line = one_line(info.value)
     assert says in line and "\n" not in line
+    assert len(line) < 300  # a 4 KiB URL is not echoed back whole
+
+
+def test_dot_dot_in_a_local_path_names_the_normalised_directory(tmp_path):
+    (tmp_path / "a").mkdir()
+    assert storage.parse_url(f"{tmp_path}/a/../snaps").path == f"{tmp_path}/snaps"
+    assert storage.parse_url(f"file://{tmp_path}/a/../snaps").path == f"{tmp_path}/snaps"
+    snap = host_snapshot(4)
+    info = persist(snap, f"{tmp_path}/a/../snaps")
+    assert info.url == f"{tmp_path}/snaps/state"
+    assert [i.id for i in storage.list_snapshots(f"{tmp_path}/snaps")] == ["state"]
+    assert same(snap, load(f"file://{tmp_path}/a/../snaps/state"))
+
+
+def test_a_leaf_of_zeros_persists_and_restores(tmp_path):
+    """Tensorstore skips chunks equal to the fill value unless told; optimizer state starts at zero."""
+    snap = Snapshot.from_host({"mu": np.zeros((512, 256), np.float32), "b": np.ones(4, np.int8)},
+                              {"mu": None, "b": None}, (), "opt")
+    persist(snap, str(tmp_path))
+    assert same(snap, load(str(tmp_path)))
 
 
 def test_urls_parse_to_bucket_and_prefix(tmp_path):
@@ -239,6 +267,40 @@ def test_tensorstore_errors_map_to_the_same_lines():
     assert "bucket 'bkt' does not exist" in str(storage.storage_error(missing, "persist", where))
     down = ValueError("ABORTED: All 2 retry attempts failed: CURL error Could not connect to server")
     assert "cannot reach Cloud Storage" in str(storage.storage_error(down, "persist", where))
+
+
+def test_full_disk_is_one_line_and_leaves_nothing_behind(full_disk):
+    url = str(full_disk / "run")
+    with pytest.raises(StorageError) as info:
+        persist(host_snapshot(70, mib=4), url)
+    line = one_line(info.value)
+    assert "no space left" in line and "free some space or choose another directory" in line, line
+    assert list(full_disk.iterdir()) == []  # the partial data is gone: the disk is not left full
+    small = host_snapshot(71, mib=0.25)
+    persist(small, url)  # so a smaller one fits afterwards
+    assert same(small, load(url))
+
+
+def test_read_only_directory_can_be_listed_and_restored_but_not_written(read_only, tmp_path):
+    snap = host_snapshot(80)
+    persist(snap, str(read_only.source / "run"))
+    url = str(read_only.path / "run")
+    assert [i.id for i in storage.list_snapshots(url)] == ["state"]
+    assert same(snap, load(url))  # the newest under a prefix, found by listing
+    assert same(snap, load(url + "/state"))
+    assert storage.list_snapshots(str(read_only.path / "nothing-here")) == []
+    with pytest.raises(StorageError, match="read-only file system; choose a writable directory"):
+        persist(host_snapshot(81), url, "more")
+    with pytest.raises(StorageError, match="read-only file system") as info:
+        compile_cache.enable(str(read_only.path / "jax-cache"))
+    assert "\n" not in one_line(info.value)
+
+
+@pytest.mark.parametrize("seconds", [float("nan"), float("inf"), -1.0])
+def test_compile_cache_refuses_a_minimum_compile_time_that_is_not_a_time(tmp_path, seconds):
+    with pytest.raises(PathwaysError, match="bad minimum compile time"):
+        compile_cache.enable(str(tmp_path), seconds)
+    assert compile_cache.status().location is None
 
 
 # -- the storage server dies mid-upload -------------------------------------------------

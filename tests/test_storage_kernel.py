@@ -16,6 +16,7 @@ import pytest
 from kernels import Kernel
 
 pytestmark = pytest.mark.kernel
+pytest_plugins = ["mounts"]  # full_disk, read_only
 
 SETUP = """
 import numpy as np, jax, jax.numpy as jnp
@@ -176,3 +177,75 @@ def test_compile_cache_in_bucket_is_warm_in_a_fresh_kernel(gcs_server):
         assert ok(warm, "%pathways cache off").text.strip() == "persistent compilation cache: off"
     finally:
         warm.shutdown()
+
+
+# -- refusals: full disks, read-only stores, lost data, hostile input ----------------------
+def test_full_disk_persist_and_checkpoint_are_one_line_and_leave_nothing(nb, full_disk):
+    ok(nb, "noise = jax.random.normal(jax.random.key(0), (1024, 1024))")  # 4 MiB that do not compress
+    line = one_line_error(nb, f"pw.persist(noise, '{full_disk}/snaps', name='noise').wait()")
+    assert "StorageError" in line and "no space left" in line, line
+    # orbax fails in several background threads; the user gets one line, not hundreds of stderr lines.
+    line = one_line_error(nb, f"%pathways checkpoint save {full_disk}/ckpt --step 1 --vars noise --wait")
+    assert "no space left" in line and "free some space or choose another directory" in line, line
+    assert list(full_disk.iterdir()) == []  # no orbax temporary directory, no partial data
+    reply = ok(nb, "%pathways checkpoint save gs://notebook/after-full --step 1 --vars noise --wait")
+    assert "done" in reply.text and not reply.error.strip(), reply.error
+
+
+def test_checkpoint_of_a_variable_lost_with_a_slice_names_it(nb, tmp_path):
+    ok(nb, "onslice = jax.device_put(jnp.ones((8, 8)), NamedSharding(m, P('data', 'model')))\n"
+           "pw.fail_slice(1)")
+    try:
+        line = one_line_error(nb, f"%pathways checkpoint save {tmp_path}/ckpt --step 1 --vars onslice --wait")
+        assert "cannot checkpoint onslice: its data was lost with a slice (DATA_LOSS)" in line, line
+        assert "restore it from a snapshot or recompute it" in line
+    finally:
+        ok(nb, "pw.restore_slice(1)\ndel onslice")
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_read_only_store_lists_and_restores(nb, read_only):
+    ok(nb, f"pw.persist(state, '{read_only.source}/snaps', name='state').wait()\n"
+           f"%pathways checkpoint save {read_only.source}/ckpt --step 2 --vars state --wait")
+    assert "state" in ok(nb, f"%pathways snapshots list {read_only.path}/snaps").text
+    reply = ok(nb, f"%pathways snapshots restore {read_only.path}/snaps --name from_ro\nprint(same(from_ro))")
+    assert reply.text.strip().endswith("True"), reply.text
+    assert "steps 2" in ok(nb, f"%pathways checkpoint list {read_only.path}/ckpt").text
+    reply = ok(nb, f"%pathways checkpoint restore {read_only.path}/ckpt\nprint(same(state))")
+    assert reply.text.strip().endswith("True") and not reply.error.strip(), reply.error
+    line = one_line_error(nb, f"%pathways checkpoint save {read_only.path}/ckpt --step 3 --vars state")
+    assert "read-only file system" in line, line
+    line = one_line_error(nb, f"%pathways cache {read_only.path}/jax-cache")
+    assert "StorageError" in line and "read-only file system; choose a writable directory" in line, line
+
+
+@pytest.mark.parametrize("code, says", [
+    ("%pathways checkpoint save {d}/c --step=-1 --vars state", "argument --step: must be at least 0, got -1"),
+    ("%pathways checkpoint save {d}/c --step nan --vars state", "argument --step: expected a whole number"),
+    ("%pathways checkpoint save {d}/c --step 99999999999999999999 --vars state", "argument --step: must be at most"),
+    ("%pathways checkpoint save {d}/c --step 1 --keep 0 --vars state", "argument --keep: must be at least 1"),
+    ("%pathways checkpoint save {d}/c --step 1 --vars state,,b", "argument --vars: an empty name"),
+    ("%pathways checkpoint restore {d}/c --step=-2", "argument --step: must be at least 0"),
+    ("%pathways cache {d}/cc --min-compile-s nan", "argument --min-compile-s: expected a finite number"),
+    ("%pathways cache {d}/cc --min-compile-s=-1", "argument --min-compile-s: must be at least 0 s"),
+    ("pw.checkpoint_save(state, '{d}/c', -1)", "bad checkpoint step -1"),
+    ("%pathways snapshots list {d}/a\x00b", "control characters"),
+    ("%pathways snapshots list gs://notebook/" + "p" * 2000, "prefix of 2000 bytes"),
+])
+def test_numbers_and_names_that_make_no_sense_are_refused(nb, tmp_path, code, says):
+    line = one_line_error(nb, code.format(d=tmp_path))
+    assert says in line and len(line) < 300, line
+    assert not (tmp_path / "c").exists()
+
+
+def test_restore_never_rebinds_the_notebooks_own_names(nb, tmp_path):
+    ok(nb, f"pw.persist(state, '{tmp_path}/snaps', name='state').wait()")
+    for name, says in [("pw", "'pw' is the module pathways_kernel"), ("In", "'In' belongs to IPython"),
+                       ("class", "not a valid Python name"), ("len", "would shadow the Python builtin len")]:
+        line = one_line_error(nb, f"%pathways snapshots restore {tmp_path}/snaps --name {name}")
+        assert says in line, line
+    # A checkpoint whose variable names clash binds none of them.
+    ok(nb, f"pw.checkpoint_save({{'pw': state['b'], 'fine': state['b']}}, '{tmp_path}/clash', 1).wait()")
+    line = one_line_error(nb, f"%pathways checkpoint restore {tmp_path}/clash")
+    assert "'pw' is the module pathways_kernel" in line, line
+    assert ok(nb, "print(type(pw).__name__, 'fine' in dir())").text.strip() == "module False"

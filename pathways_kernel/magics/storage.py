@@ -17,8 +17,8 @@ from pathways_kernel.core import progress
 from pathways_kernel.state import snapshots
 from pathways_kernel.state import storage
 from pathways_kernel.core.errors import NamespaceError, PathwaysError
-from pathways_kernel.magics import Text, subcommand
-from pathways_kernel.core.namespace import bind, user_namespace
+from pathways_kernel.magics import MAX_INT, Text, integer, name_list, seconds, subcommand
+from pathways_kernel.core.namespace import bind, check_bindable, user_namespace
 
 progress.install()
 
@@ -42,8 +42,10 @@ def remote_snapshots(action: str, url: str | None, name: str | None) -> Any:
     if action == "list":
         return storage.list_snapshots(url)
     info = storage.read_info(url)
-    tree = storage.restore(info.url)
     target = name or info.name
+    # Refused before the download: a restore replaces a variable's data, never the notebook's own names.
+    check_bindable(target, None, overwrite=True)
+    tree = storage.restore(info.url)
     bind(target, tree, overwrite=True)
     return Text(f"restored {info.id} ({len(info.manifest['leaves'])} arrays) from {info.url} -> bound to '{target}'")
 
@@ -52,9 +54,11 @@ def remote_snapshots(action: str, url: str | None, name: str | None) -> Any:
 @magic_arguments(name="pathways checkpoint")
 @argument("action", choices=("save", "restore", "list"), help="save variables, restore them, or list saved steps")
 @argument("url", help="gs://BUCKET/PREFIX or a local directory (one orbax checkpoint directory)")
-@argument("--step", type=int, default=None, help="the step to save (required) or restore (default: latest)")
-@argument("--vars", default=None, help="comma-separated variables to save (default: every variable holding jax arrays)")
-@argument("--keep", type=int, default=checkpoints.DEFAULT_KEEP, help="checkpoints kept in the directory (default 3)")
+@argument("--step", type=integer(0, checkpoints.MAX_STEP), default=None,
+          help="the step to save (required) or restore (default: latest)")
+@argument("--vars", type=name_list, default=None,
+          help="comma-separated variables to save (default: every variable holding jax arrays)")
+@argument("--keep", type=integer(1, MAX_INT), default=checkpoints.DEFAULT_KEEP, help="checkpoints kept in the directory (default 3)")
 @argument("--wait", action="store_true", help="block until the save is committed")
 def checkpoint(shell: Any, args: Any, cell: str | None):
     """Orbax checkpoints of notebook variables: async save, restore onto the live slices, list."""
@@ -64,6 +68,9 @@ def checkpoint(shell: Any, args: Any, cell: str | None):
         restored = checkpoints.restore(args.url, args.step)
         if not isinstance(restored, dict) or not all(isinstance(k, str) and k.isidentifier() for k in restored):
             raise PathwaysError(f"checkpoint in {args.url} was not saved from notebook variables; use pw.checkpoint_restore() instead")
+        # All or none: a checkpoint naming one of the notebook's own names binds nothing.
+        for var, value in restored.items():
+            check_bindable(var, value, overwrite=True)
         for var, value in restored.items():
             bind(var, value, overwrite=True)
         step = "latest step" if args.step is None else f"step {args.step}"
@@ -73,11 +80,10 @@ def checkpoint(shell: Any, args: Any, cell: str | None):
     ns = user_namespace()
     if ns is None:
         raise NamespaceError("checkpointing variables needs a notebook; call pw.checkpoint_save(tree, url, step) instead")
-    names = [n.strip() for n in args.vars.split(",") if n.strip()] if args.vars else None
-    for var in names or ():
+    for var in args.vars or ():
         if var not in ns:
             raise NamespaceError(f"no variable '{var}' in the notebook; define it or check the spelling")
-    values = snapshots.device_values(ns, names)
+    values = snapshots.device_values(ns, args.vars)
     if not values:
         raise NamespaceError("no variable holds jax arrays: nothing to checkpoint")
     transfer = checkpoints.save(values, args.url, args.step, keep=args.keep)
@@ -90,7 +96,7 @@ def checkpoint(shell: Any, args: Any, cell: str | None):
 @subcommand("cache")
 @magic_arguments(name="pathways cache")
 @argument("location", nargs="?", default=None, help="gs://BUCKET/PREFIX, a directory, or off (default: show status)")
-@argument("--min-compile-s", type=float, default=compile_cache.DEFAULT_MIN_COMPILE_S,
+@argument("--min-compile-s", type=seconds(0.0, 86400.0), default=compile_cache.DEFAULT_MIN_COMPILE_S,
           help="cache only programs that take at least this long to compile (default 0.2)")
 def cache(shell: Any, args: Any, cell: str | None):
     """JAX's persistent compilation cache in Cloud Storage or a directory; hits and misses become events."""

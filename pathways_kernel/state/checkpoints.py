@@ -13,6 +13,10 @@ reads each shard directly into its new layout.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import sys
 import threading
 from typing import Any
 
@@ -23,32 +27,112 @@ from pathways_kernel.core.errors import StorageError
 from pathways_kernel.state.transfers import Transfer
 
 DEFAULT_KEEP = 3
+#: orbax names steps by int64.
+MAX_STEP = 2**63 - 1
 
 
 class Checkpoints:
-    """The session's checkpoint managers, one per directory (session extension)."""
+    """The session's checkpoint managers, one per directory (session extension).
+
+    A directory only read from (list, restore) gets a reading manager, which
+    needs no write access and creates nothing; the first save there replaces
+    it with a writing one.
+    """
 
     def __init__(self) -> None:
-        self._managers: dict[str, Any] = {}
+        self._managers: dict[str, tuple[Any, int | None]] = {}  # url -> (writing manager, its keep)
+        self._readers: dict[str, Any] = {}
         self._lock = threading.Lock()
 
-    def manager(self, location: storage.Location, keep: int | None = DEFAULT_KEEP) -> Any:
+    def manager(self, location: storage.Location, keep: int | None = DEFAULT_KEEP, write: bool = True) -> Any:
         import orbax.checkpoint as ocp
 
         with self._lock:
-            if location.url not in self._managers:
-                # orbax finds a missing bucket only in its background thread, in many log lines.
-                storage.objects_for(location).check(location)
-                options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=True, create=True)
-                self._managers[location.url] = ocp.CheckpointManager(_path(location), options=options, item_names=("state", "layout"))
-            return self._managers[location.url]
+            existing = self._managers.get(location.url)
+            if existing is not None and (not write or existing[1] == keep):
+                return existing[0]
+            # orbax finds a missing bucket only in its background thread, in many log lines.
+            storage.objects_for(location).check(location, write=write)
+            if not write:
+                if location.url not in self._readers:
+                    # Not read_only=True: orbax warns on every start of such a manager.
+                    options = ocp.CheckpointManagerOptions(create=False, enable_async_checkpointing=False)
+                    self._readers[location.url] = ocp.CheckpointManager(_path(location), options=options, item_names=("state", "layout"))
+                return self._readers[location.url]
+            if existing is not None:  # another --keep: orbax reads max_to_keep only when it starts
+                _close(existing[0])
+            if (reader := self._readers.pop(location.url, None)) is not None:
+                reader.close()
+            options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=True, create=True)
+            manager = ocp.CheckpointManager(_path(location), options=options, item_names=("state", "layout"))
+            self._managers[location.url] = (manager, keep)
+            return manager
+
+    def forget(self, location: storage.Location) -> None:
+        """Drop the writing manager of a directory after a failed save: the next one starts clean."""
+        with self._lock:
+            existing = self._managers.pop(location.url, None)
+        if existing is not None:
+            _close(existing[0])
+
+    def writers(self, url: str | None = None) -> list[Any]:
+        with self._lock:
+            return [m for u, (m, _) in self._managers.items() if url is None or u == url]
 
     def close(self) -> None:
         with self._lock:
-            for manager in self._managers.values():
-                manager.wait_until_finished()
-                manager.close()
+            managers = [m for m, _ in self._managers.values()] + list(self._readers.values())
             self._managers.clear()
+            self._readers.clear()
+        for manager in managers:
+            _close(manager)
+
+
+def _close(manager: Any) -> None:
+    """Finish and close ``manager``; a failed save was already reported by its transfer."""
+    _ORBAX_ERRORS.hold()
+    try:
+        with contextlib.suppress(Exception):  # reported once, as one line, by the transfer that ran it
+            manager.wait_until_finished()
+        manager.close()
+    finally:
+        _ORBAX_ERRORS.release()
+
+
+class _OrbaxErrors(logging.Filter):
+    """Drops orbax's error logs while one of our saves runs: its failure
+    reaches the user once, as one line, and orbax would log it from every
+    background thread with a traceback each (hundreds of stderr lines)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.active = 0
+        self.lock = threading.Lock()
+
+    def hold(self) -> None:
+        with self.lock:
+            self.active += 1
+
+    def release(self) -> None:
+        with self.lock:
+            self.active -= 1
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (self.active and record.levelno >= logging.ERROR and _logged_by_orbax())
+
+
+def _logged_by_orbax() -> bool:
+    # The record's own pathname is absl's logging module; the caller is further up.
+    frame = sys._getframe(1)
+    while frame is not None:
+        if f"{os.sep}orbax{os.sep}" in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
+_ORBAX_ERRORS = _OrbaxErrors()
+logging.getLogger("absl").addFilter(_ORBAX_ERRORS)
 
 
 def _path(location: storage.Location) -> Any:
@@ -86,34 +170,117 @@ def _layout(tree: Any) -> dict[str, Any]:
     return {"format": "pathways-checkpoint-layout/1", "leaves": leaves}
 
 
+def check_step(step: Any) -> int:
+    """``step`` if it is a whole number orbax can name a checkpoint by; raises ``StorageError``."""
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or not 0 <= step <= MAX_STEP:
+        raise StorageError(f"bad checkpoint step {step!r}: a step is a whole number from 0 to {MAX_STEP}")
+    return int(step)
+
+
+def _readable(tree: Any) -> None:
+    """Refuse, naming it, a leaf whose data is gone (a shard on a lost slice): orbax would
+    fail on it midway, in hundreds of lines."""
+    import jax
+
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        if not isinstance(leaf, jax.Array):
+            continue
+        try:
+            leaf.block_until_ready()
+        except jax.errors.JaxRuntimeError as exc:
+            name = _leaf_name(path)
+            if "DATA_LOSS" in str(exc):
+                raise StorageError(
+                    f"cannot checkpoint {name}: its data was lost with a slice (DATA_LOSS); restore it from a snapshot "
+                    "or recompute it on the live slices, then save again"
+                ) from None
+            raise StorageError(f"cannot checkpoint {name}: reading it failed ({storage._short(exc)})") from None
+
+
+def _leaf_name(path: Any) -> str:
+    """``state['w']`` for the path of a leaf of ``{"state": {"w": ...}}``."""
+    import jax
+
+    if path and isinstance(path[0], jax.tree_util.DictKey) and isinstance(path[0].key, str):
+        return path[0].key + jax.tree_util.keystr(tuple(path[1:]))
+    return jax.tree_util.keystr(tuple(path)) or "the tree"
+
+
+def _discard_step(manager: Any, location: storage.Location, step: int) -> None:
+    """Remove what a failed save of ``step`` left (orbax's temporary directory), unless it was committed."""
+    import shutil
+
+    manager.reload()
+    if step in manager.all_steps():
+        return
+    root = _path(location)
+    for leftover in [*root.glob(f"{step}.orbax-checkpoint-tmp*"), root / str(step)]:
+        if leftover.exists():
+            if location.scheme == "file":
+                shutil.rmtree(str(leftover), ignore_errors=True)
+            else:
+                leftover.rmtree()
+
+
 def save(tree: Any, url: str, step: int, *, keep: int | None = DEFAULT_KEEP, force: bool = False) -> Transfer:
     """Save ``tree`` as checkpoint ``step`` under ``url``, asynchronously.
 
     Returns a ``Transfer`` that ends when orbax has committed the step
-    (``.wait()``); the devices are free again as soon as this returns.
+    (``.wait()``); the devices are free again as soon as this returns. A
+    save that fails leaves nothing behind in the directory.
 
     Raises:
-      StorageError: malformed URL, missing bucket, step already saved, and
-        orbax errors during the blocking part.
+      StorageError: malformed URL, bad step or keep, missing bucket, a
+        directory that cannot be written, step already saved, an array
+        whose data was lost with a slice, and orbax errors during the
+        blocking part.
     """
     import jax
 
     import orbax.checkpoint as ocp
 
     location = storage.parse_url(url)
+    step = check_step(step)
+    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
+        raise StorageError(f"bad keep {keep!r}: keep at least 1 checkpoint (or None for all)")
+    _readable(tree)
     nbytes = sum(int(getattr(x, "nbytes", 0)) for x in jax.tree.leaves(tree))
+    registry = _registry()
+    objects = storage.objects_for(location)
+    made = objects.missing_dirs(location)
     with storage.errors_as("checkpoint save", location):
-        manager = _registry().manager(location, keep)
+        manager = registry.manager(location, keep)
         if step in manager.all_steps() and not force:
             raise StorageError(f"checkpoint step {step} already exists in {location.url}; checkpoints are never overwritten: use another --step")
         args = ocp.args.Composite(state=ocp.args.StandardSave(tree), layout=ocp.args.JsonSave(_layout(tree)))
+    def failed() -> None:
+        registry.forget(location)
+        with contextlib.suppress(Exception):  # the save's own failure is what the user needs to see
+            _discard_step(manager, location, step)
+            storage.remove_empty(made)
+
+    # Held from here until the save has ended, in whichever thread that happens.
+    _ORBAX_ERRORS.hold()
+    try:
         # The blocking part (device -> host copies) runs here; orbax writes the rest on its own thread.
-        manager.save(step, args=args, force=True)
+        with storage.errors_as("checkpoint save", location):
+            manager.save(step, args=args, force=True)
+    except BaseException:
+        failed()
+        _ORBAX_ERRORS.release()
+        raise
 
     def finish(transfer: Transfer) -> int:
         transfer.checked()
-        with storage.errors_as("checkpoint save", location):
-            manager.wait_until_finished()
+        try:
+            with storage.errors_as("checkpoint save", location):
+                try:
+                    manager.wait_until_finished()
+                except BaseException:
+                    failed()
+                    raise
+        finally:
+            _ORBAX_ERRORS.release()
         transfer.advance(nbytes)
         return step
 
@@ -126,7 +293,7 @@ def steps(url: str) -> list[int]:
     """The committed checkpoint steps under ``url``, ascending."""
     location = storage.parse_url(url)
     with storage.errors_as("checkpoint list", location):
-        manager = _registry().manager(location)
+        manager = _registry().manager(location, write=False)
         manager.reload()
         return sorted(manager.all_steps())
 
@@ -150,8 +317,10 @@ def restore(url: str, step: int | None = None, mesh: Any = None) -> Any:
     from pathways_kernel.core.sessions import session
 
     location = storage.parse_url(url)
+    if step is not None:
+        step = check_step(step)
     with storage.errors_as("checkpoint restore", location):
-        manager = _registry().manager(location)
+        manager = _registry().manager(location, write=False)
         manager.reload()
         available = manager.all_steps()
     if not available:
@@ -194,10 +363,7 @@ def restore(url: str, step: int | None = None, mesh: Any = None) -> Any:
 
 def wait(url: str | None = None) -> None:
     """Block until pending async saves (of ``url``, or all) are committed."""
-    registry = _registry()
-    with registry._lock:
-        managers = [m for u, m in registry._managers.items() if url is None or u == storage.parse_url(url).url]
-    for manager in managers:
+    for manager in _registry().writers(None if url is None else storage.parse_url(url).url):
         manager.wait_until_finished()
 
 

@@ -12,6 +12,7 @@ cache is off: Pathways keeps its own, so ``enable`` refuses and says so.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import threading
 from typing import Any
@@ -110,7 +111,9 @@ def enable(location: str, min_compile_s: float = DEFAULT_MIN_COMPILE_S) -> Cache
     Raises:
       NotSupportedError: on the Pathways proxy backend (Pathways manages its
         own compilation cache).
-      StorageError: a malformed URL, or a bucket that does not exist.
+      StorageError: a malformed URL, a bucket that does not exist, a
+        directory that cannot be written.
+      PathwaysError: a negative or non-finite ``min_compile_s``.
     """
     import jax
     from jax.experimental.compilation_cache import compilation_cache as cc
@@ -119,6 +122,8 @@ def enable(location: str, min_compile_s: float = DEFAULT_MIN_COMPILE_S) -> Cache
 
     if location.strip().lower() == "off":
         return disable()
+    if not math.isfinite(min_compile_s) or min_compile_s < 0:
+        raise PathwaysError(f"bad minimum compile time {min_compile_s!r}: give a finite number of seconds, at least 0")
     if session().backend.name in PATHWAYS_BACKENDS:
         raise NotSupportedError(
             "Pathways manages its own persistent compilation cache on the proxy backend (JAX's is turned off there); "
@@ -127,10 +132,10 @@ def enable(location: str, min_compile_s: float = DEFAULT_MIN_COMPILE_S) -> Cache
     where = storage.parse_url(location)
     if where.scheme == "gs":
         storage.emulator_env()
-        with storage.errors_as("compile cache at", where):
-            storage.objects_for(where).check(where)
-    else:
-        os.makedirs(where.path, exist_ok=True)
+    with storage.errors_as("compile cache at", where):
+        storage.objects_for(where).check(where)
+        if where.scheme == "file":
+            os.makedirs(where.path, exist_ok=True)
     _listen()
     jax.config.update("jax_enable_compilation_cache", True)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_s))

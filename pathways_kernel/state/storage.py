@@ -32,10 +32,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import os
 import re
 import secrets
+import shutil
 import socket
 import threading
 import time
@@ -58,6 +60,13 @@ CONCURRENCY = 16
 #: Seconds of retries before an unreachable server is reported (env override).
 RETRY_ENV = "PATHWAYS_STORAGE_RETRY_S"
 DEFAULT_RETRY_S = 60.0
+
+#: Longest gs:// prefix: a snapshot adds up to 256 bytes of names under it
+#: (id, data token, leaf, chunk), and Cloud Storage object names end at 1024.
+MAX_GCS_PREFIX = 1024 - 256
+#: Linux's PATH_MAX and NAME_MAX.
+MAX_LOCAL_PATH = 4095
+MAX_LOCAL_NAME = 255
 
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]{0,199}$")
@@ -93,32 +102,60 @@ class Location:
 def parse_url(url: str) -> Location:
     """``gs://bucket/prefix``, ``file:///dir`` or a path -> ``Location``.
 
+    Local paths are made absolute and normalised (``/x/../y`` is ``/y``), so
+    every command names one directory the same way. A Cloud Storage prefix
+    must leave room under it for the object names a snapshot needs.
+
     Raises:
       StorageError: an unsupported scheme, a malformed bucket name, an empty
-        URL.
+        URL, control characters, a name too long for the store, ``..`` in a
+        Cloud Storage prefix.
     """
     if not isinstance(url, (str, os.PathLike)) or not str(url).strip():
         raise StorageError(f"no storage URL given ({url!r}): use gs://BUCKET/PREFIX or a local directory")
     url = str(url).strip()
+    if any(ord(c) < 32 or ord(c) == 127 for c in url):
+        raise StorageError(f"malformed storage URL {_shown(url)}: it contains control characters (NUL, newline, ...)")
     scheme, sep, rest = url.partition("://")
     if not sep:
         if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:/", url):
-            raise StorageError(f"malformed storage URL '{url}': use gs://BUCKET/PREFIX or a local directory")
-        return Location("file", "", str(Path(url).expanduser().absolute()).rstrip("/") or "/")
+            raise StorageError(f"malformed storage URL {_shown(url)}: use gs://BUCKET/PREFIX or a local directory")
+        return _local(url, url)
     if scheme == "file":
-        return Location("file", "", str(Path(rest).absolute()).rstrip("/") or "/")
+        return _local(rest, url)
     if scheme != "gs":
-        raise StorageError(f"unsupported storage URL '{url}': use gs://BUCKET/PREFIX (Cloud Storage) or a local directory")
+        raise StorageError(f"unsupported storage URL {_shown(url)}: use gs://BUCKET/PREFIX (Cloud Storage) or a local directory")
     bucket, _, prefix = rest.partition("/")
     if not _BUCKET.match(bucket) or ".." in bucket:
         raise StorageError(
-            f"malformed Cloud Storage URL '{url}': '{bucket}' is not a bucket name "
+            f"malformed Cloud Storage URL {_shown(url)}: {_shown(bucket)} is not a bucket name "
             "(3-63 lowercase letters, digits, '-', '_' or '.'); use gs://BUCKET/PREFIX"
         )
     prefix = prefix.strip("/")
     if "//" in prefix or any(part in (".", "..") for part in prefix.split("/") if prefix):
-        raise StorageError(f"malformed Cloud Storage URL '{url}': empty or relative path segments in the prefix")
+        raise StorageError(f"malformed Cloud Storage URL {_shown(url)}: empty or relative path segments in the prefix")
+    if len(prefix.encode()) > MAX_GCS_PREFIX:
+        raise StorageError(
+            f"Cloud Storage prefix of {len(prefix.encode())} bytes in {_shown(url)} is too long: at most {MAX_GCS_PREFIX}, "
+            "so that the object names under it fit in the 1024 bytes Cloud Storage allows"
+        )
     return Location("gs", bucket, prefix)
+
+
+def _local(path: str, url: str) -> Location:
+    normal = os.path.normpath(os.path.abspath(os.path.expanduser(path)))
+    encoded = normal.encode()
+    if len(encoded) > MAX_LOCAL_PATH or any(len(part) > MAX_LOCAL_NAME for part in encoded.split(b"/")):
+        raise StorageError(
+            f"local path {_shown(url)} is too long: at most {MAX_LOCAL_PATH} bytes, {MAX_LOCAL_NAME} per directory name"
+        )
+    return Location("file", "", normal)
+
+
+def _shown(text: str) -> str:
+    """``text`` quoted for a one-line message: control characters escaped, long ones cut."""
+    cut = text if len(text) <= 80 else text[:80] + "..."
+    return "'" + cut.encode("unicode_escape").decode() + "'"
 
 
 def check_id(snapshot_id: str) -> str:
@@ -173,6 +210,10 @@ def storage_error(exc: BaseException, what: str, where: Location | str) -> Stora
     if isinstance(exc, gexc.RetryError) and exc.cause is not None:
         return storage_error(exc.cause, what, where)
     text = f"{type(exc).__name__}: {exc}"
+    if not bucket and (local := _local_failure(exc, text)):
+        return StorageError(f"{what} {where} failed: {local}")
+    if isinstance(exc, gexc.TooManyRequests) or (bucket and "RESOURCE_EXHAUSTED" in text):
+        return StorageError(f"{what} {where} failed: Cloud Storage refused it (rate limit or quota exceeded); retry later")
     if isinstance(exc, aexc.DefaultCredentialsError):
         return StorageError(
             f"{what} {where} failed: no Google Cloud credentials; run `gcloud auth application-default login` "
@@ -201,6 +242,23 @@ def storage_error(exc: BaseException, what: str, where: Location | str) -> Stora
     if isinstance(exc, OSError):
         return StorageError(f"{what} {where} failed: {exc.strerror or exc}")
     raise exc
+
+
+_NO_SPACE = re.compile(r"No space left|Disk quota exceeded|os_error_code='(28|122)'")
+_READ_ONLY = re.compile(r"Read-only file system|os_error_code='30'")
+_DENIED = re.compile(r"Permission denied|PERMISSION_DENIED|os_error_code='(1|13)'")
+
+
+def _local_failure(exc: BaseException, text: str) -> str | None:
+    """What went wrong with a local directory, from an OSError or a tensorstore status."""
+    code = getattr(exc, "errno", None)
+    if code in (errno.ENOSPC, errno.EDQUOT) or _NO_SPACE.search(text):
+        return "no space left on its file system (or the disk quota is used up); free some space or choose another directory"
+    if code == errno.EROFS or _READ_ONLY.search(text):
+        return "it is on a read-only file system; choose a writable directory"
+    if code in (errno.EACCES, errno.EPERM) or _DENIED.search(text):
+        return "permission denied; fix its permissions or choose another directory"
+    return None
 
 
 @contextlib.contextmanager
@@ -241,8 +299,16 @@ class _Objects:
         """name -> {size, crc32c, generation} for objects under ``prefix``."""
         raise NotImplementedError
 
-    def check(self, location: Location) -> None:
-        """Raise a ``StorageError`` if the bucket/directory cannot be used."""
+    def check(self, location: Location, write: bool = True) -> None:
+        """Raise a ``StorageError`` if the bucket/directory cannot be read (or written)."""
+
+    def missing_dirs(self, location: Location) -> list[str]:
+        """Directories that writing under ``location`` will create, deepest first (none in a bucket)."""
+        return []
+
+    def discard(self, prefix: str, made: Sequence[str] = ()) -> None:
+        """Delete what a failed upload wrote under ``prefix``, and the directories ``made`` for it."""
+        raise NotImplementedError
 
     def kvstore(self, location: Location) -> dict[str, Any]:
         raise NotImplementedError
@@ -287,7 +353,7 @@ class _Gcs(_Objects):
             out[blob.name] = {"size": blob.size, "crc32c": blob.crc32c, "generation": blob.generation}
         return out
 
-    def check(self, location: Location | None) -> None:
+    def check(self, location: Location | None, write: bool = True) -> None:
         from google.api_core.exceptions import Forbidden, NotFound
 
         try:
@@ -301,6 +367,14 @@ class _Gcs(_Objects):
                 f"bucket '{self.bucket_name}' does not exist: create it (gcloud storage buckets create "
                 f"gs://{self.bucket_name}) or fix the URL"
             ) from None
+
+    def discard(self, prefix: str, made: Sequence[str] = ()) -> None:
+        try:
+            # One quick attempt: when the server is gone the objects stay, unreferenced and never listed.
+            for blob in self._client.list_blobs(self.bucket_name, prefix=prefix, retry=None, timeout=5):
+                blob.delete(retry=None, timeout=5)
+        except Exception:  # the upload's own failure is what gets reported
+            pass
 
     def kvstore(self, location: Location) -> dict[str, Any]:
         return {"driver": "gcs", "bucket": location.bucket, "path": location.path + "/"}
@@ -317,11 +391,11 @@ class _Local(_Objects):
         target = Path(key)
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
         try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
             # link(2) fails if the name exists: the local if_generation_match=0.
             os.link(tmp, target)
         finally:
@@ -334,7 +408,7 @@ class _Local(_Objects):
             return {}
         return {str(p): {"size": p.stat().st_size, "crc32c": None, "generation": None} for p in root.rglob("*") if p.is_file()}
 
-    def check(self, location: Location | None) -> None:
+    def check(self, location: Location | None, write: bool = True) -> None:
         if location is None:
             return
         existing = Path(location.path)
@@ -342,11 +416,39 @@ class _Local(_Objects):
             existing = existing.parent
         if not existing.is_dir():
             raise StorageError(f"cannot use {location.url}: {existing} is a file, not a directory")
+        if not write:
+            # A path that does not exist yet holds nothing to read: listing it is empty, not an error.
+            if existing == Path(location.path) and not os.access(existing, os.R_OK | os.X_OK):
+                raise StorageError(f"cannot read {location.url}: permission denied")
+            return
         if not os.access(existing, os.W_OK | os.X_OK):
+            if os.statvfs(existing).f_flag & os.ST_RDONLY:
+                raise StorageError(f"cannot write under {location.url}: {existing} is on a read-only file system; choose a writable directory")
             raise StorageError(f"cannot write under {location.url}: permission denied on {existing}")
+
+    def missing_dirs(self, location: Location) -> list[str]:
+        missing = []
+        path = Path(location.path)
+        while not path.exists():
+            missing.append(str(path))
+            path = path.parent
+        return missing
+
+    def discard(self, prefix: str, made: Sequence[str] = ()) -> None:
+        shutil.rmtree(prefix, ignore_errors=True)
+        remove_empty(made)
 
     def kvstore(self, location: Location) -> dict[str, Any]:
         return {"driver": "file", "path": location.path + "/"}
+
+
+def remove_empty(made: Sequence[str]) -> None:
+    """Remove directories ``made`` by a failed write (deepest first), up to the first one not empty."""
+    for directory in made:
+        try:
+            os.rmdir(directory)
+        except OSError:  # not empty: someone else writes there too
+            break
 
 
 _clients: dict[str, Any] = {}
@@ -595,8 +697,6 @@ def _persist(transfer: Transfer, snapshot: Any, location: Location, snapshot_id:
 
 
 def _upload(transfer: Transfer, snapshot: Any, location: Location, target: Location, snapshot_id: str) -> SnapshotInfo:
-    import jax
-
     objects = objects_for(location)
     objects.check(location)
     if _parse_manifest(objects.read(target.key(MANIFEST))) is not None:
@@ -608,6 +708,40 @@ def _upload(transfer: Transfer, snapshot: Any, location: Location, target: Locat
         raise StorageError(f"persist {target.url} failed: snapshot '{snapshot.name}' never reached host memory ({one_line(exc)})") from exc
     transfer.total = snapshot.nbytes
     token = secrets.token_hex(8)
+    made = objects.missing_dirs(target)
+    data = target.key(f"data.{token}") + "/"
+    try:
+        manifest = _write_data(transfer, snapshot, objects, target, snapshot_id, token)
+    except BaseException:
+        # Nothing will ever refer to these bytes, and a full disk would stay full.
+        objects.discard(data, made)
+        raise
+    body = json.dumps(manifest, indent=1).encode()
+    try:
+        generation = objects.create(target.key(MANIFEST), body)
+    except FileExistsError:
+        existing = _parse_manifest(objects.read(target.key(MANIFEST)))
+        # Our own earlier attempt whose reply was lost counts as success.
+        if existing is None or existing.get("token") != token:
+            objects.discard(data, made)
+            raise StorageError(
+                f"snapshot {target.url} already exists (written meanwhile by someone else); snapshots are never overwritten"
+            ) from None
+        generation = None
+    except BaseException:
+        # link(2) either made the manifest or not; a bucket may have committed it before the reply was lost.
+        if location.scheme == "file":
+            objects.discard(data, made)
+        raise
+    manifest["manifest_generation"] = generation
+    return _info(target, manifest)
+
+
+def _write_data(transfer: Transfer, snapshot: Any, objects: _Objects, target: Location, snapshot_id: str,
+                token: str) -> dict[str, Any]:
+    """Upload every leaf's bytes under ``data.TOKEN``; returns the manifest that will describe them."""
+    import jax
+
     data_dir = f"data.{token}"
     paths = _leaf_key_paths(snapshot)
     context = _context()
@@ -652,24 +786,11 @@ def _upload(transfer: Transfer, snapshot: Any, location: Location, target: Locat
             ]
             if len(entry["objects"]) < 2:  # zarr.json and at least one chunk
                 raise StorageError(f"persist {target.url} failed: the data of {entry['path']} did not arrive; retry")
-    manifest = {
+    return {
         "format": FORMAT, "id": snapshot_id, "token": token, "name": snapshot.name, "step": snapshot.step,
         "created": snapshot.created, "committed": time.time(), "nbytes": int(snapshot.nbytes),
         "chunk_bytes": CHUNK_BYTES, "jax": jax.__version__, "leaves": leaves,
     }
-    body = json.dumps(manifest, indent=1).encode()
-    try:
-        generation = objects.create(target.key(MANIFEST), body)
-    except FileExistsError:
-        existing = _parse_manifest(objects.read(target.key(MANIFEST)))
-        # Our own earlier attempt whose reply was lost counts as success.
-        if existing is None or existing.get("token") != token:
-            raise StorageError(
-                f"snapshot {target.url} already exists (written meanwhile by someone else); snapshots are never overwritten"
-            ) from None
-        generation = None
-    manifest["manifest_generation"] = generation
-    return _info(target, manifest)
 
 
 def _open_array(objects: _Objects, target: Location, key: str, nbytes: int, context: Any, create: bool) -> Any:
@@ -679,7 +800,8 @@ def _open_array(objects: _Objects, target: Location, key: str, nbytes: int, cont
     kvstore = objects.kvstore(target)
     spec: dict[str, Any] = {"driver": "zarr3", "kvstore": {**kvstore, "path": kvstore["path"] + key + "/"}}
     if create:
-        spec.update(create=True, metadata={
+        # Chunks that equal the fill value (all-zero leaves) are stored too: the manifest lists every object.
+        spec.update(create=True, store_data_equal_to_fill_value=True, metadata={
             "shape": [nbytes], "data_type": "uint8", "fill_value": 0,
             "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [min(CHUNK_BYTES, nbytes)]}},
             # Tensorstore checks each chunk's CRC32C when it reads it back.
@@ -712,7 +834,7 @@ def list_snapshots(url: str) -> SnapshotList:
     infos = []
     with errors_as("listing", location):
         objects = objects_for(location)
-        objects.check(location)
+        objects.check(location, write=False)
         base = location.key("") if location.path else ""
         for key in sorted(objects.list(base)):
             rest = key[len(base):]
