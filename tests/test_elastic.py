@@ -14,8 +14,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import pathways_kernel as pw
-from pathways_kernel.emulator import chaosmonkey
-from pathways_kernel.emulator import faults
+from pathways_kernel.emulator import chaosmonkey, faults
 from pathways_kernel.state import snapshots
 
 GLOBAL_BATCH = 16

@@ -6,12 +6,18 @@ from typing import Any
 
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from pathways_kernel.state.autosnapshots import autosnapshot as set_autosnapshot
-from pathways_kernel.state.autosnapshots import for_shell
-from pathways_kernel.state import snapshots
-from pathways_kernel.training.elastic_loop import DEFAULT_MAX_RETRIES, DEFAULT_SNAPSHOT_EVERY, Elastic, check_count, check_steps
 from pathways_kernel.core.errors import NamespaceError, PathwaysError
 from pathways_kernel.magics import Text, subcommand
+from pathways_kernel.state import snapshots
+from pathways_kernel.state.autosnapshots import autosnapshot as set_autosnapshot
+from pathways_kernel.state.autosnapshots import for_shell
+from pathways_kernel.training.elastic_loop import (
+    DEFAULT_MAX_RETRIES,
+    DEFAULT_SNAPSHOT_EVERY,
+    Elastic,
+    check_count,
+    check_steps,
+)
 
 
 @subcommand("snapshot")

@@ -24,9 +24,9 @@ import html
 from typing import Any
 
 from pathways_kernel.core.display import TextDisplay
+from pathways_kernel.core.errors import PathwaysError, one_line
 from pathways_kernel.emulator import faults
 from pathways_kernel.state import snapshots
-from pathways_kernel.core.errors import PathwaysError, one_line
 
 #: IPython's own names: the output history holds arrays but is not user state.
 _IPYTHON_NAMES = frozenset({"In", "Out", "_oh", "_ih", "_dh", "exit", "quit", "get_ipython"})
