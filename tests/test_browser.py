@@ -9,9 +9,8 @@ import glob
 import time
 from pathlib import Path
 
-import pytest
-
 import lab as labtools
+import pytest
 
 pytestmark = [
     pytest.mark.browser,
@@ -27,7 +26,10 @@ def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("lab")
     labtools.notebook(
         root / "monitor.ipynb",
-        ["import jax.numpy as jnp\nx = jnp.ones((8, 256))\nprint('cell ran', x.shape)", "import time\ntime.sleep(20)\nprint('slept')"],
+        [
+            "import jax.numpy as jnp\nx = jnp.ones((8, 256))\nprint('cell ran', x.shape)",
+            "import time\ntime.sleep(20)\nprint('slept')",
+        ],
     )
     labtools.notebook(root / "plain.ipynb", ["print('plain python')"], kernel="python3")
     lab = labtools.Lab(root)
@@ -195,3 +197,73 @@ def test_reloading_the_page_20_times_keeps_live_comms_bounded(page, server):
     live = live_monitor_comms(server)
     # The kernel keeps at most MAX_COMMS (8) and closes stale ones; without that, 21.
     assert 1 <= live <= 8, f"{live} live monitor comms after 20 reloads"
+
+
+KERNEL_STATUS = "#jp-main-statusbar .jp-StatusBar-TextItem[title^='Change kernel for']"
+
+
+def test_the_status_bar_stays_busy_while_the_panel_acts_during_a_cell(page, server):
+    """Monitor traffic (ping, fail/restore, snapshot) on its subshell never shows the kernel Idle mid-cell."""
+    open_notebook(page, server, "monitor.ipynb")
+    page.locator(f"{PANEL}[data-state='live']").wait_for(state="attached", timeout=60_000)
+    open_monitor(page)
+    page.locator(KERNEL_STATUS, has_text="Idle").wait_for(timeout=30_000)
+    page.locator(".jp-Notebook .jp-Cell .jp-InputArea-editor").nth(1).click()
+    page.keyboard.press("Shift+Enter")
+    page.locator(KERNEL_STATUS, has_text="Busy").wait_for(timeout=10_000)
+    # Sampled in the page every 250 ms until the cell's output appears (the cell is over then).
+    page.evaluate(
+        """selector => {
+            window.__pwStatus = [];
+            window.__pwSampler = setInterval(() => {
+                const slept = [...document.querySelectorAll('.jp-OutputArea-output')].some(o => o.textContent.includes('slept'));
+                if (!slept) window.__pwStatus.push(document.querySelector(selector)?.textContent ?? '');
+            }, 250);
+        }""",
+        KERNEL_STATUS,
+    )
+    started = time.monotonic()
+    page.get_by_role("button", name="fail slice 1").click()
+    page.locator(f"{PANEL} .jp-PathwaysPanel-slice[data-slice='1'][data-state='down']").wait_for(timeout=5_000)
+    page.get_by_role("button", name="restore slice 1").click()
+    page.locator(f"{PANEL} .jp-PathwaysPanel-slice[data-slice='1'][data-state='up']").wait_for(timeout=5_000)
+    page.get_by_role("button", name="Snapshot now").click()
+    result = page.locator(f"{PANEL} .jp-PathwaysPanel-actionResult")
+    page.wait_for_function(
+        "el => el.textContent.startsWith('Snapshot') && !el.textContent.startsWith('Snapshotting')",
+        arg=result.element_handle(),
+        timeout=10_000,
+    )
+    assert time.monotonic() - started < 15, "the panel's requests waited for the cell"
+    # The cell runs 20 s: at least one 15 s ping falls inside it.
+    page.locator(".jp-OutputArea-output", has_text="slept").wait_for(timeout=40_000)
+    samples = page.evaluate("() => { clearInterval(window.__pwSampler); return window.__pwStatus; }")
+    assert len(samples) >= 40, f"only {len(samples)} samples during a 20 s cell"
+    not_busy = [(i * 0.25, s) for i, s in enumerate(samples) if not s.endswith("| Busy")]
+    assert not not_busy, f"status bar not Busy during the cell at (s, text): {not_busy[:5]}"
+    assert samples[0].startswith("Pathways (JAX)")
+    page.locator(KERNEL_STATUS, has_text="Idle").wait_for(timeout=10_000)
+
+
+@pytest.fixture(scope="module")
+def no_backend_server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lab-no-backend")
+    labtools.notebook(root / "nobackend.ipynb", ["%pathways connect local:2x4"])
+    lab = labtools.Lab(root, env={"PATHWAYS_BACKEND": "proxy:grpc://127.0.0.1:1"})
+    yield lab
+    lab.stop()
+
+
+def test_the_panel_explains_a_kernel_without_a_backend(page, no_backend_server):
+    open_notebook(page, no_backend_server, "nobackend.ipynb")
+    open_monitor(page)
+    page.locator(f"{PANEL}[data-state='no-backend']").wait_for(state="attached", timeout=60_000)
+    message = page.locator(f"{PANEL} .jp-PathwaysPanel-message").inner_text()
+    assert message.startswith("No backend: ConnectError: cannot connect to grpc://127.0.0.1:1"), message
+    assert "Run %pathways connect local:2x4 in a cell, or fix the target" in message, message
+    assert page.locator(f"{PANEL} .jp-PathwaysPanel-body").is_hidden()
+    # Doing what it says brings the panel live on the same comm.
+    run_first_cell(page, "local:2x4")
+    page.locator(f"{PANEL}[data-state='live']").wait_for(state="attached", timeout=30_000)
+    page.locator(f"{PANEL} canvas[data-slices='2'][data-chips='8']").wait_for(timeout=30_000)
+    assert page.locator(f"{PANEL} .jp-PathwaysPanel-message").is_hidden()

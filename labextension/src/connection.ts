@@ -6,22 +6,34 @@
  * cell runs: JupyterLab's `open()` does not wait for the subshell, so we do
  * (shared/NOTES.md, trap 1). Decodes every kernel message into the model,
  * matches replies to requests, and pings so the kernel keeps the comm.
+ *
+ * Replies come as comm messages, so the futures of what we send are disposed
+ * at once: the kernel publishes no busy/idle for monitor traffic on a
+ * subshell (that idle would show the kernel Idle while a cell runs), so they
+ * would never be done.
  */
 import { Kernel, KernelMessage } from '@jupyterlab/services';
 
 import { MonitorModel } from './model';
 import {
+  CloseReason,
   PING_INTERVAL_S,
   ProtocolError,
   ReplyMessage,
   RequestBody,
   TARGET,
+  decodeClose,
   decodeMessage,
   encodeRequest
 } from './protocol';
 
-/** Why the comm ended, as the kernel said in its `closed` message, or ours. */
-export type CloseReason = 'stale' | 'evicted' | 'shutdown' | 'unknown';
+/** What the panel hears from a connection besides the model's messages. */
+export interface ConnectionListener {
+  /** The kernel closed the comm (once). */
+  closed(reason: CloseReason): void;
+  /** The kernel has no backend: `error` says why; a topology follows once one connects. */
+  noBackend(error: string): void;
+}
 
 const REQUEST_TIMEOUT_MS = 15_000;
 
@@ -36,12 +48,12 @@ export class MonitorConnection {
   /**
    * @param kernel the notebook's own kernel connection (it handles comms).
    * @param model receives every decoded kernel message.
-   * @param onClosed called once if the kernel closes the comm.
+   * @param listener hears when the kernel closes the comm or has no backend.
    */
   constructor(
     readonly kernel: Kernel.IKernelConnection,
     private _model: MonitorModel,
-    private _onClosed: (reason: CloseReason) => void
+    private _listener: ConnectionListener
   ) {}
 
   get isOpen(): boolean {
@@ -65,14 +77,20 @@ export class MonitorConnection {
       try {
         await (comm as unknown as { subshellStarted: Promise<void> }).subshellStarted;
       } catch (reason) {
-        console.warn('pathways: comm subshell did not start; requests will wait for running cells', reason);
+        console.warn(
+          'pathways: comm subshell did not start; requests will wait for running cells',
+          reason
+        );
       }
     }
     if (this._disposed) {
       return;
     }
-    comm.open({ v: 1 });
-    this._ping = setInterval(() => void this.request({ type: 'ping' }).catch(() => undefined), PING_INTERVAL_S * 1000);
+    comm.open({ v: 1 }).dispose();
+    this._ping = setInterval(
+      () => void this.request({ type: 'ping' }).catch(() => undefined),
+      PING_INTERVAL_S * 1000
+    );
     await this.setRate(rate);
   }
 
@@ -94,13 +112,17 @@ export class MonitorConnection {
     return new Promise<ReplyMessage>((resolve, reject) => {
       const timer = setTimeout(() => {
         this._pending.delete(id);
-        reject(new Error(`The kernel did not answer "${body.type}" within ${REQUEST_TIMEOUT_MS / 1000} s.`));
+        reject(
+          new Error(
+            `The kernel did not answer "${body.type}" within ${REQUEST_TIMEOUT_MS / 1000} s.`
+          )
+        );
       }, REQUEST_TIMEOUT_MS);
       this._pending.set(id, reply => {
         clearTimeout(timer);
         resolve(reply);
       });
-      comm.send(data as unknown as KernelMessage.ICommMsgMsg['content']['data']);
+      comm.send(data as unknown as KernelMessage.ICommMsgMsg['content']['data']).dispose();
     });
   }
 
@@ -116,7 +138,7 @@ export class MonitorConnection {
     if (comm && !comm.isDisposed && !this.kernel.isDisposed) {
       comm.onClose = () => undefined;
       try {
-        comm.close();
+        comm.close().dispose();
       } catch {
         comm.dispose();
       }
@@ -137,8 +159,13 @@ export class MonitorConnection {
       }
       throw error;
     }
+    if (message.type === 'no_backend') {
+      this._listener.noBackend(message.error);
+      return;
+    }
     if (message.type === 'reply') {
-      const resolve = message.request_id === null ? undefined : this._pending.get(message.request_id);
+      const resolve =
+        message.request_id === null ? undefined : this._pending.get(message.request_id);
       if (resolve) {
         this._pending.delete(message.request_id!);
         resolve(message);
@@ -155,9 +182,7 @@ export class MonitorConnection {
       return;
     }
     this._disposed = true;
-    const data = msg.content.data as { reason?: unknown } | undefined;
-    const reason = data?.reason;
-    this._onClosed(reason === 'stale' || reason === 'evicted' || reason === 'shutdown' ? reason : 'unknown');
+    this._listener.closed(decodeClose(msg.content.data));
   }
 
   private _stop(): void {

@@ -13,14 +13,14 @@ import { Kernel } from '@jupyterlab/services';
 import { ISignal, Signal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
 
-import { CloseReason, MonitorConnection } from './connection';
+import { MonitorConnection } from './connection';
 import { formatBytes, formatPercent } from './format';
 import { isPathwaysKernel } from './kernels';
 import { Change, MonitorModel } from './model';
+import { CloseReason } from './protocol';
 import { SliceAction, SliceList } from './slicelist';
 import { Timeline } from './timeline';
 import { TopologyView } from './topologyview';
-
 
 export class PathwaysPanel extends Widget {
   readonly model = new MonitorModel();
@@ -30,6 +30,8 @@ export class PathwaysPanel extends Widget {
   private _rate = 2;
   private _frame = 0;
   private _message = '';
+  /** Why the followed kernel has no backend, while it has none. */
+  private _noBackend: string | null = null;
   private _stateChanged = new Signal<this, void>(this);
 
   private _header: HTMLDivElement;
@@ -61,7 +63,10 @@ export class PathwaysPanel extends Widget {
     this._body = document.createElement('div');
     this._body.className = 'jp-PathwaysPanel-body';
     this._topology = new TopologyView(this.model);
-    this._slices = new SliceList(this.model, (action, slice, button) => void this._sliceAction(action, slice, button));
+    this._slices = new SliceList(
+      this.model,
+      (action, slice, button) => void this._sliceAction(action, slice, button)
+    );
     this._timeline = new Timeline(this.model);
     const actions = document.createElement('div');
     actions.className = 'jp-PathwaysPanel-actions';
@@ -130,7 +135,10 @@ export class PathwaysPanel extends Widget {
   private _sync(): void {
     const context: ISessionContext | undefined = this._notebook?.sessionContext;
     const kernel = context?.session?.kernel ?? null;
-    if (kernel === this._kernel && (this._connection !== null || kernel === null || !isPathwaysKernel(kernel.name))) {
+    if (
+      kernel === this._kernel &&
+      (this._connection !== null || kernel === null || !isPathwaysKernel(kernel.name))
+    ) {
       this._renderChrome();
       return;
     }
@@ -143,7 +151,10 @@ export class PathwaysPanel extends Widget {
   }
 
   private _attach(kernel: Kernel.IKernelConnection): void {
-    const connection = new MonitorConnection(kernel, this.model, reason => this._closed(connection, reason));
+    const connection = new MonitorConnection(kernel, this.model, {
+      closed: reason => this._closed(connection, reason),
+      noBackend: error => this._noBackendFor(connection, error)
+    });
     this._connection = connection;
     this._message = 'Connecting to the kernel’s monitor…';
     connection.open(this._rate).then(
@@ -167,7 +178,19 @@ export class PathwaysPanel extends Widget {
     this._connection = null;
     this._kernel = null;
     this._message = '';
+    this._noBackend = null;
     this.model.reset();
+  }
+
+  /** The kernel started without a backend: say why and what to do; the comm stays open for when one connects. */
+  private _noBackendFor(connection: MonitorConnection, error: string): void {
+    if (this._connection !== connection) {
+      return;
+    }
+    this.model.reset();
+    this._noBackend = error;
+    this._message = `No backend: ${error}. Run %pathways connect local:2x4 in a cell, or fix the target and restart the kernel.`;
+    this._renderChrome();
   }
 
   private _closed(connection: MonitorConnection, reason: CloseReason): void {
@@ -175,6 +198,7 @@ export class PathwaysPanel extends Widget {
       return;
     }
     this._connection = null;
+    this._noBackend = null;
     const kernel = this._kernel;
     if (reason === 'stale' && kernel) {
       // Our pings stopped (a sleeping laptop): just reconnect.
@@ -200,16 +224,25 @@ export class PathwaysPanel extends Widget {
     if (status === 'restarting' || status === 'autorestarting' || status === 'dead') {
       this._connection?.dispose();
       this._connection = null;
+      this._noBackend = null;
       this.model.reset();
       this._message = status === 'dead' ? 'The kernel died.' : 'Kernel restarting…';
       this._renderChrome();
-    } else if ((status === 'idle' || status === 'busy') && this._connection === null && isPathwaysKernel(kernel.name)) {
+    } else if (
+      (status === 'idle' || status === 'busy') &&
+      this._connection === null &&
+      isPathwaysKernel(kernel.name)
+    ) {
       this._attach(kernel);
       this._renderChrome();
     }
   }
 
-  private async _sliceAction(action: SliceAction, slice: number, button: HTMLButtonElement): Promise<void> {
+  private async _sliceAction(
+    action: SliceAction,
+    slice: number,
+    button: HTMLButtonElement
+  ): Promise<void> {
     button.disabled = true;
     const verb = action === 'fail_slice' ? 'fail' : 'restore';
     this._report(`${verb} slice ${slice}…`);
@@ -254,6 +287,11 @@ export class PathwaysPanel extends Widget {
   }
 
   private _changed(change: Change): void {
+    if (change === 'topology' && this._noBackend !== null) {
+      // A backend connected.
+      this._noBackend = null;
+      this._message = '';
+    }
     if (change !== 'metrics') {
       this._renderChrome();
     }
@@ -332,7 +370,8 @@ export class PathwaysPanel extends Widget {
     if (!this._notebook) {
       message = 'Open a notebook on a Pathways kernel to see its slices here.';
     } else if (!kernel) {
-      message = 'This notebook has no kernel yet. Start the “Pathways (JAX)” kernel to see its slices.';
+      message =
+        'This notebook has no kernel yet. Start the “Pathways (JAX)” kernel to see its slices.';
     } else if (!isPathwaysKernel(kernel.name)) {
       message = `This notebook runs “${kernel.name}”, not a Pathways kernel. Switch it to “Pathways (JAX)” (Kernel › Change Kernel…) to monitor its slices.`;
     }
@@ -346,9 +385,11 @@ export class PathwaysPanel extends Widget {
         ? 'no-kernel'
         : !isPathwaysKernel(kernel.name)
           ? 'not-pathways'
-          : live
-            ? 'live'
-            : 'connecting';
+          : this._noBackend !== null
+            ? 'no-backend'
+            : live
+              ? 'live'
+              : 'connecting';
     this._renderHeader();
   }
 }

@@ -3,7 +3,8 @@
  *
  * Mirrors docs/protocol.md (the contract) and
  * pathways_kernel/monitoring/protocol.py field for field: the same names, the
- * same validation rules. Pure: no JupyterLab imports, unit-tested.
+ * same limits, the same validation rules (test/crosslang.test.ts checks the
+ * constants below against Python's). Pure: no JupyterLab imports, unit-tested.
  * Kernel messages are decoded into typed objects with per-chip buffers as
  * typed arrays; anything that breaks the contract throws `ProtocolError`
  * and the caller drops the message.
@@ -11,10 +12,26 @@
 
 export const VERSION = 1;
 export const TARGET = 'pathways.monitor';
+/** Kernel -> frontend message types. */
+export const KERNEL_TYPES = ['topology', 'metrics', 'event', 'reply', 'no_backend'] as const;
+/** Frontend -> kernel request types and their own fields. */
+export const REQUEST_FIELDS = {
+  subscribe: ['rate'],
+  ping: [],
+  fail_slice: ['slice'],
+  restore_slice: ['slice'],
+  snapshot: []
+} as const;
 /** Highest metrics rate a frontend may ask for (Hz). */
-export const MAX_RATE = 10;
+export const MAX_RATE_HZ = 10;
+/** Longest `request_id` the kernel accepts (characters). */
+export const MAX_REQUEST_ID = 128;
 /** How often a frontend must ping so the kernel keeps its comm (s). */
 export const PING_INTERVAL_S = 15;
+/** Silence after which the kernel closes a comm (s). */
+export const STALE_AFTER_S = 60;
+/** Why the kernel closed a comm (`closed` in its `comm_close`). */
+export const CLOSE_REASONS = ['stale', 'evicted', 'shutdown'] as const;
 
 export type SliceState = 'up' | 'down';
 
@@ -110,7 +127,18 @@ export interface ReplyMessage {
   result: Record<string, unknown> | null;
 }
 
-export type KernelMessage = TopologyMessage | MetricsMessage | EventMessage | ReplyMessage;
+/** The kernel has no backend; `error` says why in one line. Topology follows once one connects. */
+export interface NoBackendMessage {
+  v: 1;
+  type: 'no_backend';
+  error: string;
+}
+
+export type KernelMessage =
+  TopologyMessage | MetricsMessage | EventMessage | ReplyMessage | NoBackendMessage;
+
+/** A close reason the kernel sent, or `unknown` when it sent none (the comm target is missing, ...). */
+export type CloseReason = (typeof CLOSE_REASONS)[number] | 'unknown';
 
 /** What a comm message's buffers may arrive as (JupyterLab hands DataViews). */
 export type Buffer = ArrayBuffer | ArrayBufferView;
@@ -125,7 +153,9 @@ export type Buffer = ArrayBuffer | ArrayBufferView;
 export function decodeMessage(data: unknown, buffers: readonly Buffer[] = []): KernelMessage {
   const msg = object(data, 'message');
   if (msg.v !== VERSION) {
-    throw new ProtocolError(`unsupported protocol version ${JSON.stringify(msg.v)}; expected ${VERSION}`);
+    throw new ProtocolError(
+      `unsupported protocol version ${JSON.stringify(msg.v)}; expected ${VERSION}`
+    );
   }
   switch (msg.type) {
     case 'topology':
@@ -138,6 +168,9 @@ export function decodeMessage(data: unknown, buffers: readonly Buffer[] = []): K
     case 'reply':
       noBuffers('reply', buffers);
       return decodeReply(msg);
+    case 'no_backend':
+      noBuffers('no_backend', buffers);
+      return { v: 1, type: 'no_backend', error: string(msg.error, 'no_backend.error') };
     default:
       throw new ProtocolError(`unknown message type ${JSON.stringify(msg.type)}`);
   }
@@ -164,7 +197,9 @@ function decodeTopology(msg: Record<string, unknown>, buffers: readonly Buffer[]
       throw new ProtocolError('topology.slices must be in ascending index order');
     }
     if (s.chip_offset !== expected) {
-      throw new ProtocolError(`topology.slices[${i}].chip_offset is ${s.chip_offset}, expected ${expected}`);
+      throw new ProtocolError(
+        `topology.slices[${i}].chip_offset is ${s.chip_offset}, expected ${expected}`
+      );
     }
     expected += s.chip_count;
   });
@@ -181,7 +216,10 @@ function decodeTopology(msg: Record<string, unknown>, buffers: readonly Buffer[]
     backend: string(msg.backend, 'topology.backend'),
     target: string(msg.target, 'topology.target'),
     platform: string(msg.platform, 'topology.platform'),
-    supports_fault_injection: boolean(msg.supports_fault_injection, 'topology.supports_fault_injection'),
+    supports_fault_injection: boolean(
+      msg.supports_fault_injection,
+      'topology.supports_fault_injection'
+    ),
     chips,
     slices,
     chip_id: typed(buffers[0], Int32Array, chips, 'chip_id'),
@@ -208,7 +246,9 @@ function decodeMetrics(msg: Record<string, unknown>, buffers: readonly Buffer[])
       state: sliceState(o.state, `${at}.state`),
       utilization: fraction(o.utilization, `${at}.utilization`),
       memory_bytes: integer(o.memory_bytes, `${at}.memory_bytes`),
-      memory_limit_bytes: nullable(o.memory_limit_bytes, v => integer(v, `${at}.memory_limit_bytes`))
+      memory_limit_bytes: nullable(o.memory_limit_bytes, v =>
+        integer(v, `${at}.memory_limit_bytes`)
+      )
     };
   });
   if (buffers.length !== 2) {
@@ -219,7 +259,7 @@ function decodeMetrics(msg: Record<string, unknown>, buffers: readonly Buffer[])
     type: 'metrics',
     seq: integer(msg.seq, 'metrics.seq', 1),
     time: number(msg.time, 'metrics.time'),
-    topology_seq: integer(msg.topology_seq, 'metrics.topology_seq'),
+    topology_seq: integer(msg.topology_seq, 'metrics.topology_seq', 1),
     chips,
     source: string(msg.source, 'metrics.source'),
     window_s: windowS,
@@ -245,8 +285,20 @@ export function decodeEvent(o: Record<string, unknown>): MonitorEvent {
     bytes: nullable(o.bytes, v => integer(v, 'event.bytes')),
     duration_s: nullable(o.duration_s, v => number(v, 'event.duration_s')),
     step: nullable(o.step, v => integer(v, 'event.step', -Infinity)),
-    detail: string(o.detail ?? '', 'event.detail')
+    detail: string(o.detail, 'event.detail')
   };
+}
+
+/**
+ * The reason in the `data` of a kernel's `comm_close`: `{"v": 1, "type": "closed", "reason": ...}`.
+ * Anything else (no data: the kernel has no such comm target) is `unknown`.
+ */
+export function decodeClose(data: unknown): CloseReason {
+  const msg = typeof data === 'object' && data !== null ? (data as Record<string, unknown>) : {};
+  const reason = msg.type === 'closed' ? msg.reason : undefined;
+  return (CLOSE_REASONS as readonly unknown[]).includes(reason)
+    ? (reason as CloseReason)
+    : 'unknown';
 }
 
 function decodeReply(msg: Record<string, unknown>): ReplyMessage {
@@ -284,13 +336,17 @@ export type RequestBody =
  * bad value fails here, loudly, rather than as an error reply.
  */
 export function encodeRequest(body: RequestBody, requestId: string): Request {
-  if (!requestId || requestId.length > 128) {
-    throw new ProtocolError('request_id must be a non-empty string of at most 128 characters');
+  if (!requestId || requestId.length > MAX_REQUEST_ID) {
+    throw new ProtocolError(
+      `request_id must be a non-empty string of at most ${MAX_REQUEST_ID} characters`
+    );
   }
   switch (body.type) {
     case 'subscribe':
-      if (!Number.isFinite(body.rate) || body.rate < 0 || body.rate > MAX_RATE) {
-        throw new ProtocolError(`rate must be a number in [0, ${MAX_RATE}] Hz, got ${body.rate}`);
+      if (!Number.isFinite(body.rate) || body.rate < 0 || body.rate > MAX_RATE_HZ) {
+        throw new ProtocolError(
+          `rate must be a number in [0, ${MAX_RATE_HZ}] Hz, got ${body.rate}`
+        );
       }
       return { v: 1, type: 'subscribe', request_id: requestId, rate: body.rate };
     case 'fail_slice':
@@ -385,13 +441,20 @@ type TypedArrayType<T> = {
  * when the bytes are misaligned for it. Typed arrays use the host's byte
  * order, little-endian in every browser JupyterLab supports.
  */
-function typed<T extends ArrayBufferView>(buffer: Buffer, Type: TypedArrayType<T>, count: number, name: string): T {
+function typed<T extends ArrayBufferView>(
+  buffer: Buffer,
+  Type: TypedArrayType<T>,
+  count: number,
+  name: string
+): T {
   const bytes = ArrayBuffer.isView(buffer)
     ? new Uint8Array(buffer.buffer, buffer.byteOffset, buffer.byteLength)
     : new Uint8Array(buffer);
   const size = Type.BYTES_PER_ELEMENT;
   if (bytes.byteLength !== count * size) {
-    throw new ProtocolError(`buffer ${name} has ${bytes.byteLength} bytes, expected ${count * size}`);
+    throw new ProtocolError(
+      `buffer ${name} has ${bytes.byteLength} bytes, expected ${count * size}`
+    );
   }
   if (bytes.byteOffset % size === 0) {
     return new Type(bytes.buffer, bytes.byteOffset, count);

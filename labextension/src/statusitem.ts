@@ -7,7 +7,10 @@ import { statusLabel } from './format';
 import { PathwaysPanel } from './panel';
 
 export class PathwaysStatus extends Widget {
-  constructor(private _panel: PathwaysPanel, onClick: () => void) {
+  constructor(
+    private _panel: PathwaysPanel,
+    onClick: () => void
+  ) {
     super();
     this.addClass('jp-PathwaysStatus');
     this.node.title = 'Pathways monitor: open the panel';
@@ -19,6 +22,9 @@ export class PathwaysStatus extends Widget {
   private _update(): void {
     const summary = this._panel.model.summary();
     this.node.textContent = statusLabel(summary);
-    this.node.classList.toggle('jp-mod-degraded', !!summary && summary.slicesUp < summary.slicesTotal);
+    this.node.classList.toggle(
+      'jp-mod-degraded',
+      !!summary && summary.slicesUp < summary.slicesTotal
+    );
   }
 }

@@ -9,19 +9,32 @@ import { execFileSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { resolve } from 'node:path';
 
-import { MetricsMessage, RequestBody, TopologyMessage, decodeMessage, encodeRequest } from '../src/protocol';
+import * as protocol from '../src/protocol';
+import {
+  MetricsMessage,
+  RequestBody,
+  TopologyMessage,
+  decodeClose,
+  decodeMessage,
+  encodeRequest
+} from '../src/protocol';
 
 const PYTHON = process.env.PATHWAYS_PYTHON ?? resolve('.venv/bin/python');
 const skip = existsSync(PYTHON) ? false : `no Python at ${PYTHON} (set PATHWAYS_PYTHON)`;
 
 function python(script: string, input = ''): string {
-  return execFileSync(PYTHON, ['-c', script], { input, encoding: 'utf-8', env: { ...process.env, JAX_PLATFORMS: 'cpu' } });
+  return execFileSync(PYTHON, ['-c', script], {
+    input,
+    encoding: 'utf-8',
+    env: { ...process.env, JAX_PLATFORMS: 'cpu' }
+  });
 }
 
 const KERNEL_MESSAGES = `
 import base64, json
 import numpy as np
 from pathways_kernel.monitoring import protocol as p
+from pathways_kernel.monitoring.telemetry import SliceMetrics
 
 topology = p.TopologyMessage(
     topology_seq=3, backend="local:2x4", target="embedded", platform="cpu", supports_fault_injection=True,
@@ -34,7 +47,7 @@ nbytes = np.array([0, 1, 2, 3, 4, 5, 6, 200 * 4096], np.int64)
 unit = p.memory_unit_for(int(nbytes.max()))
 metrics = p.MetricsMessage(
     seq=9, time=1700000000.5, topology_seq=3, source="client", window_s=2.0, memory_unit=unit,
-    slices=(p.SliceMetrics(0, "up", 0.5, 6, None), p.SliceMetrics(1, "down", 0.0, 0, None)),
+    slices=(SliceMetrics(0, "up", 0.5, 6, None), SliceMetrics(1, "down", 0.0, 0, None)),
     utilization=0.5, memory_bytes=6 + 200 * 4096,
     chip_utilization=p.quantize_utilization(np.array([0, 0.25, 0.5, 1, 0, 0, 0, 0])),
     chip_memory=p.quantize_memory(nbytes, unit),
@@ -43,7 +56,7 @@ event = {"seq": 4, "time": 1700000000.0, "kind": "reshard", "slices_before": (0,
          "bytes": 1 << 20, "duration_s": 0.25, "step": 7, "detail": "x"}
 out = []
 for data, buffers in (p.encode_topology(topology), p.encode_metrics(metrics), p.encode_event(event),
-                      p.encode_reply("r1", True, result={"rate": 2.0})):
+                      p.encode_reply("r1", True, result={"rate": 2.0}), p.encode_no_backend("proxy unreachable")):
     out.append({"data": data, "buffers": [base64.b64encode(b).decode() for b in buffers]})
 print(json.dumps(out))
 `;
@@ -71,9 +84,54 @@ test('messages from the Python encoder decode in TypeScript', { skip }, () => {
   const event = decoded[2];
   assert.equal(event.type, 'event');
   if (event.type === 'event') {
-    assert.deepEqual([event.event.slices_before, event.event.slices_after, event.event.step], [[0, 1], [0], 7]);
+    assert.deepEqual(
+      [event.event.slices_before, event.event.slices_after, event.event.step],
+      [[0, 1], [0], 7]
+    );
   }
-  assert.deepEqual(decoded[3], { v: 1, type: 'reply', request_id: 'r1', ok: true, error: null, result: { rate: 2 } });
+  assert.deepEqual(decoded[3], {
+    v: 1,
+    type: 'reply',
+    request_id: 'r1',
+    ok: true,
+    error: null,
+    result: { rate: 2 }
+  });
+  assert.deepEqual(decoded[4], { v: 1, type: 'no_backend', error: 'proxy unreachable' });
+});
+
+const CONSTANTS = `
+import json
+from pathways_kernel.monitoring import protocol as p
+print(json.dumps({
+    "VERSION": p.VERSION, "TARGET": p.TARGET, "KERNEL_TYPES": p.KERNEL_TYPES,
+    "REQUEST_FIELDS": p.REQUEST_FIELDS, "MAX_RATE_HZ": p.MAX_RATE_HZ, "MAX_REQUEST_ID": p.MAX_REQUEST_ID,
+    "PING_INTERVAL_S": p.PING_INTERVAL_S, "STALE_AFTER_S": p.STALE_AFTER_S, "CLOSE_REASONS": p.CLOSE_REASONS,
+    "MEMORY_SATURATED": p.MEMORY_SATURATED,
+    "closed": [p.close_data(r) for r in p.CLOSE_REASONS],
+}))
+`;
+
+test('both sides hold the same protocol constants and close reasons', { skip }, () => {
+  const py = JSON.parse(python(CONSTANTS)) as Record<string, unknown>;
+  const ts: Record<string, unknown> = {
+    VERSION: protocol.VERSION,
+    TARGET: protocol.TARGET,
+    KERNEL_TYPES: protocol.KERNEL_TYPES,
+    REQUEST_FIELDS: protocol.REQUEST_FIELDS,
+    MAX_RATE_HZ: protocol.MAX_RATE_HZ,
+    MAX_REQUEST_ID: protocol.MAX_REQUEST_ID,
+    PING_INTERVAL_S: protocol.PING_INTERVAL_S,
+    STALE_AFTER_S: protocol.STALE_AFTER_S,
+    CLOSE_REASONS: protocol.CLOSE_REASONS,
+    MEMORY_SATURATED: protocol.MEMORY_SATURATED
+  };
+  for (const name of Object.keys(ts)) {
+    assert.deepEqual(ts[name], py[name], name);
+  }
+  assert.deepEqual((py.closed as unknown[]).map(decodeClose), protocol.CLOSE_REASONS);
+  assert.equal(decodeClose(undefined), 'unknown');
+  assert.equal(decodeClose({ v: 1, type: 'closed', reason: 'bored' }), 'unknown');
 });
 
 const DECODE_REQUESTS = `
@@ -98,7 +156,10 @@ test('requests encoded in TypeScript pass the kernel validation', { skip }, () =
     { type: 'snapshot' }
   ];
   const requests = bodies.map((b, i) => encodeRequest(b, `req-${i}`));
-  const replies = JSON.parse(python(DECODE_REQUESTS, JSON.stringify(requests))) as Record<string, unknown>[];
+  const replies = JSON.parse(python(DECODE_REQUESTS, JSON.stringify(requests))) as Record<
+    string,
+    unknown
+  >[];
   replies.forEach((r, i) => {
     assert.equal(r.ok, true, JSON.stringify(r));
     assert.equal(r.type, bodies[i].type);
@@ -106,4 +167,20 @@ test('requests encoded in TypeScript pass the kernel validation', { skip }, () =
   });
   assert.equal(replies[0].rate, 0.5);
   assert.equal(replies[2].slice, 1);
+  // The longest request_id one side allows, the other accepts; one more, both refuse.
+  const longest = JSON.parse(
+    python(
+      DECODE_REQUESTS,
+      JSON.stringify([encodeRequest({ type: 'ping' }, 'x'.repeat(protocol.MAX_REQUEST_ID))])
+    )
+  ) as Record<string, unknown>[];
+  assert.equal(longest[0].ok, true, JSON.stringify(longest[0]));
+  assert.throws(() => encodeRequest({ type: 'ping' }, 'x'.repeat(protocol.MAX_REQUEST_ID + 1)));
+  const tooLong = JSON.parse(
+    python(
+      DECODE_REQUESTS,
+      JSON.stringify([{ v: 1, type: 'ping', request_id: 'x'.repeat(protocol.MAX_REQUEST_ID + 1) }])
+    )
+  ) as Record<string, unknown>[];
+  assert.equal(tooLong[0].ok, false);
 });

@@ -16,7 +16,14 @@ test('topology decodes with per-chip buffers as typed arrays, aligned or not', (
   assert.equal(m.type, 'topology');
   assert.equal(m.chips, 8);
   assert.equal(m.slices.length, 2);
-  assert.deepEqual(m.slices[1], { index: 1, state: 'up', kind: 'cpu', shape: [2, 2, 1], chip_offset: 4, chip_count: 4 });
+  assert.deepEqual(m.slices[1], {
+    index: 1,
+    state: 'up',
+    kind: 'cpu',
+    shape: [2, 2, 1],
+    chip_offset: 4,
+    chip_count: 4
+  });
   assert.ok(m.chip_id instanceof Int32Array);
   assert.deepEqual([...m.chip_id], [0, 1, 2, 3, 4, 5, 6, 7]);
   assert.deepEqual([...m.chip_slice], [0, 0, 0, 0, 1, 1, 1, 1]);
@@ -37,7 +44,13 @@ test('metrics decode: 2 bytes per chip, utilization and memory as uint8', () => 
 });
 
 test('events and replies decode; unknown kinds are an open set', () => {
-  const e = event(7, 'reshard', { slices_before: [0, 1], slices_after: [0], bytes: 1024, duration_s: 0.25, step: 12 });
+  const e = event(7, 'reshard', {
+    slices_before: [0, 1],
+    slices_after: [0],
+    bytes: 1024,
+    duration_s: 0.25,
+    step: 12
+  });
   const m = decodeMessage(e.data);
   assert.equal(m.type, 'event');
   if (m.type === 'event') {
@@ -45,8 +58,30 @@ test('events and replies decode; unknown kinds are an open set', () => {
     assert.equal(m.event.duration_s, 0.25);
   }
   assert.equal(decodeMessage(event(8, 'something_new').data).type, 'event');
-  const r = decodeMessage({ v: 1, type: 'reply', request_id: 'r1', ok: false, error: 'no', result: null });
-  assert.deepEqual(r, { v: 1, type: 'reply', request_id: 'r1', ok: false, error: 'no', result: null });
+  const r = decodeMessage({
+    v: 1,
+    type: 'reply',
+    request_id: 'r1',
+    ok: false,
+    error: 'no',
+    result: null
+  });
+  assert.deepEqual(r, {
+    v: 1,
+    type: 'reply',
+    request_id: 'r1',
+    ok: false,
+    error: 'no',
+    result: null
+  });
+});
+
+test('no_backend decodes with its one-line error', () => {
+  assert.deepEqual(decodeMessage({ v: 1, type: 'no_backend', error: 'ConnectError: refused' }), {
+    v: 1,
+    type: 'no_backend',
+    error: 'ConnectError: refused'
+  });
 });
 
 test('messages that break the contract are rejected', () => {
@@ -58,10 +93,16 @@ test('messages that break the contract are rejected', () => {
     [{ ...t.data, v: '1' }, t.buffers as ArrayBufferView[]],
     [{ v: 1, type: 'gossip' }, []],
     [t.data, (t.buffers as ArrayBufferView[]).slice(0, 2)],
-    [t.data, [frame(new Int32Array(7)), t.buffers[1] as ArrayBufferView, t.buffers[2] as ArrayBufferView]],
+    [
+      t.data,
+      [frame(new Int32Array(7)), t.buffers[1] as ArrayBufferView, t.buffers[2] as ArrayBufferView]
+    ],
     [{ ...t.data, chips: 9 }, t.buffers as ArrayBufferView[]],
     [{ ...t.data, supports_fault_injection: 1 }, t.buffers as ArrayBufferView[]],
-    [{ ...t.data, slices: [(t.data.slices as object[])[1], (t.data.slices as object[])[0]] }, t.buffers as ArrayBufferView[]]
+    [
+      { ...t.data, slices: [(t.data.slices as object[])[1], (t.data.slices as object[])[0]] },
+      t.buffers as ArrayBufferView[]
+    ]
   ];
   const m = metrics(2, 4, [0.5, 0.5]);
   const mb = m.buffers as ArrayBufferView[];
@@ -73,18 +114,41 @@ test('messages that break the contract are rejected', () => {
     [{ ...m.data, chips: 1.5 }, mb],
     [{ ...m.data, window_s: 0 }, mb],
     [m.data, [mb[0], frame(new Uint8Array(4))]],
+    [{ ...m.data, topology_seq: 0 }, mb],
     [event(1, 'x').data, [frame(new Uint8Array(1))]],
-    [{ ...event(1, 'x').data, event: { seq: 0, time: 1, kind: 'x' } }, []]
+    [{ ...event(1, 'x').data, event: { seq: 0, time: 1, kind: 'x' } }, []],
+    // detail is always sent (docs/protocol.md), as the kernel's decoder requires.
+    [{ ...event(1, 'x').data, event: { seq: 1, time: 1, kind: 'x' } }, []],
+    [{ v: 1, type: 'no_backend' }, []],
+    [{ v: 1, type: 'no_backend', error: 'x' }, [frame(new Uint8Array(1))]]
   );
   for (const [data, buffers] of bad) {
-    assert.throws(() => decodeMessage(data, buffers), ProtocolError, JSON.stringify(data)?.slice(0, 80));
+    assert.throws(
+      () => decodeMessage(data, buffers),
+      ProtocolError,
+      JSON.stringify(data)?.slice(0, 80)
+    );
   }
 });
 
 test('requests encode with v, type, request_id and only their fields', () => {
-  assert.deepEqual(encodeRequest({ type: 'subscribe', rate: 2 }, 'a'), { v: 1, type: 'subscribe', request_id: 'a', rate: 2 });
-  assert.deepEqual(encodeRequest({ type: 'fail_slice', slice: 1 }, 'b'), { v: 1, type: 'fail_slice', request_id: 'b', slice: 1 });
-  assert.deepEqual(encodeRequest({ type: 'snapshot' }, 'c'), { v: 1, type: 'snapshot', request_id: 'c' });
+  assert.deepEqual(encodeRequest({ type: 'subscribe', rate: 2 }, 'a'), {
+    v: 1,
+    type: 'subscribe',
+    request_id: 'a',
+    rate: 2
+  });
+  assert.deepEqual(encodeRequest({ type: 'fail_slice', slice: 1 }, 'b'), {
+    v: 1,
+    type: 'fail_slice',
+    request_id: 'b',
+    slice: 1
+  });
+  assert.deepEqual(encodeRequest({ type: 'snapshot' }, 'c'), {
+    v: 1,
+    type: 'snapshot',
+    request_id: 'c'
+  });
   assert.deepEqual(encodeRequest({ type: 'ping' }, 'd'), { v: 1, type: 'ping', request_id: 'd' });
   assert.throws(() => encodeRequest({ type: 'subscribe', rate: 11 }, 'a'), ProtocolError);
   assert.throws(() => encodeRequest({ type: 'subscribe', rate: NaN }, 'a'), ProtocolError);
