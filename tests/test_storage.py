@@ -296,6 +296,15 @@ def test_read_only_directory_can_be_listed_and_restored_but_not_written(read_onl
     assert "\n" not in one_line(info.value)
 
 
+@pytest.mark.parametrize("value", ["inf", "nan"])
+def test_a_retry_time_that_is_not_a_time_falls_back_to_the_default(tmp_path, monkeypatch, value):
+    monkeypatch.setenv(storage.RETRY_ENV, value)
+    assert storage.retry_seconds() == storage.DEFAULT_RETRY_S
+    snap = host_snapshot(90, mib=0.1)
+    persist(snap, str(tmp_path))
+    assert same(snap, load(str(tmp_path)))
+
+
 @pytest.mark.parametrize("seconds", [float("nan"), float("inf"), -1.0])
 def test_compile_cache_refuses_a_minimum_compile_time_that_is_not_a_time(tmp_path, seconds):
     with pytest.raises(PathwaysError, match="bad minimum compile time"):

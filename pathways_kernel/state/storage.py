@@ -34,6 +34,7 @@ import contextlib
 import dataclasses
 import errno
 import json
+import math
 import os
 import re
 import secrets
@@ -60,6 +61,7 @@ CONCURRENCY = 16
 #: Seconds of retries before an unreachable server is reported (env override).
 RETRY_ENV = "PATHWAYS_STORAGE_RETRY_S"
 DEFAULT_RETRY_S = 60.0
+MAX_RETRY_S = 3600.0
 
 #: Longest gs:// prefix: a snapshot adds up to 256 bytes of names under it
 #: (id, data token, leaf, chunk), and Cloud Storage object names end at 1024.
@@ -187,10 +189,13 @@ def emulator_env() -> None:
 
 
 def retry_seconds() -> float:
+    """``PATHWAYS_STORAGE_RETRY_S``, or the default when it is not a finite number of seconds."""
     try:
-        return max(0.0, float(os.environ.get(RETRY_ENV, DEFAULT_RETRY_S)))
+        seconds = float(os.environ.get(RETRY_ENV, DEFAULT_RETRY_S))
     except ValueError:
         return DEFAULT_RETRY_S
+    # inf would overflow the retry counts given to tensorstore; nan compares false with everything.
+    return min(max(0.0, seconds), MAX_RETRY_S) if math.isfinite(seconds) else DEFAULT_RETRY_S
 
 
 def endpoint() -> str:
