@@ -38,6 +38,10 @@ $(VENV)/.installed: $(VENV)/.build-tools $(LAB_BUNDLE) $(PY_SOURCES)
 /usr/bin/chromium:
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 
+# Debian's Slurm and munge for the Slurm tests (tests/slurm.py runs its own munged, slurmctld and slurmd).
+/usr/sbin/slurmctld:
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null
+
 lab: $(VENV)/.installed
 	$(VENV)/bin/jupyter lab notebooks/quickstart.ipynb --LabApp.news_url=None $(if $(filter 0,$(shell id -u)),--allow-root,)
 
@@ -52,7 +56,7 @@ lint: $(VENV)/.installed
 test-ts: $(VENV)/.installed
 	$(JLPM) test
 
-test-py: $(VENV)/.installed /usr/bin/chromium
+test-py: $(VENV)/.installed /usr/bin/chromium /usr/sbin/slurmctld
 	$(VENV)/bin/pytest -q
 
 test: test-ts test-py

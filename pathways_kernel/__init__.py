@@ -25,6 +25,7 @@ from pathways_kernel.api import (
     topology,
 )
 from pathways_kernel.backends.connection import connect_shared_service, reconnect
+from pathways_kernel.backends.slurm import connect as connect_slurm
 from pathways_kernel.core.errors import PathwaysError
 
 # State: host snapshots, elastic execution, durable storage.
@@ -86,6 +87,7 @@ __all__ = [
     "cache",
     "connect",
     "connect_shared_service",
+    "connect_slurm",
     "reconnect",
     "devices",
     "events",

@@ -1,7 +1,8 @@
 """Backends: where the session's devices come from.
 
 A spec names one: ``local:SxC`` (embedded, CPU devices as S slices of C
-chips) or ``proxy:grpc://HOST:PORT`` / ``grpc://HOST:PORT`` (Pathways).
+chips), ``proxy:grpc://HOST:PORT`` / ``grpc://HOST:PORT`` (Pathways) or
+``slurm:JOB`` (the Pathways proxy of a Slurm job, ``backends/slurm.py``).
 """
 
 from __future__ import annotations
@@ -78,8 +79,13 @@ def from_spec(spec: str, *, timeout: float | None = None, insecure: bool | None 
         from pathways_kernel.backends.proxy import ProxyBackend
 
         return ProxyBackend.from_spec(spec, timeout=timeout, insecure=insecure)
+    if spec.startswith("slurm:"):
+        from pathways_kernel.backends.slurm import SlurmBackend, parse_spec
+
+        return SlurmBackend(parse_spec(spec), timeout=timeout, insecure=insecure)
     raise SpecError(
-        f"unknown backend spec '{spec}': use local:SxC (e.g. local:2x4) or grpc://HOST:PORT for a Pathways proxy"
+        f"unknown backend spec '{spec}': use local:SxC (e.g. local:2x4), grpc://HOST:PORT for a Pathways proxy "
+        "or slurm:JOB for a Pathways job on Slurm"
     )
 
 

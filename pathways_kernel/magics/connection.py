@@ -7,6 +7,7 @@ from typing import Any
 
 from IPython.core.magic_arguments import argument, magic_arguments
 
+import pathways_kernel.magics.slurm  # noqa: F401  (adds the Slurm options to connect)
 from pathways_kernel import api
 from pathways_kernel.backends import connection
 from pathways_kernel.magics import preflight_seconds, subcommand

@@ -1,0 +1,536 @@
+"""Pathways on Slurm (Cluster Director): find the job, connect through its proxy.
+
+``slurm:JOB`` (a job id or name) names a Pathways job on a Slurm cluster. The
+kernel reads it with Slurm's own commands (``scontrol show job -o``,
+``squeue``, ``sbatch``, ``scancel``, as subprocesses: the kernel opens no
+port and needs only the client commands and munge of a login node). While
+the job is PENDING its state and Slurm's reason are shown live; once it is
+RUNNING the kernel connects through the proxy path (pre-flight and all).
+
+Where the proxy is: the job's comment
+-------------------------------------
+A Pathways job publishes its proxy address in its Slurm comment::
+
+    pathways-proxy=grpc://HOST:PORT
+
+set from inside the job with ``scontrol update jobid=$SLURM_JOB_ID
+comment=...`` once the proxy listens (``pathways-proxy=starting`` before
+that; the shipped template ``templates/pathways-job.sbatch`` does both).
+The comment rather than a file the job writes: it travels with the job
+through ``scontrol``/``squeue -o %k`` to any host that can query the
+controller, so the notebook host needs no shared filesystem with the job's
+nodes, and it goes away with the job.
+
+Slices from Slurm
+-----------------
+The job's nodes are grouped into slices (``slurm_watch.group_nodes``: by a
+node feature, a nodes-per-slice count, or evenly over the session's slices)
+and a background thread (``slurm_watch.JobWatch``) polls the job and its
+nodes every ``POLL_S`` seconds: a node DOWN, DRAIN or FAIL turns its slice
+down with Slurm's reason, back in service turns it up; requeue, preemption,
+the end of the job and an approaching time limit become events.
+
+A job the kernel submitted (``--submit``) is cancelled when the kernel exits,
+and it says so; a job it did not submit is never cancelled.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pathways_kernel.backends import preflight as preflight_lib
+from pathways_kernel.backends.proxy import ProxyBackend
+from pathways_kernel.core.errors import BackendError, SpecError
+
+#: Seconds one Slurm command may take before the controller counts as unreachable.
+COMMAND_TIMEOUT_S = 4.0
+#: Seconds a RUNNING job may go without any ``pathways-proxy=`` in its comment.
+ADDRESS_GRACE_S = 3.0
+#: Seconds ``connect`` waits for a PENDING job to start (and publish its address).
+DEFAULT_WAIT_S = 600.0
+#: The job-comment key that carries the proxy address.
+PROXY_KEY = "pathways-proxy"
+#: What the job's comment says while its proxy is still coming up.
+STARTING = "starting"
+#: Shipped job scripts, by the name ``--submit`` accepts.
+TEMPLATES = {"pathways-job": Path(__file__).parent / "templates" / "pathways-job.sbatch"}
+
+ACTIVE_STATES = frozenset(
+    {
+        "PENDING",
+        "RUNNING",
+        "CONFIGURING",
+        "COMPLETING",
+        "SUSPENDED",
+        "REQUEUED",
+        "REQUEUE_HOLD",
+        "REQUEUE_FED",
+        "RESIZING",
+        "SIGNALING",
+        "STAGE_OUT",
+        "STOPPED",
+    }
+)
+_KEY = re.compile(r"(?:^|\s)([A-Za-z][\w/:.\-]*)=")
+_SUBMITTED = re.compile(r"^(\d+)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One job as ``scontrol show job -o`` reports it."""
+
+    id: str
+    name: str
+    state: str
+    reason: str
+    nodelist: str
+    comment: str
+    restarts: int
+    end_time: float | None
+    time_limit: str
+
+    @classmethod
+    def from_record(cls, r: dict[str, str]) -> Job:
+        return cls(
+            id=r.get("JobId", ""),
+            name=r.get("JobName", ""),
+            state=r.get("JobState", "UNKNOWN"),
+            reason=r.get("Reason", "None"),
+            nodelist="" if r.get("NodeList", "(null)") == "(null)" else r.get("NodeList", ""),
+            comment="" if r.get("Comment", "(null)") == "(null)" else r.get("Comment", ""),
+            restarts=int(r.get("Restarts", "0") or 0),
+            end_time=_parse_time(r.get("EndTime", "")),
+            time_limit=r.get("TimeLimit", ""),
+        )
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE_STATES
+
+    def time_left_s(self, now: float | None = None) -> float | None:
+        if self.state != "RUNNING" or self.end_time is None or self.time_limit in ("UNLIMITED", "INFINITE"):
+            return None
+        return max(self.end_time - (time.time() if now is None else now), 0.0)
+
+    def proxy_address(self) -> str | None:
+        """The comment's ``pathways-proxy=`` value (``"starting"``, a URL), or ``None``."""
+        for part in re.split(r"[\s;,]+", self.comment):
+            key, sep, value = part.partition("=")
+            if sep and key == PROXY_KEY:
+                return value
+        return None
+
+    def describe(self) -> str:
+        text = f"slurm job {self.id} ({self.name}): {self.state}"
+        if self.state == "PENDING" or (self.reason not in ("None", "") and not self.active):
+            text += f" ({self.reason})"
+        if (left := self.time_left_s()) is not None:
+            text += f", {format_duration(left)} left"
+        return text
+
+
+@dataclasses.dataclass(frozen=True)
+class Node:
+    """One node as ``scontrol show node -o`` reports it."""
+
+    name: str
+    state: str  # e.g. IDLE, ALLOCATED, DOWN+NOT_RESPONDING, IDLE+DRAIN
+    reason: str
+    features: tuple[str, ...]
+
+    @classmethod
+    def from_record(cls, r: dict[str, str]) -> Node:
+        features = r.get("ActiveFeatures", "") or r.get("AvailableFeatures", "")
+        return cls(
+            name=r.get("NodeName", ""),
+            state=r.get("State", "UNKNOWN"),
+            reason=r.get("Reason", ""),
+            features=tuple(f for f in features.split(",") if f and f != "(null)"),
+        )
+
+    @property
+    def out_of_service(self) -> bool:
+        """DOWN, DRAIN(ED/ING) or FAIL(ING): what takes a slice out of service."""
+        flags = set(self.state.upper().replace("*", "").split("+"))
+        return bool(flags & {"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING"})
+
+
+def format_duration(seconds: float) -> str:
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+def _parse_time(text: str) -> float | None:
+    try:
+        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+
+
+def parse_record(line: str) -> dict[str, str]:
+    """One ``-o`` line of ``scontrol show`` -> its ``Key=value`` fields.
+
+    Values may hold spaces (a node's ``Reason=maint [root@...]``): each value
+    runs to the next ``Key=`` that follows whitespace.
+    """
+    matches = list(_KEY.finditer(line))
+    fields = {}
+    for m, following in zip(matches, [*matches[1:], None], strict=True):
+        end = following.start() if following is not None else len(line)
+        fields[m.group(1)] = line[m.end() : end].strip()
+    return fields
+
+
+# -- the Slurm client commands -------------------------------------------------
+class Slurm:
+    """Slurm's client commands, each failure turned into one line that says what to do."""
+
+    def __init__(self, timeout: float = COMMAND_TIMEOUT_S):
+        self.timeout = timeout
+
+    def run(self, *argv: str) -> str:
+        """Run a Slurm command; its stdout. Raises ``BackendError`` in one line."""
+        if shutil.which(argv[0]) is None:
+            raise BackendError(
+                f"Slurm's `{argv[0]}` is not on PATH: run the kernel where Slurm's client commands are installed "
+                "(a login node; Debian: apt install slurm-client munge) or add their directory to PATH"
+            )
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout)
+        except subprocess.TimeoutExpired as exc:
+            # With munge down, the commands retry their credential for longer
+            # than the timeout but say why at the first try.
+            said = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr or ""
+            if "munge" in said.lower():
+                raise self._error(argv, said) from None
+            raise BackendError(
+                f"slurmctld is unreachable (no answer to `{' '.join(argv[:3])}` within {self.timeout:.0f} s): "
+                "check `scontrol ping`, the controller host and SLURM_CONF"
+            ) from None
+        if done.returncode != 0:
+            raise self._error(argv, done.stderr)
+        return done.stdout
+
+    @staticmethod
+    def _error(argv: Sequence[str], stderr: str) -> BackendError:
+        text = " ".join(stderr.split())
+        lowered = text.lower()
+        if "munge" in lowered:
+            return BackendError(
+                "munge is not running on this host, so Slurm cannot authenticate: start munged "
+                "(`munge -n | unmunge` should say Success)"
+            )
+        if "unable to contact slurm controller" in lowered or "socket timed out" in lowered:
+            return BackendError(
+                "slurmctld is unreachable (Unable to contact slurm controller): check `scontrol ping`, "
+                "the controller host and SLURM_CONF"
+            )
+        if "invalid job id" in lowered:
+            job = next((a for a in reversed(argv) if a[:1].isdigit()), "?")
+            return BackendError(f"no Slurm job {job}: it does not exist or finished long ago (see `squeue --me`)")
+        if "access/permission denied" in lowered or "permission denied" in lowered or "not the owner" in lowered:
+            return BackendError(f"Slurm refused `{' '.join(argv[:2])}`: permission denied (the job is not yours)")
+        if "could not establish a configuration source" in lowered or "s_p_parse_file" in lowered:
+            return BackendError("Slurm's configuration was not found: set SLURM_CONF to the cluster's slurm.conf")
+        return BackendError(f"`{' '.join(argv[:3])}` failed: {text[:300] or 'no message'}")
+
+    # -- reading ---------------------------------------------------------------
+    def job(self, job_id: str) -> Job:
+        lines = [line for line in self.run("scontrol", "show", "job", "-o", job_id).splitlines() if line.strip()]
+        if not lines:
+            raise BackendError(f"no Slurm job {job_id}: it does not exist or finished long ago (see `squeue --me`)")
+        # A heterogeneous or array job prints one line per component: the first is the job.
+        return Job.from_record(parse_record(lines[0]))
+
+    def resolve(self, job: str) -> str:
+        """A job id, or the id of the one active job named ``job``."""
+        if job.isdigit():
+            return job
+        ids = self.run("squeue", "-h", "--name", job, "-o", "%i").split()
+        if not ids:
+            raise BackendError(
+                f"no active Slurm job is named '{job}' (see `squeue --me`); give a job id or submit one with --submit"
+            )
+        if len(ids) > 1:
+            raise BackendError(
+                f"{len(ids)} active Slurm jobs are named '{job}' ({', '.join(ids)}): connect to one by id"
+            )
+        return ids[0]
+
+    def hostnames(self, nodelist: str) -> list[str]:
+        return self.run("scontrol", "show", "hostnames", nodelist).split() if nodelist else []
+
+    def nodes(self, names: Sequence[str]) -> dict[str, Node]:
+        if not names:
+            return {}
+        out = self.run("scontrol", "show", "node", "-o", ",".join(names))
+        found = [Node.from_record(parse_record(line)) for line in out.splitlines() if line.strip()]
+        return {n.name: n for n in found}
+
+    # -- acting ----------------------------------------------------------------
+    def submit(self, script: str, options: Sequence[str] = (), name: str = "") -> str:
+        """``sbatch --parsable``; returns the new job's id."""
+        path = Path(TEMPLATES.get(script, script)).expanduser()
+        if not path.is_file():
+            shipped = ", ".join(TEMPLATES)
+            raise SpecError(f"--submit {script}: no such job script (give a path, or a shipped template: {shipped})")
+        argv = ["sbatch", "--parsable", *([f"--job-name={name}"] if name else []), *options, str(path)]
+        match = _SUBMITTED.match(self.run(*argv).strip())
+        if match is None:
+            raise BackendError(f"sbatch {path.name} printed no job id")
+        return match.group(1)
+
+    def cancel(self, job_id: str) -> None:
+        self.run("scancel", job_id)
+
+
+# -- jobs this kernel submitted --------------------------------------------------
+_submitted: dict[str, Slurm] = {}
+
+
+def submitted_jobs() -> tuple[str, ...]:
+    return tuple(_submitted)
+
+
+@atexit.register
+def cancel_submitted() -> None:
+    """Cancel every job this kernel submitted, saying so (at kernel exit)."""
+    while _submitted:
+        job_id, slurm = _submitted.popitem()
+        try:
+            slurm.cancel(job_id)
+            print(f"pathways-kernel: cancelled Slurm job {job_id} (submitted by this kernel)", file=sys.stderr)
+        except BackendError as exc:
+            print(f"pathways-kernel: could not cancel Slurm job {job_id}: {exc}", file=sys.stderr)
+
+
+def submit_job(script: str, options: Sequence[str] = (), name: str = "", slurm: Slurm | None = None) -> str:
+    """Submit a Pathways job (a script path or a shipped template); cancelled at kernel exit."""
+    slurm = slurm or Slurm()
+    job_id = slurm.submit(script, options, name)
+    _submitted[job_id] = slurm
+    return job_id
+
+
+# -- waiting for a job -------------------------------------------------------------
+def wait_running(
+    slurm: Slurm,
+    job_id: str,
+    wait: float = DEFAULT_WAIT_S,
+    need_address: bool = True,
+    on_change: Callable[[Job, float], None] | None = None,
+    period: float = 0.5,
+) -> Job:
+    """Poll the job until it runs (and, with ``need_address``, has published its proxy).
+
+    ``on_change(job, waited_s)`` is called at each poll (the live progress
+    line). Raises ``BackendError`` in one line: the job ended, it has no
+    proxy convention, or ``wait`` seconds passed.
+    """
+    start = time.monotonic()
+    address_since: float | None = None
+    while True:
+        job = slurm.job(job_id)
+        waited = time.monotonic() - start
+        if on_change is not None:
+            on_change(job, waited)
+        if not job.active:
+            raise BackendError(
+                f"slurm job {job.id} ({job.name}) has ended ({job.state}, {job.reason}): submit it again "
+                "(`%pathways connect slurm: --submit SCRIPT`) or connect to a running one"
+            )
+        if job.state == "RUNNING":
+            address = job.proxy_address()
+            if not need_address or (address and address != STARTING):
+                return job
+            if address is None:
+                address_since = address_since if address_since is not None else time.monotonic()
+                if time.monotonic() - address_since > ADDRESS_GRACE_S:
+                    raise BackendError(
+                        f"slurm job {job.id} ({job.name}) is running but does not follow the Pathways convention: "
+                        f"its comment should say {PROXY_KEY}=grpc://HOST:PORT (the shipped template "
+                        "pathways-job.sbatch sets it), or use `%pathways connect grpc://HOST:PORT`"
+                    )
+        if waited > wait:
+            raise BackendError(f"{job.describe()} after waiting {waited:.0f} s: connect again later, or raise --wait")
+        time.sleep(period)
+
+
+class LiveLine:
+    """The progress line of a wait: one output in the cell, updated in place."""
+
+    def __init__(self, events: Any):
+        self.events = events
+        self.handle: Any = None
+        self.last: tuple[str, str] | None = None
+
+    def __call__(self, job: Job, waited: float) -> None:
+        if (job.state, job.reason) != self.last:
+            self.last = (job.state, job.reason)
+            if job.state == "PENDING" and self.events is not None:
+                self.events.emit("job_pending", detail=job.describe())
+        text = f"{job.describe()}, waited {waited:.0f} s"
+        if not _in_kernel():
+            return
+        from IPython.display import display
+
+        bundle = {"text/plain": text}
+        if self.handle is None:
+            self.handle = display(bundle, raw=True, display_id=True)
+        else:
+            self.handle.update(bundle, raw=True)
+
+
+def _in_kernel() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+# -- the backend ---------------------------------------------------------------------
+def parse_spec(spec: str) -> str:
+    """``slurm:JOB`` -> ``JOB`` (id or name; empty with --submit)."""
+    body = spec.strip()[len("slurm:") :].strip()
+    if body and not re.fullmatch(r"[\w.\-]+", body):
+        raise SpecError(f"bad Slurm job '{body}': give a job id or a job name, e.g. slurm:12345 or slurm:pathways")
+    return body
+
+
+class SlurmBackend(ProxyBackend):
+    """The Pathways proxy of a Slurm job, found through the job's comment."""
+
+    name: ClassVar[str] = "slurm"
+
+    def __init__(
+        self,
+        job: str,
+        *,
+        timeout: float | None = None,
+        insecure: bool | None = None,
+        wait: float | None = None,
+        nodes_per_slice: int | None = None,
+        feature: str | None = None,
+        slurm: Slurm | None = None,
+    ):
+        super().__init__(preflight_lib.Target("127.0.0.1", preflight_lib.PROXY_PORT), timeout, insecure)
+        if not job:
+            raise SpecError("slurm: needs a job: slurm:JOB_ID, slurm:JOB_NAME, or --submit SCRIPT")
+        self.job_ref = job
+        self.wait = DEFAULT_WAIT_S if wait is None else float(wait)
+        if not self.wait >= 0:
+            raise SpecError(f"bad --wait {wait}: give the seconds to wait for a pending job, e.g. 600")
+        self.nodes_per_slice, self.feature = nodes_per_slice, feature
+        self.slurm = slurm or Slurm()
+        self.job: Job | None = None
+        self.watch: Any = None
+
+    @property
+    def spec(self) -> str:
+        return f"slurm:{self.job.id if self.job else self.job_ref}"
+
+    @property
+    def target(self) -> str:
+        if self.job is None:
+            return f"slurm job {self.job_ref}"
+        job = self.watch.job if self.watch is not None else self.job
+        left = job.time_left_s()
+        return f"{self.address.url} (slurm job {job.id}{f', {format_duration(left)} left' if left is not None else ''})"
+
+    def preflight(self) -> preflight_lib.Report:
+        from pathways_kernel.core.sessions import EVENTS
+
+        # The session gives a backend its log only once it activates; the wait comes before.
+        job_id = self.slurm.resolve(self.job_ref)
+        self.job = wait_running(self.slurm, job_id, self.wait, on_change=LiveLine(self.events or EVENTS))
+        address = self.job.proxy_address() or ""
+        try:
+            self.address = preflight_lib.parse_target(address)
+        except SpecError as exc:
+            raise BackendError(f"slurm job {job_id} published a bad proxy address: {exc}") from None
+        return super().preflight()
+
+    def activate(self) -> None:
+        from pathways_kernel.backends import slurm_watch
+
+        super().activate()
+        assert self.job is not None
+        self.watch = slurm_watch.JobWatch(
+            self.slurm, self.job, self.events, slurm_watch.SessionSlices(self), self.nodes_per_slice, self.feature
+        )
+        self.watch.start()
+
+    def close(self) -> None:
+        if self.watch is not None:
+            self.watch.stop()
+            self.watch = None
+        super().close()
+
+
+def connect(
+    job: str = "",
+    *,
+    submit: str | None = None,
+    sbatch: Sequence[str] = (),
+    local: str | None = None,
+    force: bool = False,
+    timeout: float | None = None,
+    insecure: bool | None = None,
+    wait: float | None = None,
+    nodes_per_slice: int | None = None,
+    feature: str | None = None,
+):
+    """Connect the session to a Pathways job on Slurm, or bind the embedded backend to one.
+
+    Args:
+      job: job id or name (with ``submit``: the name to give the new job).
+      submit: submit this job script (or shipped template ``pathways-job``)
+        with ``sbatch`` options first, and wait for it; the kernel cancels it
+        when it exits.
+      local: ``local:SxC``: run the embedded backend with its slices bound to
+        the job's nodes instead of connecting to the job's proxy.
+      force, timeout, insecure: as for ``pw.connect``.
+      wait: seconds to wait for a pending job (default 600).
+      nodes_per_slice, feature: how the job's nodes group into slices.
+
+    Returns:
+      The session.
+
+    Raises:
+      SpecError, BackendError: one line saying what Slurm or the job lacks.
+    """
+    from pathways_kernel.core import sessions
+
+    slurm = Slurm()
+    if submit:
+        job = submit_job(submit, sbatch, name=job, slurm=slurm)
+    if local is not None:
+        from pathways_kernel.emulator.slurm_binding import binding
+
+        if not job:
+            raise SpecError(f"--slurm needs a job: {local} --slurm JOB_ID (or --submit SCRIPT)")
+        session = sessions.connect(local, force=force)
+        binding(session).bind(job, nodes_per_slice=nodes_per_slice, feature=feature, wait=wait, slurm=slurm)
+        return session
+    backend = SlurmBackend(
+        job,
+        timeout=timeout,
+        insecure=insecure,
+        wait=wait,
+        nodes_per_slice=nodes_per_slice,
+        feature=feature,
+        slurm=slurm,
+    )
+    return sessions.install(backend, force)

@@ -1,0 +1,86 @@
+"""The embedded backend bound to a real Slurm job: ``local:SxC --slurm JOB``.
+
+The emulated slices are mapped onto the nodes of a running job (grouped as
+``slurm_watch.group_nodes`` says), and the job's watch turns a node going
+DOWN, DRAIN or FAIL into ``injector(session).fail(i)``: the same fault path
+as ``pw.fail_slice`` (arrays lost with DATA_LOSS, healing, elastic
+recovery), with Slurm's reason in the ``slice_down`` event. The node's return
+is ``restore(i)``. So elastic loops and notebook healing are rehearsed
+against a real cluster manager's failures.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pathways_kernel.backends import slurm as slurm_lib
+from pathways_kernel.backends.slurm_watch import JobWatch
+from pathways_kernel.emulator.faults import injector
+
+
+class InjectorSlices:
+    """Sink: a node out of service loses its emulated slice through the fault injector."""
+
+    def __init__(self, session: Any):
+        self.session = session
+
+    def slice_count(self) -> int:
+        return len(self.session.topology.slices)
+
+    def down(self, index: int, detail: str) -> None:
+        injector(self.session).fail(index, detail=detail)
+
+    def up(self, index: int, detail: str) -> None:
+        injector(self.session).restore(index, detail=detail)
+
+
+class SlurmBinding:
+    """The session's binding to a Slurm job (a session component)."""
+
+    def __init__(self, session: Any):
+        self.session = session
+        self.watch: JobWatch | None = None
+        session.on_close(self.unbind)
+
+    def bind(
+        self,
+        job: str,
+        *,
+        nodes_per_slice: int | None = None,
+        feature: str | None = None,
+        wait: float | None = None,
+        slurm: slurm_lib.Slurm | None = None,
+    ) -> JobWatch:
+        """Wait for ``job`` to run, then follow its nodes; returns the watch.
+
+        Raises:
+          NotSupportedError: the session is not on the embedded backend.
+          BackendError / SpecError: Slurm or the job said no (one line).
+        """
+        self.session.require_fault_injection("--slurm")
+        slurm = slurm or slurm_lib.Slurm()
+        job_id = slurm.resolve(job)
+        running = slurm_lib.wait_running(
+            slurm,
+            job_id,
+            slurm_lib.DEFAULT_WAIT_S if wait is None else wait,
+            need_address=False,
+            on_change=slurm_lib.LiveLine(self.session.events),
+        )
+        watch = JobWatch(slurm, running, self.session.events, InjectorSlices(self.session), nodes_per_slice, feature)
+        self.unbind()
+        self.watch = watch
+        self.session.events.emit(
+            "job_bound", detail=f"{self.session.backend.spec} on {running.describe()}: {watch.describe()}"
+        )
+        watch.start()
+        return watch
+
+    def unbind(self) -> None:
+        if self.watch is not None:
+            watch, self.watch = self.watch, None
+            watch.stop()
+
+
+def binding(session: Any) -> SlurmBinding:
+    return session.component(SlurmBinding)
