@@ -40,6 +40,7 @@ from pathways_kernel.core.errors import PathwaysError
 from pathways_kernel.core.eventlog import Event
 from pathways_kernel.core.slices import Topology
 from pathways_kernel.monitoring.history import History
+from pathways_kernel.training.step_rate import StepRate
 
 DEFAULT_SAMPLE_HZ = 4.0
 DEFAULT_PUBLISH_HZ = 2.0
@@ -355,6 +356,8 @@ class TelemetryHub:
         self._next_history = 0.0
         self._reset_window()
         self._unlisten = session.events.subscribe(self._on_event)
+        #: Step time and throughput of running loops, as ``steps`` events (views chart them).
+        self._step_rate = StepRate(session)
         #: Wall seconds the last sample took; CPU seconds of all samples so far (the hub's own cost).
         self.last_sample_s = 0.0
         self.sample_cpu_s = 0.0
@@ -487,6 +490,7 @@ class TelemetryHub:
                 period = 1.0 / self.sample_hz if subs else 1.0
                 next_sample = now + max(period, self.last_sample_s / MAX_DUTY)
                 self._record(metrics, now)
+                _call(self._step_rate.poll)
                 now = time.monotonic()
                 for sub in subs:
                     rate = sub.effective_rate
