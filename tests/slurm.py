@@ -242,6 +242,16 @@ class Cluster:
                 raise AssertionError(f"nodes are {states}, not all {state}, after {timeout} s")
             time.sleep(0.2)
 
+    def kill_slurmd(self, name: str) -> None:
+        """SIGKILL the node's slurmd, as a crash would (its job's processes live on)."""
+        pid = self._pid(self.dir / f"slurmd-{name}.pid")
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+
+    def start_slurmd(self, name: str) -> None:
+        self._pidfiles.remove(self.dir / f"slurmd-{name}.pid")
+        self._daemon([_sbin("slurmd"), "-N", name, "-f", str(self.conf)], self.dir / f"slurmd-{name}.pid")
+
     def set_node(self, name: str, state: str, reason: str = "") -> None:
         argv = ["scontrol", "update", f"nodename={name}", f"state={state}"]
         if reason:

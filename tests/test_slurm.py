@@ -155,6 +155,13 @@ BAD = [
     ("bad job", "", "slurm:a/b", ["bad Slurm job 'a/b'"], ""),
     ("slices do not fit", "", "local:2x4 --slurm {one_node}", ["the job's 1 nodes do not split into 2 slices"], ""),
     ("missing script", "", "slurm: --submit /no/such.sbatch", ["no such job script"], ""),
+    (
+        "still pending after --wait",
+        "",
+        "slurm:{held} --wait 1",
+        ["PENDING (JobHeldUser) after waiting 1 s", "raise --wait"],
+        "",
+    ),
 ]
 
 
@@ -170,6 +177,9 @@ def test_bad_input_is_one_line_within_5_s_and_the_kernel_stays_healthy(
         values["one_node"] = slurm.submit(SLEEP, "--nodes=1", "--time=10")
         cancel.append(values["one_node"])
         slurm.wait_job(values["one_node"], "RUNNING")
+    if "{held}" in line:
+        values["held"] = slurm.submit(SLEEP, "--hold", "--nodes=1")
+        cancel.append(values["held"])
     if before:
         assert kernel.run(before.format(**values)).status == "ok"
     reply = kernel.run(f"%pathways connect {line.format(**values)}")
@@ -253,6 +263,25 @@ def test_node_down_loses_its_slice_with_slurms_reason_and_its_return_restores_it
     assert f"slurm job {job} (pw-bound): CANCELLED" in kernel.run(ended, timeout=10).text
 
 
+def test_a_crashed_slurmd_loses_its_slice_once_slurm_marks_the_node_down(slurm, kernel, cancel):
+    job = slurm.submit(SLEEP, "--nodes=2", "--time=5", "--job-name=pw-crash")
+    cancel.append(job)
+    assert kernel.run(f"%pathways connect local:2x4 --slurm {job} --force").status == "ok"
+    slurm.kill_slurmd("tpu-1")
+    try:
+        # slurmctld gives a silent slurmd SlurmdTimeout (6 s here) before it marks the node DOWN.
+        gone = kernel.run("import time\nwhile pw.topology().slice(1).up: time.sleep(0.05)", timeout=40)
+        assert gone.status == "ok", gone.error
+    finally:
+        slurm.start_slurmd("tpu-1")
+    down = kernel.run("%pathways events --kind slice_down --last 1").text
+    assert "slurm node tpu-1 DOWN" in down and "Not responding" in down, down
+    # ReturnToService=1: a node that was down for not responding comes back when its slurmd registers.
+    back = kernel.run("while not pw.topology().slice(1).up: time.sleep(0.05)", timeout=40)
+    assert back.status == "ok", back.error
+    assert "slurm node tpu-1 back in service" in kernel.run("%pathways events --kind slice_up --last 1").text
+
+
 ELASTIC_SETUP = """
 import subprocess, time
 import numpy as np, jax, jax.numpy as jnp
@@ -320,7 +349,9 @@ def test_a_submitted_job_is_cancelled_at_kernel_shutdown_and_others_are_not(slur
     k = Kernel("pathways", env={**kernel_env(slurm), **proxy_env(port)})
     k.km.shutdown_wait_time = 60.0
     try:
-        reply = k.run(f"%pathways connect slurm:pw-mine --insecure --submit {TEMPLATE} --nodes=1 --time=10")
+        reply = k.run(
+            f"%pathways connect slurm:pw-mine --insecure --submit {TEMPLATE} --nodes=1 --time=10 --output={slurm.dir}/%j.out"
+        )
         # It got as far as the proxy's pre-flight, as with a job found running.
         assert "the Pathways client failed after pre-flight passed" in reply.error, reply.error
         mine = k.run("from pathways_kernel.backends import slurm as _s; print(*_s.submitted_jobs())").text.strip()

@@ -18,8 +18,10 @@ fault path of ``pw.fail_slice``.
 
 from __future__ import annotations
 
+import atexit
 import re
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -82,6 +84,16 @@ def _natural(text: str) -> list[Any]:
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text)]
 
 
+_running: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:
+    """Stop polling before the interpreter ends: a slice lost while it finalizes would abort it."""
+    for watch in list(_running):
+        watch.stop()
+
+
 class JobWatch:
     """Polls one job and its nodes on a daemon thread; see the module docstring."""
 
@@ -114,6 +126,7 @@ class JobWatch:
 
     def start(self) -> None:
         self._check_time_limit(self.job)  # a job bound close to its limit says so at once
+        _running.add(self)
         self._thread.start()
 
     def stop(self) -> None:
