@@ -181,10 +181,13 @@ def test_compile_cache_in_bucket_is_warm_in_a_fresh_kernel(gcs_server):
 
 # -- refusals: full disks, read-only stores, lost data, hostile input ----------------------
 def test_full_disk_persist_and_checkpoint_are_one_line_and_leave_nothing(nb, full_disk):
-    ok(nb, "noise = jax.random.normal(jax.random.key(0), (1024, 1024))")  # 4 MiB that do not compress
+    # 8 MiB that do not compress, in 8 sharded arrays: many writes in flight when the disk fills up.
+    ok(nb, "noise = {str(i): jax.device_put(jax.random.normal(jax.random.key(i), (512, 512)), "
+           "NamedSharding(m, P('data', 'model'))) for i in range(8)}")
     line = one_line_error(nb, f"pw.persist(noise, '{full_disk}/snaps', name='noise').wait()")
     assert "StorageError" in line and "no space left" in line, line
-    # orbax fails in several background threads; the user gets one line, not hundreds of stderr lines.
+    # orbax fails in several background threads, and tensorstore then completes writes into its closed
+    # event loop ("Event loop is closed"): the user gets one line, not hundreds of stderr lines.
     line = one_line_error(nb, f"%pathways checkpoint save {full_disk}/ckpt --step 1 --vars noise --wait")
     assert "no space left" in line and "free some space or choose another directory" in line, line
     assert list(full_disk.iterdir()) == []  # no orbax temporary directory, no partial data

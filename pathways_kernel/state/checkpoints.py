@@ -133,6 +133,18 @@ def _logged_by_orbax() -> bool:
 
 _ORBAX_ERRORS = _OrbaxErrors()
 logging.getLogger("absl").addFilter(_ORBAX_ERRORS)
+_previous_unraisablehook = sys.unraisablehook
+
+
+def _unraisable(unraisable: Any) -> None:
+    # Once a save fails, orbax closes its event loop while tensorstore still
+    # completes writes into it: each completion raises this, unraisably.
+    closed = isinstance(unraisable.exc_value, RuntimeError) and str(unraisable.exc_value) == "Event loop is closed"
+    if not (closed and _ORBAX_ERRORS.active):
+        _previous_unraisablehook(unraisable)
+
+
+sys.unraisablehook = _unraisable
 
 
 def _path(location: storage.Location) -> Any:

@@ -771,15 +771,22 @@ def _write_data(transfer: Transfer, snapshot: Any, objects: _Objects, target: Lo
     # Every array is created before any chunk is sent: a create queued behind
     # another leaf's chunks would leave the connections idle meanwhile.
     pending = []
-    for opening, flat in arrays:
-        stored = opening.result()
-        # One write per chunk: tensorstore copies and uploads from its own threads, without the GIL.
-        for start in range(0, flat.size, CHUNK_BYTES):
-            end = min(start + CHUNK_BYTES, flat.size)
-            pending.append((stored[start:end].write(flat[start:end]), end - start))
-    for future, size in pending:
-        future.result()
-        transfer.advance(size)
+    try:
+        for opening, flat in arrays:
+            stored = opening.result()
+            # One write per chunk: tensorstore copies and uploads from its own threads, without the GIL.
+            for start in range(0, flat.size, CHUNK_BYTES):
+                end = min(start + CHUNK_BYTES, flat.size)
+                pending.append((stored[start:end].write(flat[start:end]), end - start))
+        for future, size in pending:
+            future.result()
+            transfer.advance(size)
+    except Exception:
+        # Writes still in flight would recreate what the caller is about to discard: let them end first.
+        for future in [opening for opening, _ in arrays] + [future for future, _ in pending]:
+            with contextlib.suppress(Exception):
+                future.result()
+        raise
     # What the server holds now is what the manifest will promise: names, sizes, CRC32Cs, generations.
     listed = objects.list(target.key(data_dir) + "/")
     prefix = target.key("")
