@@ -356,6 +356,8 @@ def test_a_submitted_job_is_cancelled_at_kernel_shutdown_and_others_are_not(slur
         assert "the Pathways client failed after pre-flight passed" in reply.error, reply.error
         mine = k.run("from pathways_kernel.backends import slurm as _s; print(*_s.submitted_jobs())").text.strip()
         cancel.append(mine)
+        submitted = k.run("%pathways events --kind job_submitted").text
+        assert f"slurm job {mine} (pathways-job): cancelled when this kernel exits" in submitted
         assert slurm.job(mine)["JobName"] == "pw-mine" and slurm.job(mine)["JobState"] == "RUNNING"
         # The kernel also follows a job it did not submit.
         bound = k.run(f"%pathways connect local:1x4 --slurm {other}")

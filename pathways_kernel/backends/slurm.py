@@ -81,7 +81,7 @@ ACTIVE_STATES = frozenset(
     }
 )
 _KEY = re.compile(r"(?:^|\s)([A-Za-z][\w/:.\-]*)=")
-_SUBMITTED = re.compile(r"^(\d+)")
+_JOB_ID = re.compile(r"^(\d+)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,7 +285,7 @@ class Slurm:
             shipped = ", ".join(TEMPLATES)
             raise SpecError(f"--submit {script}: no such job script (give a path, or a shipped template: {shipped})")
         argv = ["sbatch", "--parsable", *([f"--job-name={name}"] if name else []), *options, str(path)]
-        match = _SUBMITTED.match(self.run(*argv).strip())
+        match = _JOB_ID.match(self.run(*argv).strip())
         if match is None:
             raise BackendError(f"sbatch {path.name} printed no job id")
         return match.group(1)
@@ -516,6 +516,7 @@ def connect(
     slurm = Slurm()
     if submit:
         job = submit_job(submit, sbatch, name=job, slurm=slurm)
+        sessions.EVENTS.emit("job_submitted", detail=f"slurm job {job} ({submit}): cancelled when this kernel exits")
     if local is not None:
         from pathways_kernel.emulator.slurm_binding import binding
 
