@@ -3,8 +3,8 @@
 import pytest
 
 from pathways_kernel import backends
-from pathways_kernel.emulator.local import LocalBackend, grid_shape
 from pathways_kernel.core.errors import PathwaysError, SpecError
+from pathways_kernel.emulator.local import LocalBackend, grid_shape
 
 
 @pytest.mark.parametrize(

@@ -20,10 +20,9 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from pathways_kernel.state import compile_cache
-from pathways_kernel.state import storage
 from pathways_kernel.core.errors import NotSupportedError, PathwaysError, StorageError, one_line
 from pathways_kernel.core.eventlog import EventLog
+from pathways_kernel.state import compile_cache, storage
 from pathways_kernel.state.snapshots import Snapshot
 
 pytest_plugins = ["mounts"]  # full_disk, read_only

@@ -12,7 +12,6 @@ import os
 import time
 
 import pytest
-
 from kernels import Kernel
 
 pytestmark = pytest.mark.kernel

@@ -1,9 +1,9 @@
 """Topology and multi-slice meshes on real CPU devices (local:2x4)."""
 
+import jax
 import numpy as np
 import pytest
 
-import jax
 import pathways_kernel as pw
 from pathways_kernel.core import meshes
 from pathways_kernel.core.errors import MeshError
@@ -104,7 +104,8 @@ def test_parse_shape():
 
 
 def test_sharded_computation_runs_across_slices(session):
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     mesh = pw.mesh()
     x = jax.device_put(np.arange(64, dtype=np.float32).reshape(8, 8), NamedSharding(mesh, P("data", "model")))

@@ -39,7 +39,9 @@ def check_bindable(name: str, value: Any, overwrite: bool = False) -> None:
     existing = ns.get(name)
     # Even --overwrite never replaces these: the notebook itself depends on them.
     if isinstance(existing, types.ModuleType):
-        raise NamespaceError(f"'{name}' is the module {existing.__name__}; a module is never replaced: choose another name")
+        raise NamespaceError(
+            f"'{name}' is the module {existing.__name__}; a module is never replaced: choose another name"
+        )
     if name in getattr(shell, "user_ns_hidden", {}):
         raise NamespaceError(f"'{name}' belongs to IPython (In, Out, _, exit, ...); choose another name")
     if name not in ns and hasattr(builtins, name):

@@ -9,8 +9,8 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from pathways_kernel import api
 from pathways_kernel.backends import connection
 from pathways_kernel.core import meshes
-from pathways_kernel.magics import Text, integer, name_list, non_empty, preflight_seconds, subcommand
 from pathways_kernel.core.slices import DeviceTable
+from pathways_kernel.magics import Text, integer, name_list, non_empty, preflight_seconds, subcommand
 
 #: More slices than any one Pathways cluster runs.
 MAX_SLICES = 4096
