@@ -27,6 +27,9 @@ def test_local_specs_parse(spec, shape):
         ("local:2x4x9", "expected local:SxC"),
         ("local:-1x4", "expected local:SxC"),
         ("local:100x100", "more than"),
+        ("local:\uff12x\uff14", "(digits 0-9)"),
+        ("local:" + "9" * 5000 + "x1", "that many devices is more than the 4096"),
+        ("local:2\nx4", "expected local:SxC"),
         ("tpu:v5e", "unknown backend spec"),
         ("", "unknown backend spec"),
     ],
@@ -36,7 +39,7 @@ def test_bad_specs_say_what_to_type(spec, fragment):
         backends.from_spec(spec)
     message = str(info.value)
     assert fragment in message
-    assert "\n" not in message
+    assert "\n" not in message and len(message) < 200
     assert isinstance(info.value, PathwaysError)
 
 
