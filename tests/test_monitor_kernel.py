@@ -400,10 +400,12 @@ def test_a_stock_kernel_with_the_extension_keeps_its_status_too():
 def _never_idle_during_a_cell(frontend: Frontend) -> None:
     comm = frontend.open()
     assert frontend.wait_for(lambda m: _is(m, comm, "topology"), timeout=60) is not None
+    frontend.wait_for(lambda m: False, timeout=0.5)
+    statuses = len(frontend.statuses)
     frontend.kc.execute("import time; time.sleep(4)")
     started = time.time()
     frontend.wait_for(lambda m: False, timeout=0.5)
-    mark, statuses = len(frontend.inbox), len(frontend.statuses)
+    mark = len(frontend.inbox)
     asked = [
         frontend.request(comm, "ping"),
         frontend.request(comm, "subscribe", rate=2),
@@ -414,21 +416,32 @@ def _never_idle_during_a_cell(frontend: Frontend) -> None:
     for request_id in asked:
         assert frontend.reply_to(comm, request_id, timeout=3, since=mark) is not None, "not answered during the cell"
     assert time.time() - started < 4, "the replies waited for the cell"
+    # The cell's busy, then nothing until its idle: five requests answered without a status of their own.
+    assert _during_the_cell(frontend, statuses) == [("busy", "execute_request")]
+
+
+def _during_the_cell(frontend: Frontend, since: int) -> list[tuple[str, str]]:
+    """(state, parent msg_type) of each status from ``since`` up to the running cell's idle."""
     frontend.wait_for(
         lambda m: any(
             s["content"]["execution_state"] == "idle" and s["parent_header"].get("msg_type") == "execute_request"
-            for s in frontend.statuses[statuses:]
+            for s in frontend.statuses[since:]
         ),
         timeout=15,
     )
-    during = frontend.statuses[statuses:]
-    cell_over = next(
-        i
-        for i, s in enumerate(during)
-        if s["content"]["execution_state"] == "idle" and s["parent_header"].get("msg_type") == "execute_request"
-    )
-    shown = [(s["content"]["execution_state"], s["parent_header"].get("msg_type")) for s in during[:cell_over]]
-    assert ("idle", "comm_msg") not in shown and all(state == "busy" for state, _ in shown), shown
+    shown = [(s["content"]["execution_state"], s["parent_header"].get("msg_type")) for s in frontend.statuses[since:]]
+    return shown[: shown.index(("idle", "execute_request"))]
+
+
+def test_a_subshell_created_during_a_cell_leaves_the_kernel_busy(frontend):
+    """The panel attaching mid-cell creates its subshell on the control channel; that idle is not the kernel's."""
+    frontend.kc.execute("import time; time.sleep(3)")
+    frontend.wait_for(lambda m: False, timeout=0.5)
+    since = len(frontend.statuses)
+    Frontend(frontend.kernel)
+    shown = _during_the_cell(frontend, since)
+    assert ("idle", "create_subshell_request") in shown, shown  # its frontend waits for that idle
+    assert shown[-1] == ("busy", "execute_request"), shown
 
 
 def test_a_kernel_without_a_backend_says_why_and_follows_a_connect():

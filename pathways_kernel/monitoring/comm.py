@@ -27,10 +27,11 @@ A kernel without a backend (its proxy target unreachable at start) keeps the
 comm open and says why (``no_backend``); the topology follows once a backend
 connects.
 
-Monitor traffic on a subshell publishes no busy/idle status: JupyterLab and
-jupyter_server take every IOPub status as the kernel's, whatever request it
-answers, so the idle after a ping would show the kernel Idle while a cell runs
-(``quiet_monitor_status``).
+Monitor traffic on a subshell publishes no busy/idle status, and an idle from
+elsewhere off the main shell during a cell is followed by the cell's busy:
+JupyterLab and jupyter_server take every IOPub status as the kernel's, whatever
+request it answers, so the idle after a ping would show the kernel Idle while a
+cell runs (``quiet_monitor_status``).
 """
 
 from __future__ import annotations
@@ -395,8 +396,9 @@ class MonitorServer:
         self.stale_after_s = stale_after_s
         self._lock = threading.Lock()
         self._connections: list[Connection] = []
-        #: Whether the main shell runs a cell (kept by IPython's pre/post_execute hooks).
+        #: Whether the main shell runs a cell, and its request (kept by IPython's pre/post_execute hooks).
         self.main_shell_busy = False
+        self.main_shell_parent: dict[str, Any] | None = None
 
     @property
     def connections(self) -> list[Connection]:
@@ -519,30 +521,45 @@ def register(shell: Any) -> bool:
 # Cells on subshells run these hooks too; only the main shell's count.
 def _main_shell_busy() -> None:
     if threading.current_thread() is threading.main_thread():
-        server().main_shell_busy = True
+        from ipykernel.kernelbase import Kernel
+
+        with _status_lock:
+            s = server()
+            s.main_shell_busy = True
+            s.main_shell_parent = Kernel.instance().get_parent("shell") if Kernel.initialized() else None
 
 
 def _main_shell_idle() -> None:
     if threading.current_thread() is threading.main_thread():
-        server().main_shell_busy = False
+        with _status_lock:
+            s = server()
+            s.main_shell_busy = False
+            s.main_shell_parent = None
 
 
 # -- kernel status -------------------------------------------------------------------
 
 #: msg_ids of monitor messages whose busy was not published, so their idle is not either.
 _quiet: set[str] = set()
+#: Orders a re-asserted busy before the running cell's own idle.
+_status_lock = threading.Lock()
 
 
 def quiet_monitor_status(kernel: Any) -> None:
-    """Make ``kernel`` publish no busy/idle for monitor comm messages handled on a subshell.
+    """Keep the kernel state JupyterLab shows true while the monitor talks to the kernel.
 
     JupyterLab (services 7.6, ``_handleMessage``) and jupyter_server set the
-    kernel's state from every IOPub status, whatever request it answers. A
-    subshell handles the panel's ping while the main shell runs a cell; its
-    idle would show the kernel Idle until the cell ends. Those requests are the
-    monitor's own traffic, not the kernel's state. (The panel does not wait
-    for their idle: it disposes the futures of what it sends.) Status of
-    anything else, widgets' comms included, is untouched.
+    kernel's state from every IOPub status, whatever request it answers. So:
+
+    * Monitor comm messages handled on a subshell publish no busy/idle: the
+      idle after a ping would show the kernel Idle while a cell runs on the
+      main shell. They are the monitor's own traffic, not the kernel's state
+      (the panel does not wait for their idle: it disposes their futures).
+    * Any other idle published off the main shell while the main shell runs a
+      cell (the control channel creating the monitor's subshell, widgets' comms
+      on a subshell) is followed by a busy with the cell's parent, so the last
+      status is the truth again. Their own busy/idle are kept: their frontends
+      wait for that idle.
     """
     if getattr(kernel, "_pathways_quiet_status", False):
         return
@@ -552,6 +569,11 @@ def quiet_monitor_status(kernel: Any) -> None:
         if channel == "shell" and _is_monitor_traffic(status, parent or kernel.get_parent(channel)):
             return
         publish(status, channel, parent)
+        if status == "idle" and threading.current_thread() is not threading.main_thread():
+            with _status_lock:
+                s = server()
+                if s.main_shell_busy and s.main_shell_parent:
+                    publish("busy", "shell", s.main_shell_parent)
 
     kernel._publish_status = _publish_status
     kernel._pathways_quiet_status = True
