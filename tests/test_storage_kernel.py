@@ -243,7 +243,8 @@ def test_numbers_and_names_that_make_no_sense_are_refused(nb, tmp_path, code, sa
 def test_restore_never_rebinds_the_notebooks_own_names(nb, tmp_path):
     ok(nb, f"pw.persist(state, '{tmp_path}/snaps', name='state').wait()")
     for name, says in [("pw", "'pw' is the module pathways_kernel"), ("In", "'In' belongs to IPython"),
-                       ("class", "not a valid Python name"), ("len", "would shadow the Python builtin len")]:
+                       ("class", "not a valid Python name"), ("len", "would shadow the Python builtin len"),
+                       ("''", "'' is not a valid Python name")]:
         line = one_line_error(nb, f"%pathways snapshots restore {tmp_path}/snaps --name {name}")
         assert says in line, line
     # A checkpoint whose variable names clash binds none of them.

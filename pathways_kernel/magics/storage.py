@@ -39,7 +39,7 @@ def remote_snapshots(action: str, url: str | None, name: str | None) -> Any:
     if action == "list":
         return storage.list_snapshots(url)
     info = storage.read_info(url)
-    target = name or info.name
+    target = info.name if name is None else name
     # Refused before the download: a restore replaces a variable's data, never the notebook's own names.
     check_bindable(target, None, overwrite=True)
     tree = storage.restore(info.url)
