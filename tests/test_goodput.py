@@ -9,13 +9,13 @@ import time
 
 import jax
 import jax.numpy as jnp
+
+# The field library is imported on a run's first use; do it now, outside the timed runs.
+import ml_goodput_measurement.src.goodput_elastic  # noqa: F401
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-
-# The field library is imported on a run's first use; do it now, outside the timed runs.
-import ml_goodput_measurement.src.goodput_elastic  # noqa: F401
 
 import pathways_kernel as pw
 from pathways_kernel.emulator import chaosmonkey, faults
@@ -124,7 +124,7 @@ def test_a_slow_loader_is_data_wait_of_its_own_loop():
 
     with pw.loader(slow_samples, spec=P("data"), prefetch=0, name="slow") as batches:
         start = time.perf_counter()  # the loop's clock starts at its first batch
-        for _, batch in zip(range(8), batches):
+        for _ in zip(range(8), batches, strict=False):
             time.sleep(STEP_S)
     wall = time.perf_counter() - start
     report = pw.goodput("loader slow")
@@ -248,3 +248,14 @@ def test_the_field_library_agrees_on_a_loop_it_can_model():
 def test_an_unknown_run_is_one_line():
     with pytest.raises(pw.PathwaysError, match="no run named 'nope'"):
         pw.goodput("nope")
+
+
+def test_a_checkpoint_save_inside_a_loop_counts_as_checkpoint_save(tmp_path):
+    state = state_on(pw.session().mesh(), mib=8)
+    for step, _ in enumerate(pw.steps(range(6), name="checkpoints")):
+        state = nudge(state)
+        if step % 3 == 0:
+            pw.checkpoint_save(state, str(tmp_path / "ckpt"), step).wait()
+    report = pw.goodput("checkpoints")
+    assert "checkpoint_save" in present(report.seconds)
+    absent_but(report.seconds, "checkpoint_save", "compile", "snapshot_stall")

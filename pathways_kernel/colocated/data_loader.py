@@ -37,6 +37,7 @@ from typing import Any, Callable
 from pathways_kernel.core.errors import MeshError, PathwaysError
 from pathways_kernel.core.eventlog import format_bytes
 from pathways_kernel.core.text import count
+from pathways_kernel.training import goodput
 from pathways_kernel.colocated.sidecars import (
     DEFAULT_TIMEOUT_S,
     SidecarError,
@@ -308,10 +309,13 @@ class Loader:
         return self
 
     def __next__(self) -> Any:
+        goodput.loop_next(self, f"loader {self.name}")  # a bare `for batch in loader` is a run of its own
         with self._lock:
             step = self.step
             self.step += 1
-        return self.batch(step)
+        batch = self.batch(step)
+        goodput.loop_step(self)
+        return batch
 
     def batch(self, step: int, mesh: Any = None) -> Any:
         """The global batch of ``step`` on the loader's mesh; prefetches the next ones.
@@ -333,7 +337,8 @@ class Loader:
         waiting = not pending.joined.done()
         started = time.perf_counter()
         try:
-            batch, sizes = pending.joined.result(timeout=self.timeout)
+            with goodput.spent("data_wait", owner=self):
+                batch, sizes = pending.joined.result(timeout=self.timeout)
         except TimeoutError:
             hung = min(i for i, f in pending.blocks.items() if not f.done())
             exc = timed_out(self.name, hung, self.timeout)
@@ -385,6 +390,7 @@ class Loader:
             for worker in self._workers.values():
                 worker.retire()
             self._workers.clear()
+        goodput.end_loop(self)
         self._unwatch()
         if self._unhook is not None:
             self._unhook()

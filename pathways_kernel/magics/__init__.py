@@ -209,9 +209,11 @@ def register(shell: Any) -> None:
     from pathways_kernel.magics import sidecar  # noqa: F401
     from pathways_kernel.magics import storage  # noqa: F401
     from pathways_kernel.magics import profiling  # noqa: F401
+    from pathways_kernel.magics import goodput
 
     PathwaysMagics.pathways.__doc__ = top_level_help()
     shell.register_magics(PathwaysMagics)
     shell.set_custom_exc((PathwaysError,), _show_one_line)
     healing.install(shell)  # restore variables lost with a slice, between cells
     connection.install(shell)  # the notice after a disconnect
+    goodput.install(shell)  # the notebook's idle time between cells

@@ -57,6 +57,7 @@ from pathways_kernel.core.errors import PathwaysError, one_line
 from pathways_kernel.core.sessions import Session, session
 from pathways_kernel.core.text import count
 from pathways_kernel.state import snapshots
+from pathways_kernel.training import goodput
 
 #: Consecutive failures (without a new good snapshot in between) before giving up.
 DEFAULT_MAX_RETRIES = 10
@@ -312,6 +313,7 @@ class Elastic:
         store = snapshots.store(s)
         snap_name = f"elastic:{self.name}"
         began = time.perf_counter()
+        self._account = goodput.begin(self.name, "elastic", s)  # goodput: where this run's time goes
         try:
             mesh = s.mesh(self.axes)
             self._start_prepare(s, mesh)
@@ -328,13 +330,17 @@ class Elastic:
                 try:
                     if recover:
                         mesh, state, step = self._recover(s, watch, mesh, state, step, store, snap_name, first, report)
+                        self._account.recovery_end(step)  # goodput: steps from here on are redone
                         recover, resumed_at = False, step
                     if scale_up:
                         scale_up = False
-                        mesh, state = self._scale_up(s, watch, mesh, state, step, report)
+                        with self._account.spent("scale_up"):  # goodput
+                            mesh, state = self._scale_up(s, watch, mesh, state, step, report)
                     while step < steps:
                         self._check_boundary(s, watch, mesh)
+                        self._account.step_begin(step)  # goodput
                         state = self.step_fn(state, step, mesh)
+                        self._account.step_end()  # goodput
                         step += 1
                         report.steps_executed += 1
                         # The newest snapshot copies while one step runs, no longer:
@@ -352,7 +358,9 @@ class Elastic:
                                 # step since computed on lost data, and nothing is left to go back to.
                                 raise self._nothing_to_restore(lost_at_start=True)
                         if step % self.snapshot_every == 0 and step < steps:
-                            last_snap = store.snap(state, snap_name, step, run)
+                            with self._account.spent("snapshot_stall"):  # goodput
+                                last_snap = store.snap(state, snap_name, step, run)
+                            self._account.snapshot_source(state)  # goodput: its wait starts with the steps' compute
                             report.snapshots += 1
                     self._check_boundary(s, watch, mesh)
                     _block(state)
@@ -364,6 +372,7 @@ class Elastic:
                     if not _is_slice_loss(error):
                         raise
                     failures += 1
+                    self._account.recovery_begin()  # goodput: loss detected
                     s.events.emit("retry", step=step, detail=f"attempt {failures}: {_reason(error)}")
                     if not self.retry_policy(failures, error):
                         raise ElasticError(
@@ -382,6 +391,7 @@ class Elastic:
             return state
         finally:
             report.duration_s = time.perf_counter() - began
+            self._account.end()  # goodput: the run's figures, and its event
             watch.close()
 
     # -- compiling ahead ------------------------------------------------------
@@ -467,7 +477,8 @@ class Elastic:
         initial snapshot while its copy is not yet known to have succeeded)."""
         start = time.perf_counter()
         before = _mesh_slices(s, mesh)
-        self._wait_for_a_slice(s, watch)
+        with goodput.spent("slice_wait"):  # goodput
+            self._wait_for_a_slice(s, watch)
         watch.changed.clear()
         watch.down.clear()
         watch.up.clear()
@@ -541,14 +552,16 @@ def _reason(error: BaseException) -> str:
 def _block(state: Any) -> None:
     import jax
 
-    jax.block_until_ready(state)
+    with goodput.computing():  # goodput: the steps' own device time
+        jax.block_until_ready(state)
 
 
 def _wait_quietly(snap: snapshots.Snapshot) -> bool:
     """Wait for a snapshot; returns whether it succeeded (a failed copy only
     means an older one is used)."""
     try:
-        snap.wait()
+        with goodput.snapshot_wait():  # goodput
+            snap.wait()
     except Exception as error:  # noqa: BLE001
         if not _is_slice_loss(error):
             raise

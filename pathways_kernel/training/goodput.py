@@ -45,13 +45,24 @@ import tempfile
 import threading
 import time
 import weakref
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from pathways_kernel.core.display import TextDisplay
 
 PRODUCTIVE = "productive"
 OTHER = "other"
-BADPUT = ("compile", "data_wait", "snapshot_stall", "checkpoint_save", "recovery", "redone", "slice_wait", "scale_up", OTHER)
+BADPUT = (
+    "compile",
+    "data_wait",
+    "snapshot_stall",
+    "checkpoint_save",
+    "recovery",
+    "redone",
+    "slice_wait",
+    "scale_up",
+    OTHER,
+)
 CATEGORIES = (PRODUCTIVE, *BADPUT)
 
 #: Peak dense bf16 FLOP/s per chip, from Google Cloud's TPU pages
@@ -80,14 +91,14 @@ _FIELD_CUSTOM = ("data_wait", "snapshot_stall", "checkpoint_save")
 _local = threading.local()
 
 
-def _stack() -> list["Account"]:
+def _stack() -> list[Account]:
     stack = getattr(_local, "stack", None)
     if stack is None:
         stack = _local.stack = []
     return stack
 
 
-def current() -> "Account | None":
+def current() -> Account | None:
     """The innermost run in progress on this thread, if any."""
     stack = _stack()
     return stack[-1] if stack else None
@@ -111,6 +122,7 @@ class Account:
         self._state = OTHER
         self._moved: dict[str, float] = {}
         self._recovering = False
+        self._source: Any = None
         self._open_step: int | None = None
         self._open_productive = 0.0
         self._done: collections.OrderedDict[int, float] = collections.OrderedDict()
@@ -145,10 +157,9 @@ class Account:
             self._state = category
             return previous
 
-    def move(self, category: str, seconds: float) -> None:
-        """Count ``seconds`` of the current segment (already spent) as ``category``."""
-        with self._lock:
-            self._moved[category] = self._moved.get(category, 0.0) + seconds
+    def enter(self, category: str) -> str:
+        """Count the time from now as ``category``; returns the category it leaves."""
+        return self._switch(category)
 
     @contextlib.contextmanager
     def spent(self, category: str) -> Iterator[None]:
@@ -166,6 +177,37 @@ class Account:
                 self._field.custom(category, False)
             elif category in ("slice_wait", "scale_up"):
                 self._field.elastic_wait(category, False)
+
+    @contextlib.contextmanager
+    def computing(self) -> Iterator[None]:
+        """Count the block as productive: the host waits for device work of
+        steps already dispatched (steps return before the device is done)."""
+        previous = self._switch(PRODUCTIVE)
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._switch(previous)
+            with self._lock:
+                if self._done and self._open_step is None:
+                    last = next(reversed(self._done))
+                    self._done[last] += time.perf_counter() - started
+
+    def snapshot_source(self, tree: Any) -> None:
+        """The loop started a snapshot of ``tree``: waiting for it first waits for
+        the device to compute ``tree`` (productive), then for the copy (a stall)."""
+        self._source = tree
+
+    @contextlib.contextmanager
+    def snapshot_wait(self) -> Iterator[None]:
+        source, self._source = self._source, None
+        if source is not None:
+            import jax
+
+            with self.computing():
+                jax.block_until_ready(source)
+        with self.spent("snapshot_stall"):
+            yield
 
     # -- steps ----------------------------------------------------------------
     def step_begin(self, step: int) -> None:
@@ -236,7 +278,7 @@ class Account:
                 self._moved[category] = self._moved.get(category, 0.0) + seconds
 
     # -- the end --------------------------------------------------------------
-    def end(self) -> "Account":
+    def end(self) -> Account:
         """Close the ledger, emit a ``goodput`` event; idempotent."""
         if self.ended:
             return self
@@ -290,7 +332,8 @@ class Account:
         parts = ", ".join(f"{k} {100 * v / wall:.1f}%" for v, k in worst[:4])
         return (
             f"{self.kind} '{self.name}': goodput {100 * seconds[PRODUCTIVE] / wall:.1f}% of {wall:.1f} s, "
-            f"{self.steps} steps" + (f" ({self.steps_redone} redone)" if self.steps_redone else "")
+            f"{self.steps} steps"
+            + (f" ({self.steps_redone} redone)" if self.steps_redone else "")
             + (f"; badput {parts}" if parts else "")
         )
 
@@ -320,8 +363,30 @@ def spent(category: str, owner: Any = None) -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def snapshot_wait() -> Iterator[None]:
+    """Waiting on a snapshot in this thread's run: see ``Account.snapshot_source``."""
+    account = current()
+    if account is None or account.ended:
+        yield
+        return
+    with account.snapshot_wait():
+        yield
+
+
+@contextlib.contextmanager
+def computing() -> Iterator[None]:
+    """Waiting for device work of this thread's run: productive (``Account.computing``)."""
+    account = current()
+    if account is None or account.ended:
+        yield
+        return
+    with account.computing():
+        yield
+
+
 # -- loops that are not elastic runs: a bare `for batch in loader` ------------
-_loops: "weakref.WeakKeyDictionary[Any, Account]" = weakref.WeakKeyDictionary()
+_loops: weakref.WeakKeyDictionary[Any, Account] = weakref.WeakKeyDictionary()
 
 
 def loop_next(owner: Any, name: str) -> Account | None:
@@ -416,7 +481,9 @@ def flops(fn: Any, *args: Any, **kwargs: Any) -> float:
         analysis = analysis[0] if analysis else {}
     value = float((analysis or {}).get("flops", 0.0))
     if value <= 0:
-        raise PathwaysError("the compiled step reports no FLOPs (cost_analysis has none on this backend): MFU is unknown")
+        raise PathwaysError(
+            "the compiled step reports no FLOPs (cost_analysis has none on this backend): MFU is unknown"
+        )
     account = current()
     if account is not None:
         account.flops_per_step = value
@@ -493,9 +560,15 @@ class Ledger:
 
     # -- between cells (IPython pre_run_cell / post_run_cell) ---------------------
     def cell_started(self, *_args: Any) -> None:
+        from pathways_kernel.core.errors import PathwaysError
+
         now = time.perf_counter()
         with self._lock:
-            if self._idle_since is not None and self._session.live_devices():
+            try:
+                live = self._idle_since is not None and self._session.live_devices()
+            except PathwaysError:  # e.g. devices changed behind the session: pw calls say so in one line
+                live = False
+            if live:
                 self.idle_s += now - self._idle_since
             self._idle_since, self._cell_since = None, now
 
@@ -687,7 +760,7 @@ class _MemoryLog:
             entries = list(self.entries)
         if last_entry_info is not None:
             return [], last_entry_info
-        last = (datetime.datetime.now(datetime.timezone.utc), str(len(entries)))
+        last = (datetime.datetime.now(datetime.UTC), str(len(entries)))
         return entries, last
 
 
@@ -699,7 +772,9 @@ class _FieldLog:
 
         self.job_name = f"{name}-{id(self):x}"
         self.log = _MemoryLog(self.job_name)
-        self.recorder = ElasticGoodputRecorder(self.job_name, "pathways-kernel", logging_enabled=True, cloud_logger=self.log)
+        self.recorder = ElasticGoodputRecorder(
+            self.job_name, "pathways-kernel", logging_enabled=True, cloud_logger=self.log
+        )
 
     def job_start(self) -> None:
         self.recorder.record_job_start_time()
@@ -756,4 +831,15 @@ class _FieldLog:
         return {"goodput": value, "badput": flat, "last_step": last_step}
 
 
-__all__ = ["Account", "BADPUT", "CATEGORIES", "PEAK_BF16_FLOPS", "Report", "begin", "flops", "goodput", "peak_flops_per_chip", "spent"]
+__all__ = [
+    "Account",
+    "BADPUT",
+    "CATEGORIES",
+    "PEAK_BF16_FLOPS",
+    "Report",
+    "begin",
+    "flops",
+    "goodput",
+    "peak_flops_per_chip",
+    "spent",
+]
