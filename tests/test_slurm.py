@@ -258,6 +258,14 @@ def test_node_down_loses_its_slice_with_slurms_reason_and_its_return_restores_it
     assert "slices [0] -> [0,1]" in up and "slurm node tpu-1 back in service" in up
     fresh = kernel.run("print(float(jax.device_put(jnp.ones(16), NamedSharding(pw.mesh(), P('data'))).sum()))")
     assert fresh.text.strip() == "16.0", fresh.error
+    # DRAIN and FAIL take a slice out of service as DOWN does.
+    for state in ("drain", "fail"):
+        slurm.set_node("tpu-0", state, f"{state} test")
+        assert kernel.run(wait.format(i=0, op="is"), timeout=10).status == "ok"
+        detail = kernel.run("print(pw.events(kind='slice_down')[-1].detail)").text
+        assert "slurm node tpu-0 " in detail and state.upper() in detail and f"{state} test" in detail, detail
+        slurm.set_node("tpu-0", "resume")
+        assert kernel.run(wait.format(i=0, op="is not"), timeout=10).status == "ok"
     slurm.run("scancel", job)
     ended = "while not pw.events(kind='job_ended'): time.sleep(0.05)\nprint(pw.events(kind='job_ended')[-1].detail)"
     assert f"slurm job {job} (pw-bound): CANCELLED" in kernel.run(ended, timeout=10).text
