@@ -362,9 +362,18 @@ def test_a_10_mb_bad_field_gets_a_short_error_reply(frontend):
         assert size < 2_000, f"a {size:,}-byte error reply to a 10 MB field"
 
 
-def test_5000_requests_get_exactly_5000_replies(frontend):
+def test_5000_requests_get_exactly_5000_replies(frontend, kernel):
     comm = frontend.open()
     assert frontend.wait_for(lambda m: _is(m, comm, "topology"), timeout=30) is not None
+    # A slow consumer: the kernel's IOPub takes 1 ms a message for this comm, so replies pile up.
+    slow = (
+        "import time\n"
+        "from pathways_kernel.monitoring import comm as _mc\n"
+        f"_conn = next(c for c in _mc.server().connections if c.comm_id == {comm!r})\n"
+        "_send = _conn.comm.send\n"
+        "_conn.comm.send = lambda *a, **k: (time.sleep(0.001), _send(*a, **k))[1]"
+    )
+    assert kernel.run(slow).status == "ok"
     mark = len(frontend.inbox)
     ids = [f"flood-{i}" for i in range(5000)]
     for i, request_id in enumerate(ids):
@@ -377,6 +386,7 @@ def test_5000_requests_get_exactly_5000_replies(frontend):
     replies = _replies(frontend, comm, mark)
     assert sorted(r["request_id"] for r in replies) == sorted(ids), f"{len(replies)} replies to {len(ids)} requests"
     assert sum(r["ok"] for r in replies) == len(range(0, 5000, 3))
+    assert max(len(json.dumps(r)) for r in replies) < 1_000
     # And the comm still streams.
     assert frontend.wait_for(lambda m: _is(m, comm, "metrics"), timeout=10, since=mark) is not None
 
