@@ -13,14 +13,15 @@
 export const VERSION = 1;
 export const TARGET = 'pathways.monitor';
 /** Kernel -> frontend message types. */
-export const KERNEL_TYPES = ['topology', 'metrics', 'event', 'reply', 'no_backend'] as const;
+export const KERNEL_TYPES = ['topology', 'history', 'metrics', 'event', 'reply', 'no_backend'] as const;
 /** Frontend -> kernel request types and their own fields. */
 export const REQUEST_FIELDS = {
   subscribe: ['rate'],
   ping: [],
   fail_slice: ['slice'],
   restore_slice: ['slice'],
-  snapshot: []
+  snapshot: [],
+  chip_history: ['start', 'stop']
 } as const;
 /** Highest metrics rate a frontend may ask for (Hz). */
 export const MAX_RATE_HZ = 10;
@@ -30,6 +31,8 @@ export const MAX_REQUEST_ID = 128;
 export const PING_INTERVAL_S = 15;
 /** Silence after which the kernel closes a comm (s). */
 export const STALE_AFTER_S = 60;
+/** Most chips one `chip_history` request may ask for. */
+export const MAX_CHIP_HISTORY = 4096;
 /** Why the kernel closed a comm (`closed` in its `comm_close`). */
 export const CLOSE_REASONS = ['stale', 'evicted', 'shutdown'] as const;
 
@@ -100,6 +103,51 @@ export interface MetricsMessage {
 
 export const MEMORY_SATURATED = 255;
 
+/**
+ * The per-slice series the kernel kept, sent once per subscription right
+ * after `topology`: T points (oldest first) by S slice columns, row-major
+ * (slice `slices[k]` at point `t` is element `t * S + k`).
+ */
+export interface HistoryMessage {
+  v: 1;
+  type: 'history';
+  topology_seq: number;
+  /** Seconds of history the kernel keeps per slice (900). */
+  window_s: number;
+  /** T. */
+  points: number;
+  /** Slice index of each column (S = its length). */
+  slices: number[];
+  /** Buffer 0: kernel wall clock of each point (s since the epoch), ascending. */
+  time: Float64Array;
+  /** Buffer 1: slice utilization in [0, 1] (0 while down). */
+  utilization: Float32Array;
+  /** Buffer 2: bytes in use on the slice. */
+  memory_bytes: Float64Array;
+  /** Buffer 3: 1 while the slice was up, 0 while down. */
+  up: Uint8Array;
+}
+
+/**
+ * The per-chip series of chip positions [start, stop) (the reply to
+ * `chip_history`): T points by C = stop - start chips, row-major (chip
+ * position `start + c` at point `t` is element `t * C + c`).
+ */
+export interface ChipHistory {
+  topology_seq: number;
+  start: number;
+  stop: number;
+  points: number;
+  /** Bytes per unit of `memory`, one for the whole history. */
+  memory_unit: number;
+  /** Kernel wall clock of each point, ascending (one a second, last 5 minutes). */
+  time: Float64Array;
+  /** Chip utilization, value / 255. */
+  utilization: Uint8Array;
+  /** Chip memory in `memory_unit`s; MEMORY_SATURATED = at least that. */
+  memory: Uint8Array;
+}
+
 export interface MonitorEvent {
   seq: number;
   time: number;
@@ -125,6 +173,8 @@ export interface ReplyMessage {
   ok: boolean;
   error: string | null;
   result: Record<string, unknown> | null;
+  /** Binary buffers: only the reply to `chip_history` has them (decode with `decodeChipHistory`). */
+  buffers: readonly Buffer[];
 }
 
 /** The kernel has no backend; `error` says why in one line. Topology follows once one connects. */
@@ -135,7 +185,7 @@ export interface NoBackendMessage {
 }
 
 export type KernelMessage =
-  TopologyMessage | MetricsMessage | EventMessage | ReplyMessage | NoBackendMessage;
+  TopologyMessage | HistoryMessage | MetricsMessage | EventMessage | ReplyMessage | NoBackendMessage;
 
 /** A close reason the kernel sent, or `unknown` when it sent none (the comm target is missing, ...). */
 export type CloseReason = (typeof CLOSE_REASONS)[number] | 'unknown';
@@ -160,19 +210,22 @@ export function decodeMessage(data: unknown, buffers: readonly Buffer[] = []): K
   switch (msg.type) {
     case 'topology':
       return decodeTopology(msg, buffers);
+    case 'history':
+      return decodeHistory(msg, buffers);
     case 'metrics':
       return decodeMetrics(msg, buffers);
     case 'event':
       noBuffers('event', buffers);
       return { v: 1, type: 'event', event: decodeEvent(object(msg.event, 'event.event')) };
     case 'reply':
-      noBuffers('reply', buffers);
-      return decodeReply(msg);
+      return decodeReply(msg, buffers);
     case 'no_backend':
       noBuffers('no_backend', buffers);
       return { v: 1, type: 'no_backend', error: string(msg.error, 'no_backend.error') };
     default:
-      throw new ProtocolError(`unknown message type ${JSON.stringify(msg.type)}`);
+      throw new ProtocolError(
+        `unknown message type ${JSON.stringify(msg.type)}; expected one of ${KERNEL_TYPES.join(', ')}`
+      );
   }
 }
 
@@ -225,6 +278,67 @@ function decodeTopology(msg: Record<string, unknown>, buffers: readonly Buffer[]
     chip_id: typed(buffers[0], Int32Array, chips, 'chip_id'),
     chip_slice: typed(buffers[1], Uint16Array, chips, 'chip_slice'),
     chip_coords: typed(buffers[2], Uint16Array, 3 * chips, 'chip_coords')
+  };
+}
+
+function decodeHistory(msg: Record<string, unknown>, buffers: readonly Buffer[]): HistoryMessage {
+  const points = integer(msg.points, 'history.points');
+  const slices = array(msg.slices, 'history.slices').map((s, k) => integer(s, `history.slices[${k}]`));
+  const windowS = number(msg.window_s, 'history.window_s');
+  if (windowS <= 0) {
+    throw new ProtocolError('history.window_s must be > 0');
+  }
+  if (buffers.length !== 4) {
+    throw new ProtocolError(`history carries ${buffers.length} buffers, expected 4`);
+  }
+  const cells = points * slices.length;
+  const time = typed(buffers[0], Float64Array, points, 'time');
+  for (let t = 1; t < points; t++) {
+    if (time[t] < time[t - 1]) {
+      throw new ProtocolError('history.time must be ascending');
+    }
+  }
+  return {
+    v: 1,
+    type: 'history',
+    topology_seq: integer(msg.topology_seq, 'history.topology_seq', 1),
+    window_s: windowS,
+    points,
+    slices,
+    time,
+    utilization: typed(buffers[1], Float32Array, cells, 'utilization'),
+    memory_bytes: typed(buffers[2], Float64Array, cells, 'memory_bytes'),
+    up: typed(buffers[3], Uint8Array, cells, 'up')
+  };
+}
+
+/**
+ * The chip series a successful `chip_history` reply carries.
+ *
+ * @throws ProtocolError when the reply failed or its buffers do not match its result.
+ */
+export function decodeChipHistory(reply: ReplyMessage): ChipHistory {
+  if (!reply.ok || !reply.result) {
+    throw new ProtocolError(`chip_history failed: ${reply.error}`);
+  }
+  const r = reply.result;
+  const start = integer(r.start, 'chip_history.start');
+  const stop = integer(r.stop, 'chip_history.stop', start + 1);
+  const points = integer(r.points, 'chip_history.points');
+  const memoryUnit = integer(r.memory_unit, 'chip_history.memory_unit', 1);
+  if (reply.buffers.length !== 3) {
+    throw new ProtocolError(`chip_history carries ${reply.buffers.length} buffers, expected 3`);
+  }
+  const cells = points * (stop - start);
+  return {
+    topology_seq: integer(r.topology_seq, 'chip_history.topology_seq', 1),
+    start,
+    stop,
+    points,
+    memory_unit: memoryUnit,
+    time: typed(reply.buffers[0], Float64Array, points, 'time'),
+    utilization: typed(reply.buffers[1], Uint8Array, cells, 'utilization'),
+    memory: typed(reply.buffers[2], Uint8Array, cells, 'memory')
   };
 }
 
@@ -301,14 +415,15 @@ export function decodeClose(data: unknown): CloseReason {
     : 'unknown';
 }
 
-function decodeReply(msg: Record<string, unknown>): ReplyMessage {
+function decodeReply(msg: Record<string, unknown>, buffers: readonly Buffer[]): ReplyMessage {
   return {
     v: 1,
     type: 'reply',
     request_id: nullable(msg.request_id, v => string(v, 'reply.request_id')),
     ok: boolean(msg.ok, 'reply.ok'),
     error: nullable(msg.error, v => string(v, 'reply.error')),
-    result: nullable(msg.result, v => object(v, 'reply.result'))
+    result: nullable(msg.result, v => object(v, 'reply.result')),
+    buffers
   };
 }
 
@@ -319,7 +434,8 @@ export type Request =
   | { v: 1; type: 'ping'; request_id: string }
   | { v: 1; type: 'fail_slice'; request_id: string; slice: number }
   | { v: 1; type: 'restore_slice'; request_id: string; slice: number }
-  | { v: 1; type: 'snapshot'; request_id: string };
+  | { v: 1; type: 'snapshot'; request_id: string }
+  | { v: 1; type: 'chip_history'; request_id: string; start: number; stop: number };
 
 export type RequestType = Request['type'];
 
@@ -329,7 +445,8 @@ export type RequestBody =
   | { type: 'ping' }
   | { type: 'fail_slice'; slice: number }
   | { type: 'restore_slice'; slice: number }
-  | { type: 'snapshot' };
+  | { type: 'snapshot' }
+  | { type: 'chip_history'; start: number; stop: number };
 
 /**
  * The comm `data` for a request, validated by the kernel's rules so that a
@@ -355,6 +472,19 @@ export function encodeRequest(body: RequestBody, requestId: string): Request {
         throw new ProtocolError(`slice must be an integer >= 0, got ${body.slice}`);
       }
       return { v: 1, type: body.type, request_id: requestId, slice: body.slice };
+    case 'chip_history':
+      if (
+        !Number.isInteger(body.start) ||
+        !Number.isInteger(body.stop) ||
+        body.start < 0 ||
+        body.stop <= body.start ||
+        body.stop - body.start > MAX_CHIP_HISTORY
+      ) {
+        throw new ProtocolError(
+          `chip_history needs integers 0 <= start < stop, at most ${MAX_CHIP_HISTORY} chips; got ${body.start}:${body.stop}`
+        );
+      }
+      return { v: 1, type: 'chip_history', request_id: requestId, start: body.start, stop: body.stop };
     case 'ping':
     case 'snapshot':
       return { v: 1, type: body.type, request_id: requestId };
