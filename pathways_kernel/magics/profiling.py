@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 from typing import Any
 
+from IPython.core.displayhook import DisplayHook
 from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 
@@ -27,14 +28,16 @@ def profile(shell: Any, args: Any, cell: str | None):
         raise PathwaysError("%%pathways profile needs a cell body: the code to profile")
     # Like %%time: run the body in the user's namespace, its last expression
     # shown as a cell's would be. Compiled first, so a syntax error captures nothing.
-    tree = ast.parse(shell.transform_cell(cell))
+    source = shell.transform_cell(cell)
+    tree = ast.parse(source)
     last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+    quiet = DisplayHook.semicolon_at_end_of_expression(source)
     body = compile(tree, "<%%pathways profile>", "exec")
     tail = compile(ast.Expression(last.value), "<%%pathways profile>", "eval") if last else None
     with capture.profile(args.name, args.logdir, args.host_tracer_level, args.python_tracer) as taken:
         exec(body, shell.user_ns)  # noqa: S102  (the user's own cell)
         value = eval(tail, shell.user_ns) if tail else None  # noqa: S307
-    if value is not None:
+    if value is not None and not quiet:
         display(value)
     return taken
 

@@ -1,0 +1,139 @@
+"""Profile a cell in a real JupyterLab and read it in XProf, in a JupyterLab tab.
+
+The Jupyter server runs jupyter-server-proxy, which starts XProf
+(``pathways_kernel.profiling.xprof_server``) on the first request to
+``/xprof/`` behind the server's token; the kernel writes under the same
+profile root XProf serves.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import lab as labtools
+import pytest
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(labtools.missing() is not None, reason=labtools.missing() or ""),
+]
+
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+TAB = "#pathways-xprof"
+
+SETUP = """import jax, jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+m = pw.mesh()
+x = jax.device_put(jnp.ones((512, 512)), NamedSharding(m, P("data", "model")))
+
+@jax.jit
+def train_step(x):
+    return jnp.tanh(x @ x.T) * 0.5
+print("setup done")"""
+
+PROFILE = """%%pathways profile --name loop
+for _ in range(20):
+    x = train_step(x)
+x.block_until_ready();"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lab")
+    labtools.notebook(root / "profile.ipynb", [SETUP, PROFILE])
+    lab = labtools.Lab(root, env={"PATHWAYS_PROFILE_DIR": str(root / "profiles")})
+    yield lab
+    lab.stop()
+    # jupyter-server-proxy stops XProf with the server.
+    assert not xprof_pids(lab), "XProf outlived the Jupyter server"
+
+
+@pytest.fixture(scope="module")
+def page(server, tmp_path_factory):
+    with labtools.browser(tmp_path_factory.mktemp("chromium")) as ctx:
+        page = ctx.new_page()
+        page.set_default_timeout(60_000)
+        yield page
+
+
+def xprof_pids(server) -> set[str]:
+    """Our XProf server processes started under this Lab's profile root."""
+    found = subprocess.run(["pgrep", "-f", "pathways_kernel.profiling.xprof_server"], capture_output=True, text=True)
+    return {
+        pid
+        for pid in found.stdout.split()
+        if str(server.root) in Path(f"/proc/{pid}/environ").read_text(errors="replace")
+    }
+
+
+def xprof_listeners(server) -> list[str]:
+    """Listening sockets of those processes."""
+    out = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True).stdout
+    pids = xprof_pids(server)
+    return [line.split()[3] for line in out.splitlines() if any(f"pid={p}," in line for p in pids)]
+
+
+def test_open_in_xprof_shows_the_captured_run_and_its_trace(page, server):
+    page.goto(server.url("profile.ipynb"))
+    page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(timeout=90_000)
+    # Not awaited: the command's promise settles only when every cell has run.
+    run_all = "() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }"
+    page.evaluate(run_all)
+    button = page.locator(".jp-OutputArea-output a.pathways-open-xprof", has_text="Open in XProf")
+    # JupyterLab sometimes still asks which kernel the notebook's "pathways" is,
+    # and runs nothing meanwhile: take it and run the cells again.
+    select = page.locator(".jp-Dialog .jp-mod-accept", has_text="Select")
+    for _ in range(240):  # 120 s
+        if button.is_visible():
+            break
+        if select.is_visible():
+            select.click()
+            page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(timeout=90_000)
+            page.evaluate(run_all)
+        page.wait_for_timeout(500)
+    button.wait_for(timeout=1_000)
+    summary = page.locator(".jp-OutputArea-output .pathways-profile").inner_text()
+    assert "profile loop" in summary and "jit_train_step" in summary, summary
+    run = button.get_attribute("data-pathways-xprof-run")
+    assert run and run.endswith("-loop")
+
+    trace_data: list[int] = []
+    page.on(
+        "response",
+        lambda r: (
+            trace_data.append(r.status)
+            if "/xprof/data/plugin/profile/data" in r.url and "trace_viewer" in r.url
+            else None
+        ),
+    )
+    pages = len(page.context.pages)
+    button.click()
+    tab = page.locator(f"{TAB} iframe")
+    tab.wait_for(state="attached", timeout=60_000)
+    # A JupyterLab tab, not a new browser page, and it points at our run.
+    assert len(page.context.pages) == pages
+    assert "run=" + run.replace("/", "%2F") in tab.get_attribute("src")
+    frame = page.frame_locator(f"{TAB} iframe")
+    frame.get_by_text(re.compile(re.escape(run.split("/")[-1]))).first.wait_for(timeout=90_000)
+    for _ in range(180):  # 90 s
+        if any(status == 200 for status in trace_data):
+            break
+        page.wait_for_timeout(500)
+    assert 200 in trace_data, f"trace viewer data requests: {trace_data}"
+    page.wait_for_timeout(2_000)  # let the trace viewer draw for the screenshot
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "xprof.png"))
+
+    # XProf listens on 127.0.0.1 only, and nothing else (no gRPC worker port).
+    listeners = xprof_listeners(server)
+    assert listeners and all(addr.startswith("127.0.0.1:") for addr in listeners), listeners
+
+
+def test_panel_button_opens_the_latest_capture(page, server):
+    page.evaluate("window.jupyterapp.commands.execute('pathways:open-monitor')")
+    page.get_by_role("button", name="Latest profile in XProf").click()
+    src = page.locator(f"{TAB} iframe").get_attribute("src")
+    runs = sorted(p.name for p in (server.root / "profiles").glob("*/plugins/profile/*"))
+    assert runs and f"{runs[-1]}&tag=trace_viewer" in src, src
