@@ -312,6 +312,41 @@ def test_compile_cache_refuses_a_minimum_compile_time_that_is_not_a_time(tmp_pat
     assert compile_cache.status().location is None
 
 
+@pytest.mark.parametrize("tamper, says", [
+    (lambda m: m["leaves"][0].update(array="../../../../etc"), "is damaged: its manifest names data outside"),
+    (lambda m: m["leaves"][0].update(dtype="object"), "is damaged: its manifest names data outside"),
+    (lambda m: m["leaves"][0].update(shape=[3, 3]), "is damaged: its manifest names data outside"),
+    (lambda m: m["leaves"][0].update(keys=[["seq", 10**12]]), "is damaged: its manifest names data outside"),
+    (lambda m: [leaf.update(keys=[["dict", "same"]]) for leaf in m["leaves"]], "key paths do not form one tree"),
+])
+def test_a_tampered_manifest_is_refused_not_followed(tmp_path, tamper, says):
+    """A bucket others can write may hold any manifest: it must not steer reads outside the snapshot,
+    view raw bytes as Python objects, or build a list of 10**12 items."""
+    info = persist(host_snapshot(95, mib=0.1), str(tmp_path), "victim")
+    path = tmp_path / "victim" / storage.MANIFEST
+    manifest = json.loads(path.read_text())
+    tamper(manifest)
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(StorageError, match=says):
+        load(info.url)
+    if "outside" in says:
+        assert storage.list_snapshots(str(tmp_path)) == []  # never offered for restore
+
+
+def test_a_tampered_checkpoint_layout_is_refused(tmp_path, local_session):
+    import jax.numpy as jnp
+
+    from pathways_kernel.state import checkpoints
+
+    checkpoints.save({"w": jnp.ones(8)}, str(tmp_path), 1).wait()
+    layout = tmp_path / "1" / "layout" / "metadata"  # orbax JsonSave
+    saved = json.loads(layout.read_text())
+    saved["leaves"][0]["dtype"] = "object"
+    layout.write_text(json.dumps(saved))
+    with pytest.raises(StorageError, match="checkpoint step 1 in .* is damaged: its layout names non-numeric dtypes"):
+        checkpoints.restore(str(tmp_path), 1)
+
+
 # -- the storage server dies mid-upload -------------------------------------------------
 def test_server_killed_during_uploads_never_leaves_a_partial_snapshot(gcs_server, monkeypatch):
     """Kill fake-gcs-server at 12 seeded random points of an upload, bring it back on the same

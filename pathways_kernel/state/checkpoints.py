@@ -343,6 +343,11 @@ def restore(url: str, step: int | None = None, mesh: Any = None) -> Any:
         raise StorageError(f"no checkpoint step {step} in {location.url}; steps there: {', '.join(map(str, sorted(available)))}")
     with storage.errors_as("checkpoint restore", location):
         leaves = manager.restore(step, args=ocp.args.Composite(layout=ocp.args.JsonRestore()))["layout"]["leaves"]
+    if not _valid_layout(leaves):
+        raise StorageError(
+            f"checkpoint step {step} in {location.url} is damaged: its layout names non-numeric dtypes or malformed "
+            "shapes, specs or key paths; restore another step"
+        )
     if mesh is None:
         axes = next((tuple(a[0] for a in e["mesh_axes"]) for e in leaves if e["mesh_axes"]), None)
         mesh = session().mesh(axes)
@@ -357,7 +362,7 @@ def restore(url: str, step: int | None = None, mesh: Any = None) -> Any:
         else:
             sharding = NamedSharding(mesh, snapshots.fit_spec(spec, shape, mesh) if shape else PartitionSpec())
         abstract.append(jax.ShapeDtypeStruct(shape, dtype, sharding=sharding))
-    target = storage._tree_from_keys([e["keys"] for e in leaves], abstract)
+    target = storage.tree_from_stored_keys([e["keys"] for e in leaves], abstract, f"checkpoint step {step} in {location.url}")
     nbytes = sum(int(np.prod(a.shape, dtype=np.int64)) * a.dtype.itemsize for a in abstract)
 
     def job(transfer: Transfer) -> Any:
@@ -371,6 +376,21 @@ def restore(url: str, step: int | None = None, mesh: Any = None) -> Any:
     from pathways_kernel.state import transfers
 
     return transfers.run_sync("checkpoint restore", f"step {step} <- {location.url}", job, session().events, total=nbytes)
+
+
+def _valid_layout(leaves: Any) -> bool:
+    """Whether a layout read back from storage describes leaves a restore may build (see storage._valid_manifest)."""
+    if not isinstance(leaves, list):
+        return False
+    try:
+        return all(
+            storage.valid_keys(e["keys"], len(leaves)) and storage.valid_dtype(e["dtype"]) is not None
+            and isinstance(e["shape"], list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in e["shape"])
+            and storage.valid_spec(e["spec"]) and storage.valid_mesh_axes(e["mesh_axes"])
+            for e in leaves
+        )
+    except (KeyError, TypeError):
+        return False
 
 
 def wait(url: str | None = None) -> None:

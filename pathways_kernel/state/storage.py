@@ -561,6 +561,24 @@ def _tree_from_keys(keys: list[list[list[Any]]], values: list[Any]) -> Any:
     return root
 
 
+def tree_from_stored_keys(keys: list[Any], values: list[Any], where: str) -> Any:
+    """``_tree_from_keys`` for key paths read back from storage (``where`` names it).
+
+    Raises:
+      StorageError: the paths do not form one tree holding every value once
+        (a list under a dict key, a leaf that is also a parent, a duplicate).
+    """
+    import jax
+
+    try:
+        tree = _tree_from_keys(keys, values)
+    except (AttributeError, TypeError, IndexError, KeyError, ValueError):
+        tree = None
+    if values and (tree is None or len(jax.tree_util.tree_leaves(tree)) != len(values)):
+        raise StorageError(f"{where} is damaged: its leaves' key paths do not form one tree; restore another one")
+    return tree
+
+
 @dataclasses.dataclass(frozen=True)
 class SnapshotInfo:
     """A committed snapshot as its manifest describes it."""
@@ -619,8 +637,9 @@ def _info(location: Location, manifest: dict[str, Any]) -> SnapshotInfo:
     )
 
 
-def _parse_manifest(data: bytes | None) -> dict[str, Any] | None:
-    """A manifest dict, or ``None`` for bytes that are not a complete manifest."""
+def _parse_manifest(data: bytes | None, check: bool = True) -> dict[str, Any] | None:
+    """A manifest dict, or ``None`` for bytes that are not a complete manifest
+    (with ``check``: nor one a restore can trust, see ``_valid_manifest``)."""
     if data is None:
         return None
     try:
@@ -629,7 +648,94 @@ def _parse_manifest(data: bytes | None) -> dict[str, Any] | None:
         return None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or "leaves" not in manifest:
         return None
-    return manifest
+    return manifest if not check or _valid_manifest(manifest) else None
+
+
+def _valid_manifest(manifest: dict[str, Any]) -> bool:
+    """Whether a manifest read back from storage only names what a restore may read and build.
+
+    It comes from a bucket or directory that others can write: its data keys
+    must stay under this snapshot's ``data.TOKEN/`` (no ``../``), its dtypes
+    must be plain numbers (an ``object`` view of raw bytes would be pointers),
+    its shapes must match its byte counts, and its key paths must not make
+    the rebuilt tree huge (a list index of 10**12).
+    """
+    try:
+        token, leaves = manifest["token"], manifest["leaves"]
+        if not (isinstance(token, str) and re.fullmatch(r"[0-9a-f]{1,64}", token) and isinstance(leaves, list)):
+            return False
+        if not (isinstance(manifest["id"], str) and isinstance(manifest["name"], str) and _count(manifest["nbytes"])):
+            return False
+        if not all(isinstance(manifest[k], (int, float)) for k in ("created", "committed")):
+            return False
+        return all(_valid_leaf(entry, token, len(leaves)) for entry in leaves)
+    except (KeyError, TypeError):
+        return False
+
+
+def _valid_leaf(entry: Any, token: str, count: int) -> bool:
+    if not (isinstance(entry, dict) and valid_keys(entry["keys"], count) and valid_spec(entry["spec"])):
+        return False
+    if not (valid_mesh_axes(entry["mesh_axes"]) and isinstance(entry["objects"], list)):
+        return False
+    if entry["dtype"] is None:
+        return entry["array"] is None and isinstance(entry.get("value"), (type(None), bool, int, float, str))
+    dtype = valid_dtype(entry["dtype"])
+    shape = entry["shape"]
+    if dtype is None or not (isinstance(shape, list) and all(_count(d) for d in shape)) or not _count(entry["nbytes"]):
+        return False
+    if int(np.prod(shape, dtype=object)) * dtype.itemsize != entry["nbytes"]:
+        return False
+    array = entry["array"]
+    return array is None or (isinstance(array, str) and re.fullmatch(rf"data\.{token}/[0-9]{{4,9}}", array) is not None)
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def valid_keys(keys: Any, count: int) -> bool:
+    """Key paths as ``_keys_to_json`` writes them, with list indices below ``count`` (the leaf count)."""
+    if not isinstance(keys, list):
+        return False
+    for pair in keys:
+        if not (isinstance(pair, list) and len(pair) == 2):
+            return False
+        kind, key = pair
+        if kind == "seq":
+            if not (_count(key) and key < count):
+                return False
+        elif kind not in ("dict", "attr") or not isinstance(key, (str, int)) or isinstance(key, bool):
+            return False
+    return True
+
+
+def valid_dtype(name: Any) -> np.dtype | None:
+    """The numpy dtype a manifest names, if it is a plain number type (numpy's or ml_dtypes')."""
+    import jax.numpy as jnp
+
+    if not isinstance(name, str):
+        return None
+    try:
+        dtype = np.dtype(jnp.dtype(name))
+    except (TypeError, ValueError):
+        return None
+    return dtype if dtype.kind in "biufcV" and not dtype.hasobject and dtype.fields is None and dtype.itemsize else None
+
+
+def valid_spec(entries: Any) -> bool:
+    """A PartitionSpec as ``_spec_to_json`` writes it (or ``None``)."""
+    if entries is None:
+        return True
+    return isinstance(entries, list) and all(
+        e is None or isinstance(e, str) or (isinstance(e, list) and all(isinstance(a, str) for a in e)) for e in entries
+    )
+
+
+def valid_mesh_axes(axes: Any) -> bool:
+    return isinstance(axes, list) and all(
+        isinstance(a, list) and len(a) == 2 and isinstance(a[0], str) and _count(a[1]) for a in axes
+    )
 
 
 # -- persist ------------------------------------------------------------------
@@ -872,9 +978,15 @@ def _available_memory() -> int:
 
 def _resolve(location: Location, objects: _Objects) -> tuple[Location, dict[str, Any]]:
     """The snapshot ``location`` names, or the newest committed one under it."""
-    manifest = _parse_manifest(objects.read(location.key(MANIFEST)))
+    data = objects.read(location.key(MANIFEST))
+    manifest = _parse_manifest(data)
     if manifest is not None:
         return location, manifest
+    if _parse_manifest(data, check=False) is not None:
+        raise StorageError(
+            f"snapshot {location.url} is damaged: its manifest names data outside the snapshot, non-numeric dtypes "
+            "or shapes that do not match its sizes; restore another snapshot"
+        )
     found = list_snapshots(location.url)
     if not found:
         raise StorageError(f"no committed snapshot at {location.url}: persist one first, or list them with %pathways snapshots list")
@@ -907,7 +1019,8 @@ def load(url: str, events: Any = None, memory_limit: int | None = None, like: An
     with errors_as("restore", location):
         objects = objects_for(location)
         target, manifest = _resolve(location, objects)
-    nbytes = int(manifest["nbytes"])
+    # A manifest states its total, but the leaves are what gets allocated.
+    nbytes = max(manifest["nbytes"], sum(entry["nbytes"] for entry in manifest["leaves"]))
     limit = _available_memory() if memory_limit is None else memory_limit
     if nbytes > limit:
         raise StorageError(
@@ -956,7 +1069,7 @@ def _download(transfer: Transfer, objects: _Objects, target: Location, manifest:
             transfer.advance(entry["nbytes"])
     specs = [_spec_from_json(e["spec"]) for e in manifest["leaves"]]
     if treedef is None:
-        tree = _tree_from_keys([e["keys"] for e in manifest["leaves"]], list(range(len(values))))
+        tree = tree_from_stored_keys([e["keys"] for e in manifest["leaves"]], list(range(len(values))), f"snapshot {target.url}")
         treedef = jax.tree_util.tree_structure(tree)
         order = jax.tree_util.tree_leaves(tree)  # manifest leaf index, in the rebuilt tree's order
     else:
