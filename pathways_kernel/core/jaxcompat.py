@@ -128,6 +128,37 @@ def arrays_being_read() -> set[int]:
     return busy
 
 
+#: Innermost functions a thread sits in while it waits without touching any
+#: array (file, function): such a thread is idle, not in a read.
+_IDLE_FRAMES = {
+    ("threading.py", "wait"),
+    ("threading.py", "_wait_for_tstate_lock"),
+    ("selectors.py", "select"),
+    # An idle ThreadPoolExecutor worker, in SimpleQueue.get (C); its work runs in deeper frames.
+    (os.path.join("concurrent", "futures", "thread.py"), "_worker"),
+    (os.path.join("zmq", "sugar", "poll.py"), "poll"),
+    (os.path.join("ipykernel", "heartbeat.py"), "run"),
+}
+
+
+def thread_positions() -> dict[int, tuple[int, int, int]]:
+    """Where each other thread that is not idle is now: its innermost frame
+    (``id``, code ``id``, instruction), from ``sys._current_frames``.
+
+    A thread inside a C++ call (a read without the GIL) stays at the same
+    position until the call returns; once its position changes, or it is
+    gone, whatever it was doing then is over.
+    """
+    me = threading.get_ident()
+    positions = {}
+    for ident, frame in sys._current_frames().items():
+        code = frame.f_code
+        if ident == me or any(code.co_name == name and code.co_filename.endswith(file) for file, name in _IDLE_FRAMES):
+            continue
+        positions[ident] = (id(frame), id(code), frame.f_lasti)
+    return positions
+
+
 # -- dispatch -------------------------------------------------------------------
 _hooks_lock = threading.Lock()
 _hooks_installed = False

@@ -50,21 +50,25 @@ Losing a slice from another thread (chaos, a monitor request) while the
 notebook or a snapshot thread reads an array is safe: jaxlib keeps pointers
 into an array while it waits without the GIL, so each swap waits until no
 other thread is in a host read of that array (``jaxcompat.arrays_being_read``,
-checked right before the swap), and the old buffers stay alive ``_GRACE_S``
-seconds (and until ready) for C++ paths with no frame of ours (numpy's buffer
-protocol). Without these guards, both races crash the process.
+checked right before the swap), and the old buffers stay alive, for C++ paths
+with no frame of ours (numpy's buffer protocol), until they are ready and
+every other thread that was not idle at the swap has moved on from where it
+was (``_GRACE_S`` at most). Without these guards, both races crash the process.
 
 Cost: each failure walks ``jax.live_arrays()`` once or twice; the buffers kept
 for readers are not live arrays of the user's (a later failure never loses or
 keeps them again), so a failure costs the same after a thousand failures as
-after one, and what is kept is bounded by the data lost in the last
-``_GRACE_S`` seconds. No wait under the injector's lock is unbounded: a read
-in flight is waited for at most ``_READ_WAIT_S``.
+after one; they are released within ``_SWEEP_S`` of the last busy thread
+moving on, so what is kept is the data of a few failures, and at worst (a
+thread inside one long call) what was lost in the last ``_GRACE_S``. No wait
+under the injector's lock is unbounded: a read in flight is waited for at
+most ``_READ_WAIT_S``.
 
 Limits
 ------
 - The data is not actually gone from host RAM at once: the old buffers live
-  ``_GRACE_S`` seconds more (and until ready), and as long as a numpy view
+  until readers in flight are surely done (``_GRACE_S`` at most; longer while
+  not ready), and as long as a numpy view
   taken earlier with ``np.asarray`` (zero-copy on CPU) holds them; that view
   keeps reading the old bytes, as a host copy would.
 - A host read in progress on another thread delays its array's loss until
@@ -148,8 +152,9 @@ def _make_lost(array: Any, message: str) -> None:
         array.delete()
 
 
-#: (when, keeper) pairs holding the buffers of arrays lost less than
-#: ``_GRACE_S`` ago, oldest first; see ``_make_lost_when_unread``.
+#: (when, keeper, positions) for the buffers of arrays lost recently, oldest
+#: first: each keeper holds them until every thread that was busy at the swap
+#: (``positions``) has moved on, or ``_GRACE_S``; see ``_make_lost_when_unread``.
 _graveyard: collections.deque = collections.deque()
 #: ``id``s of the keepers in ``_graveyard``. A keeper is a live array with
 #: shards on the lost slice: without this, every later failure would find it
@@ -158,40 +163,48 @@ _graveyard: collections.deque = collections.deque()
 _kept: set[int] = set()
 _graveyard_lock = threading.Lock()
 _sweeper: threading.Timer | None = None
-#: A reader in flight at the swap either waits for the buffers to be ready
-#: (they are kept until then) or takes its own reference to them within
-#: microseconds of that; one second covers a thread descheduled on a loaded
-#: machine. What is kept is bounded by the data lost in the last second.
-_GRACE_S = 1.0
+#: The longest a keeper is held when some thread stays inside one call.
+_GRACE_S = 5.0
+#: How often buried buffers are looked at while there are some.
+_SWEEP_S = 0.05
 
 
-def _bury(array: Any) -> None:
-    """Keep ``array``'s current buffers alive for a grace period."""
+def _bury(array: Any, positions: dict) -> None:
+    """Keep ``array``'s current buffers alive until the threads at ``positions`` moved on."""
     keeper = jaxcompat.make_error_like(array, "DATA_LOSS: buffers kept for readers in flight")
     jaxcompat.replace_buffers(keeper, array)  # the keeper now shares array's buffers
     with _graveyard_lock:
-        _graveyard.append((time.monotonic(), keeper))
+        _graveyard.append((time.monotonic(), keeper, positions))
         _kept.add(id(keeper))
 
 
+def _still_needed(when: float, keeper: Any, positions: dict, now: float, current: dict) -> bool:
+    if not keeper.is_ready():
+        return True  # a reader may be waiting for these very buffers
+    if now - when >= _GRACE_S:
+        return False
+    return any(current.get(ident) == position for ident, position in positions.items())
+
+
 def _sweep_graveyard() -> None:
-    """Release buried buffers once their grace period is over (and they are ready);
-    sweep again later while some are left."""
+    """Release buried buffers no reader in flight can still be using; look
+    again later while some are left."""
     global _sweeper
     # Buffers are freed under the lock, so that _empty_graveyard at exit
     # waits for a sweep in progress.
     with _graveyard_lock:
-        now = time.monotonic()
-        kept = [(when, keeper) for when, keeper in _graveyard if now - when < _GRACE_S or not keeper.is_ready()]
-        if len(kept) < len(_graveyard):
-            _graveyard.clear()
-            _graveyard.extend(kept)
-            _kept.clear()
-            _kept.update(id(keeper) for _, keeper in kept)
+        if _graveyard:
+            now, current = time.monotonic(), jaxcompat.thread_positions()
+            kept = [entry for entry in _graveyard if _still_needed(*entry, now, current)]
+            if len(kept) < len(_graveyard):
+                _graveyard.clear()
+                _graveyard.extend(kept)
+                _kept.clear()
+                _kept.update(id(keeper) for _, keeper, _ in kept)
         if _sweeper is threading.current_thread():
             _sweeper = None
         if _graveyard and _sweeper is None:
-            _sweeper = threading.Timer(_GRACE_S, _sweep_graveyard)
+            _sweeper = threading.Timer(_SWEEP_S, _sweep_graveyard)
             _sweeper.daemon = True
             _sweeper.start()
 
@@ -209,12 +222,15 @@ _deferrer_stop = threading.Event()
 
 def _swap_unread(pending: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
     """Swap in the error buffers of the arrays no other thread is reading; the rest."""
-    busy = jaxcompat.arrays_being_read()
     waiting = []
     for array, error in pending:
-        if id(array) in busy:
+        if array.is_deleted():
+            continue
+        # Looked up again for each array, right before its swap: another
+        # thread may have started reading it during the previous swaps.
+        if id(array) in jaxcompat.arrays_being_read():
             waiting.append((array, error))
-        elif not array.is_deleted():
+        else:
             jaxcompat.replace_buffers(array, error)
     return waiting
 
@@ -278,13 +294,15 @@ def _make_lost_when_unread(arrays: list[Any], message: str, deadline: float) -> 
     - numpy's buffer protocol (``np.asarray`` of a one-device array) and
       other C++ paths hold plain pointers to the buffers while they wait
       without the GIL, entered with no frame of ours to see: the old buffers
-      are kept alive ``_GRACE_S`` seconds after the swap (and until ready).
+      are kept alive (``_bury``) until they are ready and every thread that
+      was inside some call at the swap has left it (``_GRACE_S`` at most).
     """
+    positions = jaxcompat.thread_positions()
     pending = []
     for array in arrays:
         try:
             error = jaxcompat.make_error_like(array, message)
-            _bury(array)
+            _bury(array, positions)
         except (TypeError, ValueError, RuntimeError, AttributeError):
             array.delete()
             continue
