@@ -173,6 +173,9 @@ def test_racing_uploads_of_one_id_commit_exactly_one(gcs_server):
     assert len(winners) == 1, results
     assert all("already exists" in str(r) for r in results if isinstance(r, StorageError))
     assert same(snaps[winners[0]], load(f"{url}/contested"))
+    # The losers take their data objects back: only the winner's upload is left in the bucket.
+    names = [b.name for b in gcs_server.client().list_blobs("racers", prefix="p/contested/")]
+    assert {n.split("/")[2] for n in names if "/data." in n} == {f"data.{results[winners[0]].manifest['token']}"}
 
 
 def test_corrupted_object_is_detected_on_restore(gcs_server):
