@@ -1,0 +1,96 @@
+"""What profiling costs: step time while tracing against not, and the wait for the summary.
+
+On local:2x4, a jitted, sharded training-like step (matmul, tanh, a
+cross-slice reduction) runs in rounds that alternate untraced and traced
+(inside ``pw.profile``, the default host tracer level), so both see the same
+machine load. The figure is median traced step time / median untraced.
+
+Then one capture of ``--capture-s`` seconds (default 10) of the same loop,
+timed from the end of its body to the summary being ready (stopping the
+profiler, writing the trace, reading and summarizing it: what the user waits
+for after the cell).
+
+Prints the summary wait (goal <= 3 s), then the step time ratio last (goal <= 1.15).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=30, help="steps per round and mode")
+    parser.add_argument("--capture-s", type=float, default=10.0)
+    parser.add_argument("--size", type=int, default=1024)
+    args = parser.parse_args()
+
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    os.environ["PATHWAYS_PROFILE_DIR"] = tempfile.mkdtemp(prefix="bench-profile-")
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import pathways_kernel as pw
+
+    pw.connect("local:2x4")
+    mesh = pw.mesh()
+    w = jax.device_put(jnp.full((args.size, args.size), 0.01), NamedSharding(mesh, P(None, "model")))
+    x0 = jax.device_put(jnp.ones((args.size, args.size)), NamedSharding(mesh, P("data", None)))
+
+    @jax.jit
+    def step(x, w):
+        y = jnp.tanh(x @ w)
+        return y / (1.0 + jnp.mean(jnp.abs(y)))  # the mean crosses both slices
+
+    def steps(n: int) -> list[float]:
+        x, times = x0, []
+        for _ in range(n):
+            t = time.perf_counter()
+            x = step(x, w)
+            x.block_until_ready()
+            times.append(time.perf_counter() - t)
+        return times
+
+    steps(5)  # compile and warm up
+    plain, traced = [], []
+    for r in range(args.rounds):
+        plain += steps(args.steps)
+        with pw.profile(f"round{r}") as capture:
+            traced += steps(args.steps)
+        capture.summary()
+    base, under = statistics.median(plain), statistics.median(traced)
+    print(
+        f"step ({args.size}x{args.size} matmul, 2 slices x 4 chips): untraced {base * 1e3:.1f} ms, "
+        f"traced {under * 1e3:.1f} ms (median of {len(plain)} each, {args.rounds} alternating rounds)"
+    )
+
+    with pw.profile("long") as capture:
+        end = time.perf_counter() + args.capture_s
+        n = 0
+        while time.perf_counter() < end:
+            steps(1)
+            n += 1
+        body_end = time.perf_counter()
+    stopped = time.perf_counter()
+    summary = capture.summary()
+    ready = time.perf_counter()
+    print(
+        f"{args.capture_s:.0f} s capture ({n} steps, trace {capture.size / 2**20:.1f} MiB): "
+        f"end of body -> summary {ready - body_end:.2f} s (profiler stop + write {stopped - body_end:.2f} s, "
+        f"read + summarize {ready - stopped:.2f} s) (goal <= 3 s)"
+    )
+    print(
+        "  busy per device: " + ", ".join(f"slice {s.index} {s.fraction(summary.wall_ns):.0%}" for s in summary.slices)
+    )
+    print(f"traced/untraced step time: {under / base:.3f} (goal <= 1.15)")
+
+
+if __name__ == "__main__":
+    main()
