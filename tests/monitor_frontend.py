@@ -14,10 +14,14 @@ from typing import Any
 import numpy as np
 
 from pathways_kernel.monitoring.protocol import (
+    _F32,
+    _F64,
     _I32,
     _U8,
     _U16,
     VERSION,
+    ChipHistory,
+    HistoryMessage,
     MetricsMessage,
     ProtocolError,
     Request,
@@ -130,6 +134,8 @@ def encode_request(request: Request) -> dict[str, Any]:
         data["rate"] = request.rate
     elif request.type in ("fail_slice", "restore_slice"):
         data["slice"] = request.slice
+    elif request.type == "chip_history":
+        data["start"], data["stop"] = request.start, request.stop
     return data
 
 
@@ -194,3 +200,49 @@ def _array(buffer: Any, dtype: np.dtype, count: int, name: str) -> np.ndarray:
     if raw.nbytes != count * dtype.itemsize:
         raise ProtocolError(f"buffer '{name}' has {raw.nbytes} bytes, expected {count * dtype.itemsize}")
     return np.frombuffer(raw, dtype=dtype).copy()
+
+
+def decode_history(data: dict[str, Any], buffers: Sequence[Any]) -> HistoryMessage:
+    _expect_kernel_envelope(data, "history")
+    t = _int(data, "points", low=0)
+    slices = tuple(_int_items(data, "slices"))
+    s = len(slices)
+    window = _number(data, "window_s")
+    if window <= 0:
+        raise ProtocolError("history: window_s must be > 0")
+    _buffer_count(buffers, 4, "history")
+    time = _array(buffers[0], _F64, t, "time")
+    if t > 1 and np.any(np.diff(time) < 0):
+        raise ProtocolError("history: times must be ascending")
+    return HistoryMessage(
+        _int(data, "topology_seq", low=1),
+        slices,
+        window,
+        time,
+        _array(buffers[1], _F32, t * s, "utilization").reshape(t, s),
+        _array(buffers[2], _F64, t * s, "memory_bytes").reshape(t, s),
+        _array(buffers[3], _U8, t * s, "up").reshape(t, s).astype(bool),
+    )
+
+
+def decode_chip_history(data: dict[str, Any], buffers: Sequence[Any]) -> ChipHistory:
+    """The ``reply`` to a ``chip_history`` request."""
+    _expect_kernel_envelope(data, "reply")
+    if data.get("ok") is not True or not isinstance(data.get("result"), dict):
+        raise ProtocolError(f"chip_history failed: {data.get('error')}")
+    r = data["result"]
+    start = _int(r, "start", low=0)
+    stop = _int(r, "stop", low=start + 1)
+    t = _int(r, "points", low=0)
+    unit = _int(r, "memory_unit", low=1)
+    c = stop - start
+    _buffer_count(buffers, 3, "chip_history")
+    return ChipHistory(
+        _int(r, "topology_seq", low=1),
+        start,
+        stop,
+        unit,
+        _array(buffers[0], _F64, t, "time"),
+        _array(buffers[1], _U8, t * c, "utilization").reshape(t, c),
+        _array(buffers[2], _U8, t * c, "memory").reshape(t, c),
+    )

@@ -133,6 +133,7 @@ def test_event_and_reply():
         p.Request("fail_slice", "d", slice=1),
         p.Request("restore_slice", "e", slice=0),
         p.Request("snapshot", "f"),
+        p.Request("chip_history", "g", start=4, stop=8),
     ],
 )
 def test_request_round_trip(request_):
@@ -178,6 +179,10 @@ def _req(**fields):
         ({"v": 1, "type": "fail_slice", "request_id": "r", "slice": True}, [], "r", "integer"),
         ({"v": 1, "type": "restore_slice", "request_id": "r", "slice": -1}, [], "r", ">= 0"),
         ({"v": 1, "type": "snapshot", "request_id": "r", "name": "x"}, [], "r", "unexpected field"),
+        ({"v": 1, "type": "chip_history", "request_id": "r", "start": 0}, [], "r", "'stop' is missing"),
+        ({"v": 1, "type": "chip_history", "request_id": "r", "start": 4, "stop": 4}, [], "r", ">= 5"),
+        ({"v": 1, "type": "chip_history", "request_id": "r", "start": -1, "stop": 4}, [], "r", ">= 0"),
+        ({"v": 1, "type": "chip_history", "request_id": "r", "start": 0, "stop": 4097}, [], "r", "at most 4096"),
     ],
 )
 def test_malformed_requests_are_rejected(data, buffers, echoed, message):
@@ -231,6 +236,67 @@ def test_topology_with_wrong_buffers_is_rejected():
         monitor_frontend.decode_topology(data, [buffers[0], buffers[1], buffers[2][:-2]])
     with pytest.raises(p.ProtocolError, match="3 binary buffers"):
         monitor_frontend.decode_topology(data, buffers[:2])
+
+
+def _history(points: int = 5, slices: tuple[int, ...] = (0, 1)) -> p.HistoryMessage:
+    t, s = points, len(slices)
+    up = np.ones((t, s), bool)
+    up[3:, 1] = False  # slice 1 lost at its 4th point: down from then on only
+    return p.HistoryMessage(
+        topology_seq=3,
+        slices=slices,
+        window_s=900.0,
+        time=1_700_000_000.0 + 0.5 * np.arange(t),
+        utilization=np.linspace(0, 1, t * s, dtype=np.float32).reshape(t, s),
+        memory_bytes=np.arange(t * s, dtype=np.float64).reshape(t, s) * 2**30,
+        up=up,
+    )
+
+
+def test_history_round_trip_keeps_when_each_slice_was_up():
+    h = _history()
+    data, buffers = p.encode_history(h)
+    assert data == {"v": 1, "type": "history", "topology_seq": 3, "window_s": 900.0, "points": 5, "slices": [0, 1]}
+    assert [len(b) for b in buffers] == [5 * 8, 10 * 4, 10 * 8, 10]
+    back = monitor_frontend.decode_history(data, buffers)
+    np.testing.assert_array_equal(back.time, h.time)
+    np.testing.assert_array_equal(back.utilization, h.utilization)
+    np.testing.assert_array_equal(back.memory_bytes, h.memory_bytes)
+    assert back.up[:, 1].tolist() == [True, True, True, False, False]
+
+
+def test_empty_history_is_a_valid_message():
+    data, buffers = p.encode_history(_history(points=0))
+    assert monitor_frontend.decode_history(data, buffers).points == 0
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda d, b: (d, b[:3]), "4 binary buffers"),
+        (lambda d, b: ({**d, "points": 6}, b), "bytes"),
+        (lambda d, b: ({**d, "slices": [0]}, b), "bytes"),
+        (lambda d, b: (d, [b[0][::-1], *b[1:]]), "ascending"),
+        (lambda d, b: ({**d, "window_s": 0}, b), "window_s"),
+    ],
+)
+def test_malformed_histories_are_rejected(mutate, message):
+    data, buffers = mutate(*p.encode_history(_history()))
+    with pytest.raises(p.ProtocolError, match=message):
+        monitor_frontend.decode_history(data, buffers)
+
+
+def test_chip_history_reply_carries_the_series_as_buffers():
+    util = np.arange(12, dtype=np.uint8).reshape(3, 4)
+    h = p.ChipHistory(3, 4, 8, 4096, np.array([1.0, 2.0, 3.0]), util, util[::-1].copy())
+    data, buffers = p.encode_chip_history_reply("c1", h)
+    assert data["type"] == "reply" and data["ok"] and data["request_id"] == "c1"
+    assert data["result"] == {"topology_seq": 3, "start": 4, "stop": 8, "points": 3, "memory_unit": 4096}
+    back = monitor_frontend.decode_chip_history(data, buffers)
+    np.testing.assert_array_equal(back.utilization, util)
+    np.testing.assert_array_equal(back.memory, util[::-1])
+    with pytest.raises(p.ProtocolError, match="bytes"):
+        monitor_frontend.decode_chip_history(data, [buffers[0], buffers[1][:-1], buffers[2]])
 
 
 def test_close_reasons():
@@ -288,6 +354,7 @@ def test_the_contract_states_the_limits_the_code_enforces():
     assert " | ".join(f'"{r}"' for r in p.CLOSE_REASONS) in doc
     assert f"when {comm.MAX_PENDING_REPLIES} replies wait" in doc and f"beyond {comm.MAX_QUEUED_EVENTS}" in doc
     assert f"the last {comm.REPLAY_EVENTS} events" in doc
+    assert f"at most {p.MAX_CHIP_HISTORY} chips" in doc
     for table_row in (
         "| `topology_seq`              | integer >= 1",
         "| `topology_seq`          | integer >= 1",

@@ -16,12 +16,14 @@ import { Kernel, KernelMessage } from '@jupyterlab/services';
 
 import { MonitorModel } from './model';
 import {
+  ChipHistory,
   CloseReason,
   PING_INTERVAL_S,
   ProtocolError,
   ReplyMessage,
   RequestBody,
   TARGET,
+  decodeChipHistory,
   decodeClose,
   decodeMessage,
   encodeRequest
@@ -124,6 +126,18 @@ export class MonitorConnection {
       });
       comm.send(data as unknown as KernelMessage.ICommMsgMsg['content']['data']).dispose();
     });
+  }
+
+  /**
+   * The kernel's per-chip series of chip positions [start, stop) (at most
+   * MAX_CHIP_HISTORY chips). Rejects with the kernel's one-line error.
+   */
+  async chipHistory(start: number, stop: number): Promise<ChipHistory> {
+    const reply = await this.request({ type: 'chip_history', start, stop });
+    if (!reply.ok) {
+      throw new Error(reply.error ?? 'chip_history failed');
+    }
+    return decodeChipHistory(reply);
   }
 
   /** Close the comm (the panel follows another kernel, or goes away). */

@@ -1,13 +1,19 @@
 /**
  * The monitor's state for one kernel: topology, the latest metrics, each
- * slice's utilization over the last five minutes, and the event log.
+ * slice's utilization, memory and up/down state over the last 15 minutes,
+ * and the event log.
  *
- * Fed decoded protocol messages; views read it and redraw on `changed`.
+ * Fed decoded protocol messages; views read it and redraw on `subscribe`.
+ * The kernel's `history` message (sent on every subscribe) seeds the series,
+ * so a view that opens, or comes back to a kernel, shows the past at once.
+ * A topology change of slice states keeps the latest metrics on show until
+ * the next frame (no blanking of healthy slices).
  * Pure: no JupyterLab imports, unit-tested.
  */
 import { SliceGrid, sliceGrid } from './layout';
 import {
   MEMORY_SATURATED,
+  HistoryMessage,
   KernelMessage,
   MetricsMessage,
   MonitorEvent,
@@ -15,19 +21,23 @@ import {
   TopologySlice
 } from './protocol';
 
-/** Seconds of per-slice utilization history kept. */
-export const HISTORY_S = 300;
+/** Seconds of per-slice history kept: what the kernel keeps (docs/protocol.md, `history`). */
+export const HISTORY_S = 900;
 /** Events kept (newest first). */
 export const MAX_EVENTS = 500;
 
-export type Change = 'topology' | 'metrics' | 'events' | 'reset';
+export type Change = 'topology' | 'history' | 'metrics' | 'events' | 'reset';
 
-/** One point of a slice's utilization history. */
+/** A slice's history: parallel arrays, one entry per point. */
 export interface Series {
   /** Kernel wall clock (s since the epoch), ascending. */
   times: number[];
-  /** Utilization in [0, 1]. */
+  /** Utilization in [0, 1] (0 while down). */
   values: number[];
+  /** Bytes in use. */
+  memory: number[];
+  /** Whether the slice was up at that point: a lost slice reads down from its loss on only. */
+  up: boolean[];
 }
 
 export interface ChipInfo {
@@ -78,6 +88,9 @@ export class MonitorModel {
       case 'topology':
         this.setTopology(message);
         break;
+      case 'history':
+        this.setHistory(message);
+        break;
       case 'metrics':
         this.addMetrics(message);
         break;
@@ -96,10 +109,43 @@ export class MonitorModel {
     this.grids = topology.slices.map(s =>
       sliceGrid(s.index, range(s.chip_offset, s.chip_count), topology.chip_coords, 3)
     );
-    if (this.metrics && !this._matches(this.metrics)) {
+    if (this.metrics && !this._sameLayout(this.metrics)) {
       this.metrics = null;
     }
     this._emit('topology');
+  }
+
+  /**
+   * Seed the series from the kernel's history: its points, then any of ours
+   * newer than its last (frames that arrived first). Columns name slices by index.
+   */
+  setHistory(history: HistoryMessage): void {
+    const columns = history.slices.length;
+    const last = history.points ? history.time[history.points - 1] : -Infinity;
+    history.slices.forEach((index, k) => {
+      const series = emptySeries();
+      for (let t = 0; t < history.points; t++) {
+        const at = t * columns + k;
+        series.times.push(history.time[t]);
+        series.values.push(history.utilization[at]);
+        series.memory.push(history.memory_bytes[at]);
+        series.up.push(history.up[at] === 1);
+      }
+      const ours = this._history.get(index);
+      if (ours) {
+        for (let i = 0; i < ours.times.length; i++) {
+          if (ours.times[i] > last) {
+            series.times.push(ours.times[i]);
+            series.values.push(ours.values[i]);
+            series.memory.push(ours.memory[i]);
+            series.up.push(ours.up[i]);
+          }
+        }
+      }
+      this._history.set(index, series);
+      trim(series, (series.times[series.times.length - 1] ?? 0) - HISTORY_S);
+    });
+    this._emit('history');
   }
 
   /** Take a metrics frame; frames for another topology or chip count are dropped (returns false). */
@@ -113,25 +159,22 @@ export class MonitorModel {
     for (const s of metrics.slices) {
       let series = this._history.get(s.index);
       if (!series) {
-        series = { times: [], values: [] };
+        series = emptySeries();
         this._history.set(s.index, series);
       }
       const last = series.times.length ? series.times[series.times.length - 1] : -Infinity;
       if (metrics.time < last) {
         // The kernel clock went back (a new kernel, a clock step): start over.
-        series.times.length = 0;
-        series.values.length = 0;
+        trim(series, Infinity);
+      } else if (metrics.time === last) {
+        continue; // the history already holds this frame
       }
+      const up = s.state === 'up';
       series.times.push(metrics.time);
-      series.values.push(s.state === 'up' ? s.utilization : 0);
-      let old = 0;
-      while (old < series.times.length && series.times[old] < horizon) {
-        old++;
-      }
-      if (old) {
-        series.times.splice(0, old);
-        series.values.splice(0, old);
-      }
+      series.values.push(up ? s.utilization : 0);
+      series.memory.push(s.memory_bytes);
+      series.up.push(up);
+      trim(series, horizon);
     }
     this._emit('metrics');
     return true;
@@ -159,9 +202,9 @@ export class MonitorModel {
     this._emit('reset');
   }
 
-  /** Utilization of slice `index` over the last HISTORY_S seconds of kernel time. */
+  /** Slice `index` over the last HISTORY_S seconds of kernel time (empty arrays when unknown). */
   history(index: number): Series {
-    return this._history.get(index) ?? { times: [], values: [] };
+    return this._history.get(index) ?? emptySeries();
   }
 
   slice(position: number): TopologySlice | null {
@@ -208,10 +251,39 @@ export class MonitorModel {
     return !!t && metrics.topology_seq === t.topology_seq && metrics.chips === t.chips;
   }
 
+  /** Whether `metrics` still describes the same slices and chips (only states changed since). */
+  private _sameLayout(metrics: MetricsMessage): boolean {
+    const t = this.topology;
+    return (
+      !!t &&
+      metrics.chips === t.chips &&
+      metrics.slices.length === t.slices.length &&
+      metrics.slices.every((s, i) => s.index === t.slices[i].index)
+    );
+  }
+
   private _emit(change: Change): void {
     for (const listener of [...this._listeners]) {
       listener(change);
     }
+  }
+}
+
+function emptySeries(): Series {
+  return { times: [], values: [], memory: [], up: [] };
+}
+
+/** Drop the points of `series` older than `horizon`. */
+function trim(series: Series, horizon: number): void {
+  let old = 0;
+  while (old < series.times.length && series.times[old] < horizon) {
+    old++;
+  }
+  if (old) {
+    series.times.splice(0, old);
+    series.values.splice(0, old);
+    series.memory.splice(0, old);
+    series.up.splice(0, old);
   }
 }
 

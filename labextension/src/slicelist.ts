@@ -5,7 +5,7 @@
  */
 import { toCss } from './colors';
 import { formatBytes, formatPercent } from './format';
-import { HISTORY_S, MonitorModel } from './model';
+import { MonitorModel } from './model';
 import { sparklinePoints } from './sparkline';
 import { palette } from './theme';
 
@@ -20,6 +20,8 @@ interface Row {
   button: HTMLButtonElement | null;
 }
 
+/** Seconds a sparkline spans (the model keeps more: HISTORY_S). */
+export const SPARK_WINDOW_S = 300;
 const SPARK_WIDTH = 120;
 const SPARK_HEIGHT = 18;
 const SPARK_COLUMNS = 200;
@@ -81,7 +83,7 @@ export class SliceList {
       state.textContent = slice.state === 'down' ? 'DOWN' : 'up';
       const spark = document.createElement('canvas');
       spark.className = 'jp-PathwaysPanel-spark';
-      spark.title = `slice ${slice.index} utilization, last ${HISTORY_S / 60} minutes`;
+      spark.title = `slice ${slice.index} utilization, last ${SPARK_WINDOW_S / 60} minutes`;
       const utilization = document.createElement('span');
       utilization.className = 'jp-PathwaysPanel-sliceUtil';
       const memory = document.createElement('span');
@@ -133,7 +135,7 @@ export class SliceList {
       // At most SPARK_COLUMNS points per row, stretched to the width: 64 wide rows stay cheap.
       const columns = Math.min(width, SPARK_COLUMNS);
       const stretch = width / columns;
-      const points = sparklinePoints(model.history(slice.index), now, HISTORY_S, columns, height - scale);
+      const points = sparklinePoints(model.history(slice.index), now, SPARK_WINDOW_S, columns, height - scale);
       if (points.length >= 2) {
         ctx.beginPath();
         ctx.moveTo(points[0] * stretch, height);

@@ -11,9 +11,12 @@ import { resolve } from 'node:path';
 
 import * as protocol from '../src/protocol';
 import {
+  HistoryMessage,
   MetricsMessage,
+  ReplyMessage,
   RequestBody,
   TopologyMessage,
+  decodeChipHistory,
   decodeClose,
   decodeMessage,
   encodeRequest
@@ -55,8 +58,18 @@ metrics = p.MetricsMessage(
 event = {"seq": 4, "time": 1700000000.0, "kind": "reshard", "slices_before": (0, 1), "slices_after": (0,),
          "bytes": 1 << 20, "duration_s": 0.25, "step": 7, "detail": "x"}
 out = []
+up = np.ones((3, 2), bool)
+up[2, 1] = False
+history = p.HistoryMessage(
+    topology_seq=3, slices=(0, 1), window_s=900.0, time=np.array([1700000000.0, 1700000000.5, 1700000001.0]),
+    utilization=np.array([[0.5, 0.25], [1.0, 0.75], [0.0, 0.0]], np.float32),
+    memory_bytes=np.array([[1, 2], [3, 4], [2**40, 0]], np.float64), up=up,
+)
+chips = p.ChipHistory(3, 4, 8, 4096, np.array([1.0, 2.0]), np.arange(8, dtype=np.uint8).reshape(2, 4),
+                      np.full((2, 4), 255, np.uint8))
 for data, buffers in (p.encode_topology(topology), p.encode_metrics(metrics), p.encode_event(event),
-                      p.encode_reply("r1", True, result={"rate": 2.0}), p.encode_no_backend("proxy unreachable")):
+                      p.encode_reply("r1", True, result={"rate": 2.0}), p.encode_no_backend("proxy unreachable"),
+                      p.encode_history(history), p.encode_chip_history_reply("c1", chips)):
     out.append({"data": data, "buffers": [base64.b64encode(b).decode() for b in buffers]})
 print(json.dumps(out))
 `;
@@ -95,9 +108,19 @@ test('messages from the Python encoder decode in TypeScript', { skip }, () => {
     request_id: 'r1',
     ok: true,
     error: null,
-    result: { rate: 2 }
+    result: { rate: 2 },
+    buffers: []
   });
   assert.deepEqual(decoded[4], { v: 1, type: 'no_backend', error: 'proxy unreachable' });
+  const history = decoded[5] as HistoryMessage;
+  assert.deepEqual([history.points, history.slices, history.window_s], [3, [0, 1], 900]);
+  assert.deepEqual([...history.utilization], [0.5, 0.25, 1, 0.75, 0, 0]);
+  assert.equal(history.memory_bytes[4], 2 ** 40);
+  assert.deepEqual([...history.up], [1, 1, 1, 1, 1, 0], 'slice 1 down at its last point only');
+  const chips = decodeChipHistory(decoded[6] as ReplyMessage);
+  assert.deepEqual([chips.start, chips.stop, chips.points, chips.memory_unit], [4, 8, 2, 4096]);
+  assert.deepEqual([...chips.utilization], [0, 1, 2, 3, 4, 5, 6, 7]);
+  assert.equal(chips.memory[7], protocol.MEMORY_SATURATED);
 });
 
 const CONSTANTS = `
@@ -107,6 +130,7 @@ print(json.dumps({
     "VERSION": p.VERSION, "TARGET": p.TARGET, "KERNEL_TYPES": p.KERNEL_TYPES,
     "REQUEST_FIELDS": p.REQUEST_FIELDS, "MAX_RATE_HZ": p.MAX_RATE_HZ, "MAX_REQUEST_ID": p.MAX_REQUEST_ID,
     "PING_INTERVAL_S": p.PING_INTERVAL_S, "STALE_AFTER_S": p.STALE_AFTER_S, "CLOSE_REASONS": p.CLOSE_REASONS,
+    "MAX_CHIP_HISTORY": p.MAX_CHIP_HISTORY,
     "MEMORY_SATURATED": p.MEMORY_SATURATED,
     "closed": [p.close_data(r) for r in p.CLOSE_REASONS],
 }))
@@ -124,7 +148,8 @@ test('both sides hold the same protocol constants and close reasons', { skip }, 
     PING_INTERVAL_S: protocol.PING_INTERVAL_S,
     STALE_AFTER_S: protocol.STALE_AFTER_S,
     CLOSE_REASONS: protocol.CLOSE_REASONS,
-    MEMORY_SATURATED: protocol.MEMORY_SATURATED
+    MEMORY_SATURATED: protocol.MEMORY_SATURATED,
+    MAX_CHIP_HISTORY: protocol.MAX_CHIP_HISTORY
   };
   for (const name of Object.keys(ts)) {
     assert.deepEqual(ts[name], py[name], name);
@@ -141,7 +166,8 @@ out = []
 for data in json.load(sys.stdin):
     try:
         r = p.decode_request(data)
-        out.append({"ok": True, "type": r.type, "request_id": r.request_id, "rate": r.rate, "slice": r.slice})
+        out.append({"ok": True, "type": r.type, "request_id": r.request_id, "rate": r.rate, "slice": r.slice,
+                    "start": r.start, "stop": r.stop})
     except p.ProtocolError as e:
         out.append({"ok": False, "error": str(e)})
 print(json.dumps(out))
@@ -153,7 +179,8 @@ test('requests encoded in TypeScript pass the kernel validation', { skip }, () =
     { type: 'ping' },
     { type: 'fail_slice', slice: 1 },
     { type: 'restore_slice', slice: 0 },
-    { type: 'snapshot' }
+    { type: 'snapshot' },
+    { type: 'chip_history', start: 4, stop: 8 }
   ];
   const requests = bodies.map((b, i) => encodeRequest(b, `req-${i}`));
   const replies = JSON.parse(python(DECODE_REQUESTS, JSON.stringify(requests))) as Record<
@@ -167,6 +194,8 @@ test('requests encoded in TypeScript pass the kernel validation', { skip }, () =
   });
   assert.equal(replies[0].rate, 0.5);
   assert.equal(replies[2].slice, 1);
+  assert.deepEqual([replies[5].start, replies[5].stop], [4, 8]);
+  assert.throws(() => encodeRequest({ type: 'chip_history', start: 0, stop: protocol.MAX_CHIP_HISTORY + 1 }, 'r'));
   // The longest request_id one side allows, the other accepts; one more, both refuse.
   const longest = JSON.parse(
     python(

@@ -120,3 +120,21 @@ export function event(seq: number, kind: string, extra: Record<string, unknown> 
     buffers: []
   };
 }
+
+/** A `history` of `slices` columns: `util[t][k]`, `up[t][k]`; every slice holds 2 KiB. */
+export function history(slices: number[], times: number[], util: number[][], up: boolean[][]): Built {
+  const s = slices.length;
+  const u = new Float32Array(times.length * s);
+  const m = new Float64Array(times.length * s).fill(2048);
+  const a = new Uint8Array(times.length * s);
+  times.forEach((_, t) =>
+    slices.forEach((__, k) => {
+      u[t * s + k] = util[t][k];
+      a[t * s + k] = up[t][k] ? 1 : 0;
+    })
+  );
+  return {
+    data: { v: 1, type: 'history', topology_seq: 1, window_s: 900, points: times.length, slices },
+    buffers: [frame(new Float64Array(times), 0), frame(u, 4), frame(m, 8), frame(a, 1)]
+  };
+}

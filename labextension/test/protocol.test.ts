@@ -72,7 +72,8 @@ test('events and replies decode; unknown kinds are an open set', () => {
     request_id: 'r1',
     ok: false,
     error: 'no',
-    result: null
+    result: null,
+    buffers: []
   });
 });
 

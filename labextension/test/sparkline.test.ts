@@ -1,7 +1,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 
-import { sparklinePoints } from '../src/sparkline';
+import { downRuns, sparklinePoints } from '../src/sparkline';
 
 test('a sparkline keeps one point per pixel column, the bucket peak, inside the window', () => {
   const times: number[] = [];
@@ -20,4 +20,18 @@ test('a sparkline keeps one point per pixel column, the bucket peak, inside the 
   assert.equal(sparklinePoints({ times, values }, now + 301, 300, 100, 20).length, 0);
   const half = sparklinePoints({ times, values }, now + 150, 300, 100, 20).length / 2;
   assert.ok(half >= 49 && half <= 51, `${half} columns for half a window`);
+});
+
+test('a lost slice is marked down from its loss on, not over its whole history', () => {
+  const times: number[] = [];
+  const up: boolean[] = [];
+  for (let i = 0; i <= 300; i++) {
+    times.push(1000 + i);
+    up.push(i < 200 || i >= 250);
+  }
+  const series = { times, values: times.map(() => 0.5), memory: times.map(() => 0), up };
+  assert.deepEqual(downRuns(series, 1300, 300, 300), [[200, 250]]);
+  up.fill(false, 280);
+  assert.deepEqual(downRuns(series, 1300, 300, 300), [[200, 250], [280, 300]]);
+  assert.deepEqual(downRuns({ ...series, up: times.map(() => true) }, 1300, 300, 300), []);
 });

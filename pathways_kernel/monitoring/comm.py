@@ -50,6 +50,8 @@ from pathways_kernel.core.errors import PathwaysError, one_line
 from pathways_kernel.core.eventlog import Event
 from pathways_kernel.core.slices import Topology
 from pathways_kernel.monitoring import protocol, telemetry
+from pathways_kernel.monitoring.history import MAX_BYTES as MAX_HISTORY_BYTES
+from pathways_kernel.monitoring.history import SLICE_HISTORY_S
 
 MAX_COMMS = 8
 STALE_AFTER_S = float(protocol.STALE_AFTER_S)
@@ -108,6 +110,58 @@ def metrics_message(m: telemetry.Metrics) -> protocol.MetricsMessage:
     )
 
 
+def history_message(hub: telemetry.TelemetryHub) -> protocol.HistoryMessage:
+    """The hub's per-slice history of the current layout (empty before its first sample)."""
+    history = hub.history()
+    slices = tuple(s.index for s in hub.layout.topology.slices)
+    if history is None or history.slices != len(slices):
+        series = {
+            "time": np.zeros(0),
+            "util": np.zeros((0, len(slices)), np.float32),
+            "bytes": np.zeros((0, len(slices))),
+            "up": np.zeros((0, len(slices)), np.bool_),
+        }
+    else:
+        series = history.slice_series()
+    return protocol.HistoryMessage(
+        topology_seq=hub.topology_seq,
+        slices=slices,
+        window_s=float(SLICE_HISTORY_S),
+        time=series["time"],
+        utilization=series["util"],
+        memory_bytes=series["bytes"],
+        up=series["up"],
+    )
+
+
+def chip_history(hub: telemetry.TelemetryHub, start: int, stop: int) -> protocol.ChipHistory:
+    """Per-chip series of chip positions ``start:stop`` from the hub's history.
+
+    Raises:
+      PathwaysError: positions past the last chip, or a layout too large for per-chip history.
+    """
+    chips = hub.layout.chips
+    if stop > chips:
+        raise PathwaysError(f"chip_history: chips {start}:{stop} asked for, but the topology has {chips}")
+    history = hub.history()
+    if history is not None and not history.keeps_chips:
+        raise PathwaysError(
+            f"chip_history: {chips} chips are too many to keep per-chip history within "
+            f"{MAX_HISTORY_BYTES >> 20} MiB; per-slice history is kept"
+        )
+    if history is None or history.chips != chips:
+        series = {
+            "time": np.zeros(0),
+            "util": np.zeros((0, stop - start), np.uint8),
+            "memory": np.zeros((0, stop - start), np.uint8),
+        }
+        unit = 1
+    else:
+        series = history.chip_series(start, stop)
+        unit = history.memory_unit
+    return protocol.ChipHistory(hub.topology_seq, start, stop, unit, series["time"], series["util"], series["memory"])
+
+
 class _EncodedMetrics:
     """Encode each hub sample once, however many comms send it."""
 
@@ -148,6 +202,8 @@ class Connection:
         self._cond = threading.Condition()
         # Only the newest topology and metrics wait; they supersede older ones.
         self._topology: protocol.Message | None = None
+        #: The history, sent once right after the topology of a new subscription.
+        self._history: protocol.Message | None = None
         self._metrics: telemetry.Metrics | None = None
         self._events: collections.deque[protocol.Message] = collections.deque(maxlen=MAX_QUEUED_EVENTS)
         self._replies: collections.deque[protocol.Message] = collections.deque()
@@ -219,9 +275,11 @@ class Connection:
                 time.sleep(0.1)
         topology = hub.layout.topology
         replay = [protocol.encode_event(event) for event in hub.session.events.last(REPLAY_EVENTS)]
+        history = protocol.encode_history(history_message(hub))
         with self._cond:
             self._sub = sub
             self._topology = protocol.encode_topology(topology_message(topology, hub.topology_seq, hub.session.backend))
+            self._history = history
             self._events.extendleft(reversed(replay))
 
     def _wait_for_backend(self, reason: str) -> None:
@@ -240,8 +298,8 @@ class Connection:
                     if not self._replies:
                         self._cond.wait(1.0)
                     replies = self._take_replies()
-                for data, _ in replies:
-                    self.comm.send(data)
+                for data, buffers in replies:
+                    self.comm.send(data, buffers=buffers or None)
         finally:
             unsubscribe()
 
@@ -268,6 +326,7 @@ class Connection:
                     while (
                         not self.closed
                         and self._topology is None
+                        and self._history is None
                         and not self._events
                         and not self._replies
                         and self._metrics is None
@@ -282,14 +341,17 @@ class Connection:
                         return
                     self._excuse_busy_main_shell()
                     topology, self._topology = self._topology, None
+                    history, self._history = self._history, None
                     events = list(self._events)
                     self._events.clear()
                     replies = self._take_replies()
                     metrics, self._metrics = self._metrics, None
                 if topology is not None:
                     self.comm.send(topology[0], buffers=topology[1])
-                for data, _ in events + replies:
-                    self.comm.send(data)
+                if history is not None:
+                    self.comm.send(history[0], buffers=history[1])
+                for data, buffers in events + replies:
+                    self.comm.send(data, buffers=buffers or None)
                 if metrics is not None:
                     data, buffers = _encoded_metrics.get(metrics)
                     self.comm.send(data, buffers=buffers)
@@ -339,10 +401,15 @@ class Connection:
             log.exception("pathways monitor: %s request failed", request.type)
             self._reply(request.request_id, False, f"{request.type} failed: {protocol.quote(one_line(exc))}")
         else:
-            self._reply(request.request_id, True, None, result)
+            if isinstance(result, protocol.ChipHistory):
+                self._queue_reply(protocol.encode_chip_history_reply(request.request_id, result))
+            else:
+                self._reply(request.request_id, True, None, result)
 
     def _reply(self, request_id: str | None, ok: bool, error: str | None, result: dict | None = None) -> None:
-        message = protocol.encode_reply(request_id, ok, error, result)
+        self._queue_reply(protocol.encode_reply(request_id, ok, error, result))
+
+    def _queue_reply(self, message: protocol.Message) -> None:
         with self._cond:
             # Backpressure, not loss: a flood of requests waits here for the sender to catch up.
             while len(self._replies) >= MAX_PENDING_REPLIES and not self.closed:
@@ -436,11 +503,11 @@ class MonitorServer:
         with self._lock:
             return any(c.comm_id == comm_id for c in self._connections)
 
-    def handle(self, conn: Connection, request: protocol.Request) -> dict[str, Any]:
-        """Carry out a validated request; returns the reply's ``result``."""
+    def handle(self, conn: Connection, request: protocol.Request) -> dict[str, Any] | protocol.ChipHistory:
+        """Carry out a validated request; returns the reply's ``result`` (or the chip history it carries)."""
         if conn.no_backend is not None and request.type not in ("ping", "subscribe"):
             raise PathwaysError(f"{request.type}: {no_backend_advice(conn.no_backend)}")
-        handler: Callable[[Connection, protocol.Request], dict[str, Any]] = getattr(self, f"_do_{request.type}")
+        handler: Callable[[Connection, protocol.Request], Any] = getattr(self, f"_do_{request.type}")
         return handler(conn, request)
 
     def _do_subscribe(self, conn: Connection, request: protocol.Request) -> dict[str, Any]:
@@ -454,6 +521,9 @@ class MonitorServer:
 
     def _do_restore_slice(self, conn: Connection, request: protocol.Request) -> dict[str, Any]:
         return _set_slice(request.slice, "up")
+
+    def _do_chip_history(self, conn: Connection, request: protocol.Request) -> protocol.ChipHistory:
+        return chip_history(telemetry.hub(), request.start or 0, request.stop or 0)
 
     def _do_snapshot(self, conn: Connection, request: protocol.Request) -> dict[str, Any]:
         try:

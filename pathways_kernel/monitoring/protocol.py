@@ -38,7 +38,7 @@ VERSION = 1
 TARGET = "pathways.monitor"
 
 #: Kernel -> frontend message types.
-KERNEL_TYPES = ("topology", "metrics", "event", "reply", "no_backend")
+KERNEL_TYPES = ("topology", "history", "metrics", "event", "reply", "no_backend")
 #: Frontend -> kernel request types and their own fields.
 REQUEST_FIELDS: dict[str, tuple[str, ...]] = {
     "subscribe": ("rate",),
@@ -46,6 +46,7 @@ REQUEST_FIELDS: dict[str, tuple[str, ...]] = {
     "fail_slice": ("slice",),
     "restore_slice": ("slice",),
     "snapshot": (),
+    "chip_history": ("start", "stop"),
 }
 MAX_RATE_HZ = 10.0
 MAX_REQUEST_ID = 128
@@ -56,10 +57,14 @@ CLOSE_REASONS = ("stale", "evicted", "shutdown")
 #: Seconds between a frontend's pings; the kernel closes a comm silent for ``STALE_AFTER_S``.
 PING_INTERVAL_S = 15
 STALE_AFTER_S = 60
+#: Most chips one ``chip_history`` request may ask for (300 points x 2 bytes each: 2.4 MB at most).
+MAX_CHIP_HISTORY = 4096
 
 _U8 = np.dtype("<u1")
 _U16 = np.dtype("<u2")
 _I32 = np.dtype("<i4")
+_F32 = np.dtype("<f4")
+_F64 = np.dtype("<f8")
 
 Message = tuple[dict[str, Any], list[bytes]]
 
@@ -185,6 +190,86 @@ def encode_metrics(m: MetricsMessage) -> Message:
     return data, buffers
 
 
+@dataclasses.dataclass(frozen=True)
+class HistoryMessage:
+    """Per-slice series of the kernel's history, oldest first (T points, S slices)."""
+
+    topology_seq: int
+    slices: tuple[int, ...]  # slice index of each column
+    window_s: float
+    time: np.ndarray  # float64 [T]
+    utilization: np.ndarray  # float32 [T, S]
+    memory_bytes: np.ndarray  # float64 [T, S]
+    up: np.ndarray  # bool [T, S]
+
+    @property
+    def points(self) -> int:
+        return int(self.time.shape[0])
+
+
+def encode_history(h: HistoryMessage) -> Message:
+    t, s = h.points, len(h.slices)
+    for name in ("utilization", "memory_bytes", "up"):
+        if getattr(h, name).shape != (t, s):
+            raise ValueError(f"history {name} must be [points, slices] = [{t}, {s}]")
+    data = {
+        "v": VERSION,
+        "type": "history",
+        "topology_seq": int(h.topology_seq),
+        "window_s": float(h.window_s),
+        "points": t,
+        "slices": [int(i) for i in h.slices],
+    }
+    buffers = [
+        np.ascontiguousarray(h.time, _F64).tobytes(),
+        np.ascontiguousarray(h.utilization, _F32).tobytes(),
+        np.ascontiguousarray(h.memory_bytes, _F64).tobytes(),
+        np.ascontiguousarray(h.up, _U8).tobytes(),
+    ]
+    return data, buffers
+
+
+@dataclasses.dataclass(frozen=True)
+class ChipHistory:
+    """Per-chip series of chip positions ``start:stop``, oldest first (T points, C chips)."""
+
+    topology_seq: int
+    start: int
+    stop: int
+    memory_unit: int
+    time: np.ndarray  # float64 [T]
+    utilization: np.ndarray  # uint8 [T, C], value / 255
+    memory: np.ndarray  # uint8 [T, C], value * memory_unit bytes
+
+    @property
+    def points(self) -> int:
+        return int(self.time.shape[0])
+
+
+def encode_chip_history_reply(request_id: str, h: ChipHistory) -> Message:
+    """The ``reply`` to ``chip_history``: its ``result`` says the shape, three buffers carry the series."""
+    t, c = h.points, h.stop - h.start
+    if h.utilization.shape != (t, c) or h.memory.shape != (t, c):
+        raise ValueError(f"chip history series must be [points, chips] = [{t}, {c}]")
+    data, _ = encode_reply(
+        request_id,
+        True,
+        result={
+            "topology_seq": int(h.topology_seq),
+            "start": int(h.start),
+            "stop": int(h.stop),
+            "points": t,
+            "memory_unit": int(h.memory_unit),
+        },
+    )
+    buffers = [
+        np.ascontiguousarray(h.time, _F64).tobytes(),
+        np.ascontiguousarray(h.utilization, _U8).tobytes(),
+        np.ascontiguousarray(h.memory, _U8).tobytes(),
+    ]
+    return data, buffers
+
+
 def encode_event(event: Any) -> Message:
     """``event``: an ``events.Event`` or its ``to_dict()``."""
     fields = event if isinstance(event, dict) else event.to_dict()
@@ -242,6 +327,8 @@ class Request:
     request_id: str
     rate: float | None = None
     slice: int | None = None
+    start: int | None = None
+    stop: int | None = None
 
 
 def decode_request(data: Any, buffers: Sequence[Any] = ()) -> Request:
@@ -279,6 +366,12 @@ def decode_request(data: Any, buffers: Sequence[Any] = ()) -> Request:
             return Request(kind, request_id, rate=float(rate))
         if kind in ("fail_slice", "restore_slice"):
             return Request(kind, request_id, slice=_int(data, "slice", low=0, context=kind))
+        if kind == "chip_history":
+            start = _int(data, "start", low=0, context=kind)
+            stop = _int(data, "stop", low=start + 1, context=kind)
+            if stop - start > MAX_CHIP_HISTORY:
+                raise ProtocolError(f"chip_history: at most {MAX_CHIP_HISTORY} chips at once, asked for {stop - start}")
+            return Request(kind, request_id, start=start, stop=stop)
         return Request(kind, request_id)
     except ProtocolError as exc:
         exc.request_id = request_id
