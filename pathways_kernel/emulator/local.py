@@ -5,6 +5,9 @@ and groups them, in id order, into 2 slices of 4 chips. CPU devices carry no
 ``slice_index`` or ``coords``, so the placement lives here, in our topology
 model, not on the devices. Chips of a slice are laid out on the most square
 2D grid that holds them, like a TPU slice's ICI torus.
+
+Activating the backend also lets pathwaysutils' elastic tools see these
+slices (``pathwaysutils_compat``), until the backend is closed.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any, ClassVar, Sequence
 
 from pathways_kernel.backends.base import Backend, Placement
 from pathways_kernel.core import jaxcompat
+from pathways_kernel.emulator import pathwaysutils_compat
 
 
 def grid_shape(chips: int) -> tuple[int, int, int]:
@@ -45,6 +49,7 @@ class LocalBackend(Backend):
     def activate(self) -> None:
         import jax
 
+        pathwaysutils_compat.install(self.slice_map)
         if jaxcompat.backends_initialized():
             if jax.config.jax_num_cpu_devices == self.num_devices and _cpu_count() == self.num_devices:
                 return
@@ -57,10 +62,18 @@ class LocalBackend(Backend):
         jax.config.update("jax_platforms", "cpu")
         jax.config.update("jax_num_cpu_devices", self.num_devices)
 
+    def close(self) -> None:
+        pathwaysutils_compat.uninstall()
+
     def devices(self) -> Sequence[Any]:
         import jax
 
         return sorted(jax.devices("cpu"), key=lambda d: d.id)[: self.num_devices]
+
+    def slice_map(self) -> dict[Any, int]:
+        """Device -> index of the slice it belongs to."""
+        devices = self.devices()
+        return {device: p.slice_index for device, p in zip(devices, self.placements(devices))}
 
     def placements(self, devices: Sequence[Any]) -> list[Placement]:
         x, _, _ = self.ici_shape()
