@@ -6,18 +6,25 @@ and groups them, in id order, into 2 slices of 4 chips. CPU devices carry no
 model, not on the devices. Chips of a slice are laid out on the most square
 2D grid that holds them, like a TPU slice's ICI torus.
 
-Activating the backend also lets pathwaysutils' elastic tools see these
-slices (``pathwaysutils_compat``), until the backend is closed.
+Activating the backend also
+- sizes XLA's CPU thread pools so that an unblocked training loop cannot
+  deadlock its collectives (``_client_threads``);
+- lets pathwaysutils' elastic tools see these slices
+  (``pathwaysutils_compat``), until the backend is closed.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, ClassVar, Sequence
 
 from pathways_kernel.backends.base import Backend, Placement
 from pathways_kernel.core import jaxcompat
 from pathways_kernel.emulator import pathwaysutils_compat
+
+#: Read by XLA (``DefaultThreadPoolSize``) when it creates the CPU client.
+_POOL_ENV = "PJRT_NPROC"
 
 
 def grid_shape(chips: int) -> tuple[int, int, int]:
@@ -37,6 +44,8 @@ class LocalBackend(Backend):
     def __init__(self, num_slices: int, chips_per_slice: int):
         self.num_slices = num_slices
         self.chips_per_slice = chips_per_slice
+        #: ``(value before,)`` of ``PJRT_NPROC`` while ours is set.
+        self._pool_env_before: tuple[str | None] | None = None
 
     @property
     def spec(self) -> str:
@@ -59,11 +68,20 @@ class LocalBackend(Backend):
 
             jax_backend.clear_backends()
             jax.clear_caches()
+        if self._pool_env_before is None:
+            self._pool_env_before = (os.environ.get(_POOL_ENV),)
+        os.environ[_POOL_ENV] = str(_client_threads(self.num_devices))
         jax.config.update("jax_platforms", "cpu")
         jax.config.update("jax_num_cpu_devices", self.num_devices)
 
     def close(self) -> None:
         pathwaysutils_compat.uninstall()
+        if self._pool_env_before is not None:
+            (before,), self._pool_env_before = self._pool_env_before, None
+            if before is None:
+                os.environ.pop(_POOL_ENV, None)
+            else:
+                os.environ[_POOL_ENV] = before
 
     def devices(self) -> Sequence[Any]:
         import jax
@@ -85,6 +103,25 @@ class LocalBackend(Backend):
 
     def ici_shape(self) -> tuple[int, int, int]:
         return grid_shape(self.chips_per_slice)
+
+
+def _client_threads(num_devices: int) -> int:
+    """Threads for each of XLA's CPU client pools: twice the devices, at least.
+
+    XLA sizes its dispatch pool to ``max(cores, devices)``, enough for the one
+    multi-device program it runs at a time: each device's share holds a thread
+    until all meet at a collective. But launching a program's shares runs on
+    the same pool, and a launch blocks there once 32 executions are in flight
+    on its device. An unblocked loop reaches that at step 33; on a machine with
+    fewer cores than devices the blocked launches then hold threads the running
+    collective needs, and XLA aborts the process after 40 s ("Expected 8
+    threads to join the rendezvous, but only 7 of them arrived"). The thread
+    dispatching waits for all shares of one launch, so a pool of twice the
+    devices always leaves the running collective its threads.
+    """
+    base = os.environ.get(_POOL_ENV) or os.environ.get("NPROC")
+    cores = int(base) if base and base.isdigit() else len(os.sched_getaffinity(0))
+    return max(cores, 2 * num_devices)
 
 
 def _cpu_count() -> int:
