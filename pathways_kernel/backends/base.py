@@ -73,6 +73,9 @@ class Backend(abc.ABC):
     def placements(self, devices: Sequence[Any]) -> list[Placement]:
         """Where each of ``devices`` sits, in the same order."""
 
+    def check(self) -> None:
+        """Raise ``BackendError`` if JAX no longer has the devices this backend set up."""
+
     def ici_shape(self) -> tuple[int, ...] | None:
         """Physical chip grid of one slice, when the backend knows it."""
         return None

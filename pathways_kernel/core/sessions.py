@@ -82,8 +82,13 @@ class Session:
     # -- topology -------------------------------------------------------------
     @property
     def topology(self) -> Topology:
-        """Slices, chips and their state, as of now."""
+        """Slices, chips and their state, as of now.
+
+        Raises ``BackendError`` when JAX's devices no longer match the backend
+        (e.g. ``jax_num_cpu_devices`` changed in a cell), never a stale topology.
+        """
         with self._lock:
+            self.backend.check()
             if self._base is None:
                 devices = list(self.backend.devices())
                 platform = devices[0].platform if devices else ""

@@ -11,6 +11,10 @@ Activating the backend also
   deadlock its collectives (``_client_threads``);
 - lets pathwaysutils' elastic tools see these slices
   (``pathwaysutils_compat``), until the backend is closed.
+
+The devices JAX has are checked against the spec on every topology read, so a
+``jax_num_cpu_devices`` changed behind the session's back is reported in one
+line instead of showing a stale ``local:SxC``.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any, ClassVar, Sequence
 
 from pathways_kernel.backends.base import Backend, Placement
 from pathways_kernel.core import jaxcompat
+from pathways_kernel.core.errors import BackendError
 from pathways_kernel.emulator import pathwaysutils_compat
 
 #: Read by XLA (``DefaultThreadPoolSize``) when it creates the CPU client.
@@ -83,10 +88,38 @@ class LocalBackend(Backend):
             else:
                 os.environ[_POOL_ENV] = before
 
+    def check(self) -> None:
+        """Raise ``BackendError`` if JAX has (or will create) other CPU devices than the spec's."""
+        import jax
+
+        if jaxcompat.backends_initialized():
+            found = _cpu_count()
+            if found != self.num_devices:
+                raise BackendError(
+                    f"JAX now has {found} CPU devices, not the {self.num_devices} of this session's {self.spec}: "
+                    f"jax_num_cpu_devices was changed behind the session's back. {self._fix(found)}"
+                )
+        elif (found := jax.config.jax_num_cpu_devices) != self.num_devices:
+            raise BackendError(
+                f"jax_num_cpu_devices is now {found}, not the {self.num_devices} of this session's {self.spec}. "
+                f"{self._fix(found)}"
+            )
+
+    def _fix(self, found: int) -> str:
+        if found < 1:
+            return "Remove that setting and restart the kernel"
+        chips = self.chips_per_slice if found % self.chips_per_slice == 0 else found
+        fits = f"local:{found // chips}x{chips}"
+        return (
+            f"Run `%pathways connect {fits} --force` (pw.connect('{fits}', force=True)) to use them, "
+            f"or remove that setting and restart the kernel"
+        )
+
     def devices(self) -> Sequence[Any]:
         import jax
 
-        return sorted(jax.devices("cpu"), key=lambda d: d.id)[: self.num_devices]
+        self.check()
+        return sorted(jax.devices("cpu"), key=lambda d: d.id)
 
     def slice_map(self) -> dict[Any, int]:
         """Device -> index of the slice it belongs to."""
