@@ -7,10 +7,9 @@ import time
 import pytest
 
 from pathways_kernel import backends
-from pathways_kernel.emulator import chaosmonkey
-from pathways_kernel.emulator import faults
 from pathways_kernel.core.errors import NotSupportedError, PathwaysError
 from pathways_kernel.core.sessions import Session
+from pathways_kernel.emulator import chaosmonkey, faults
 
 SETUP = """
 import jax, numpy as np
@@ -250,7 +249,8 @@ def test_chaos_magic_refuses_bad_values_in_one_line(lost):
 def test_failure_cost_stays_flat_over_many_failures(local_session):
     import jax
     import numpy as np
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     # Buffers kept for readers in flight were once lost and kept again by each
     # later failure: 60 failures made 3,660 kept arrays and fail_slice 25x slower.
@@ -265,7 +265,9 @@ def test_failure_cost_stays_flat_over_many_failures(local_session):
         faults.restore_slice(1)
     assert faults.is_lost(x)
     assert {report.arrays for report in reports} == {1}  # only x, each time
-    assert len(faults._graveyard) <= 200
+    # Old buffers are kept only while some thread may still be reading them:
+    # here no other thread is busy, so they go at the next failure.
+    assert len(faults._graveyard) <= 10
     assert len(jax.live_arrays()) - live_before <= 200 + 2
     first, last = sorted(latencies[:50])[25], sorted(latencies[-50:])[25]
     assert last <= 3 * first + 0.002, (first, last)
@@ -276,7 +278,8 @@ def test_fail_and_restore_answer_while_a_long_step_is_read(local_session):
 
     import jax
     import numpy as np
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     def slow(x):
         time.sleep(10)

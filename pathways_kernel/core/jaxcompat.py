@@ -16,7 +16,8 @@ import os
 import re
 import sys
 import threading
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 #: The jax/jaxlib range these shims were written and tested against.
 TESTED_JAX_MIN = "0.10.1"

@@ -25,11 +25,12 @@ import random
 import threading
 import time
 import weakref
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from pathways_kernel.core.display import TextDisplay
-from pathways_kernel.emulator import faults
 from pathways_kernel.core.errors import PathwaysError
+from pathways_kernel.emulator import faults
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +84,7 @@ def _is_int(value: Any) -> bool:
 def _check_seconds(flag: str, value: Any) -> None:
     if (
         not isinstance(value, numbers.Real) or isinstance(value, bool)
-        or not math.isfinite(value) or not MIN_SECONDS <= value <= MAX_SECONDS
+        or not math.isfinite(value) or not MIN_SECONDS <= float(value) <= MAX_SECONDS
     ):
         raise PathwaysError(f"chaos {flag} must be seconds from {MIN_SECONDS:g} to {MAX_SECONDS:g}, got {value!r}")
 
@@ -135,7 +136,7 @@ class ChaosStatus(TextDisplay):
 
 #: Running chaos threads, stopped before the interpreter ends: a daemon thread
 #: caught inside jaxlib during finalization aborts the process.
-_running: "weakref.WeakSet[Chaos]" = weakref.WeakSet()
+_running: weakref.WeakSet[Chaos] = weakref.WeakSet()
 
 
 @atexit.register

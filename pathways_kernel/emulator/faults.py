@@ -92,7 +92,8 @@ import collections
 import dataclasses
 import threading
 import time
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from pathways_kernel.core import jaxcompat
 from pathways_kernel.core.display import TextDisplay
@@ -169,7 +170,7 @@ _GRACE_S = 5.0
 _SWEEP_S = 0.05
 
 
-def _bury(array: Any, positions: dict) -> None:
+def _bury(array: Any, positions: dict[int, tuple[int, int, int]]) -> None:
     """Keep ``array``'s current buffers alive until the threads at ``positions`` moved on."""
     keeper = jaxcompat.make_error_like(array, "DATA_LOSS: buffers kept for readers in flight")
     jaxcompat.replace_buffers(keeper, array)  # the keeper now shares array's buffers
@@ -178,7 +179,9 @@ def _bury(array: Any, positions: dict) -> None:
         _kept.add(id(keeper))
 
 
-def _still_needed(when: float, keeper: Any, positions: dict, now: float, current: dict) -> bool:
+def _still_needed(
+    when: float, keeper: Any, positions: dict[int, tuple[int, int, int]], now: float, current: dict[int, tuple[int, int, int]]
+) -> bool:
     if not keeper.is_ready():
         return True  # a reader may be waiting for these very buffers
     if now - when >= _GRACE_S:
@@ -195,7 +198,7 @@ def _sweep_graveyard() -> None:
     with _graveyard_lock:
         if _graveyard:
             now, current = time.monotonic(), jaxcompat.thread_positions()
-            kept = [entry for entry in _graveyard if _still_needed(*entry, now, current)]
+            kept = [(w, k, p) for w, k, p in _graveyard if _still_needed(w, k, p, now, current)]
             if len(kept) < len(_graveyard):
                 _graveyard.clear()
                 _graveyard.extend(kept)
