@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import random
 import shutil
 import tempfile
@@ -66,6 +67,8 @@ def main() -> None:
     from pathways_kernel.core import meshes
     from pathways_kernel.training import goodput
 
+    # elastic_retry logs every elastic event with its traceback: expected here, every ~15 s.
+    logging.getLogger("pathwaysutils").setLevel(logging.CRITICAL)
     pw.connect("local:2x4")
     session = pw.session()
     D, H, B, POOL = 256, 1024, 256, 16
@@ -258,6 +261,11 @@ def main() -> None:
                         state, loss = train_step(state, *batch(step, mesh))
                         account.step_end()
                         step += 1
+                        if step % args.snapshot_every == 0:
+                            # Read the loss, as a loop logging it does (a loop that never
+                            # waits lets XLA:CPU queue collectives until they deadlock).
+                            with account.computing():
+                                float(loss)
                         if step % args.checkpoint_every == 0:
                             with account.computing():  # the steps' device time comes due here
                                 jax.block_until_ready(state)

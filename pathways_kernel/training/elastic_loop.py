@@ -340,7 +340,7 @@ class Elastic:
                         self._check_boundary(s, watch, mesh)
                         self._account.step_begin(step)  # goodput
                         state = self.step_fn(state, step, mesh)
-                        self._account.step_end()  # goodput
+                        self._account.step_end(state)  # goodput
                         step += 1
                         report.steps_executed += 1
                         # The newest snapshot copies while one step runs, no longer:

@@ -40,6 +40,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import datetime
+import queue
 import shutil
 import tempfile
 import threading
@@ -123,6 +124,7 @@ class Account:
         self._moved: dict[str, float] = {}
         self._recovering = False
         self._source: Any = None
+        self._output: Any = None
         self._open_step: int | None = None
         self._open_productive = 0.0
         self._done: collections.OrderedDict[int, float] = collections.OrderedDict()
@@ -206,8 +208,21 @@ class Account:
 
             with self.computing():
                 jax.block_until_ready(source)
+        # The loop waits on a snapshot with the next step already dispatched:
+        # the device is busy until that step is computed, and only the rest of
+        # the wait stalls it.
+        computed = _Readiness.watch(self._output) if self._output is not None else None
+        started = time.perf_counter()
         with self.spent("snapshot_stall"):
             yield
+        ended = time.perf_counter()
+        busy = ended - started if computed is None else computed.busy(started, ended)
+        if busy > 0:
+            with self._lock:
+                self.seconds["snapshot_stall"] -= busy
+                self.seconds[PRODUCTIVE] += busy
+                if self._done:
+                    self._done[next(reversed(self._done))] += busy
 
     # -- steps ----------------------------------------------------------------
     def step_begin(self, step: int) -> None:
@@ -215,8 +230,11 @@ class Account:
         self._open_step, self._open_productive = step, 0.0
         self._field.step(step)
 
-    def step_end(self) -> None:
+    def step_end(self, output: Any = None) -> None:
+        """The step is done (dispatched); ``output``, its result, tells later
+        waits whether the device is still computing it."""
         self._switch(OTHER)
+        self._output = output
         with self._lock:
             if self._open_step is None:
                 return
@@ -336,6 +354,57 @@ class Account:
             + (f" ({self.steps_redone} redone)" if self.steps_redone else "")
             + (f"; badput {parts}" if parts else "")
         )
+
+
+class _Readiness:
+    """When a dispatched step's output is computed, noted by one watcher thread."""
+
+    _queue: queue.SimpleQueue[_Readiness] = queue.SimpleQueue()
+    _thread: threading.Thread | None = None
+
+    def __init__(self, tree: Any):
+        self.tree = tree
+        self.at: float | None = None
+        self.done = threading.Event()
+
+    @classmethod
+    def watch(cls, tree: Any) -> _Readiness:
+        watched = cls(tree)
+        if cls._thread is None:
+            cls._thread = threading.Thread(target=cls._watcher, name="pathways-goodput-ready", daemon=True)
+            cls._thread.start()
+        cls._queue.put(watched)
+        return watched
+
+    @classmethod
+    def _watcher(cls) -> None:
+        import jax
+
+        while True:
+            watched = cls._queue.get()
+            # An array on a lost slice raises: nothing is left to compute.
+            with contextlib.suppress(Exception):
+                jax.block_until_ready(watched.tree)
+            watched.at, watched.tree = time.perf_counter(), None
+            watched.done.set()
+
+    def busy(self, started: float, ended: float) -> float:
+        """Seconds of ``started..ended`` during which the output was still being computed."""
+        if not self.done.is_set():
+            # Not seen computed yet: still computing, or computed with the watcher
+            # not yet awake (then when is unknown: count none of it as busy).
+            tree = self.tree
+            return 0.0 if tree is None or _is_ready(tree) else ended - started
+        return max(0.0, min(ended, self.at or started) - started)
+
+
+def _is_ready(tree: Any) -> bool:
+    import jax
+
+    try:
+        return all(leaf.is_ready() for leaf in jax.tree.leaves(tree) if isinstance(leaf, jax.Array))
+    except Exception:  # noqa: BLE001  (an array on a lost slice: nothing left to compute)
+        return True
 
 
 # -- what the thread's run is doing --------------------------------------------
