@@ -203,3 +203,17 @@ def test_a_trace_the_workers_wrote_to_gcs_is_listed_and_summarized(gcs_server, l
     text = remote.to_text()
     assert "profile remote:" in text and "devices 0" in text and "(jit__lambda)" in text, text
     assert "Open in XProf" not in remote._repr_html_()  # XProf in JupyterLab serves the local root only
+
+
+@pytest.mark.kernel
+def test_without_xprof_the_summary_names_the_extra_instead_of_the_button(profiled):
+    k, _ = profiled
+    # What an environment without the extra looks like to an import: no module xprof.
+    reply = k.run(
+        "import sys\nsys.modules['xprof'] = None\ntry:\n"
+        "    with pw.profile('no-xprof') as capture:\n        x = train_step(x)\n"
+        "    print(capture._repr_html_())\nfinally:\n    del sys.modules['xprof']"
+    )
+    assert reply.status == "ok", reply.error
+    assert "Open in XProf" not in reply.text
+    assert "XProf is not installed here: pip install &#x27;pathways-kernel[profile]&#x27;" in reply.text, reply.text
