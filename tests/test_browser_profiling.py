@@ -131,8 +131,11 @@ def test_open_in_xprof_shows_the_captured_run_and_its_trace(page, server):
     assert listeners and all(addr.startswith("127.0.0.1:") for addr in listeners), listeners
 
 
-def test_panel_button_opens_the_latest_capture(page, server):
+def test_panel_lists_the_capture_and_its_button_opens_the_latest(page, server):
     page.evaluate("window.jupyterapp.commands.execute('pathways:open-monitor')")
+    event = page.locator("#pathways-monitor li.jp-PathwaysPanel-event[data-kind='profile']").first
+    event.wait_for(timeout=30_000)
+    assert "loop ->" in event.inner_text()
     page.get_by_role("button", name="Latest profile in XProf").click()
     src = page.locator(f"{TAB} iframe").get_attribute("src")
     runs = sorted(p.name for p in (server.root / "profiles").glob("*/plugins/profile/*"))
