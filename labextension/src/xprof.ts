@@ -17,9 +17,8 @@ export const XPROF_COMMAND = 'pathways:open-xprof';
 /** XProf's page; it computes its own base URL from the "/data/plugin/profile" in its path. */
 const XPROF_PAGE = 'xprof/data/plugin/profile/';
 const RUN_ATTRIBUTE = 'data-pathways-xprof-run';
-const MISSING =
-  "XProf is not available on this Jupyter server: pip install 'pathways-kernel[profile]' " +
-  '(xprof and jupyter-server-proxy), then restart JupyterLab.';
+const INSTALL =
+  "pip install 'pathways-kernel[profile]' (xprof and jupyter-server-proxy), then restart JupyterLab";
 
 /** The XProf page for `run` (its trace viewer), or XProf's start page. */
 export function xprofUrl(baseUrl: string, run: string | null, tool = 'trace_viewer'): string {
@@ -49,19 +48,37 @@ class XprofOpener {
     // Also what starts XProf: the proxy launches it on the first request.
     let runs: string[];
     try {
-      const response = await ServerConnection.makeRequest(`${settings.baseUrl}${XPROF_PAGE}runs`, {}, settings);
+      const response = await ServerConnection.makeRequest(
+        `${settings.baseUrl}${XPROF_PAGE}runs`,
+        {},
+        settings
+      );
       if (!response.ok) {
-        throw new Error(response.status === 404 ? MISSING : `XProf answered ${response.status} ${response.statusText}`);
+        // 404: no /xprof/ route (no jupyter-server-proxy); otherwise the proxy could not start or reach XProf.
+        throw new Error(
+          response.status === 404
+            ? `XProf is not available on this Jupyter server: ${INSTALL}.`
+            : `XProf did not start or answer (HTTP ${response.status}). If it is not installed: ${INSTALL}.`
+        );
       }
       runs = (await response.json()) as string[];
     } catch (reason) {
-      await showErrorMessage('Open in XProf', reason instanceof Error ? reason.message : String(reason));
+      await showErrorMessage(
+        'Open in XProf',
+        reason instanceof Error ? reason.message : String(reason)
+      );
       return;
     }
     const chosen = run ?? latestRun(runs);
     if (this._tab === null || this._tab.isDisposed) {
       const frame = new IFrame({
-        sandbox: ['allow-scripts', 'allow-same-origin', 'allow-popups', 'allow-downloads', 'allow-forms']
+        sandbox: [
+          'allow-scripts',
+          'allow-same-origin',
+          'allow-popups',
+          'allow-downloads',
+          'allow-forms'
+        ]
       });
       this._tab = new MainAreaWidget({ content: frame });
       this._tab.id = 'pathways-xprof';
@@ -76,7 +93,11 @@ class XprofOpener {
 }
 
 /** Register the command, its palette entry, the panel's button and the inline buttons' clicks. */
-export function activateXprof(app: JupyterFrontEnd, palette: ICommandPalette | null, panelNode: HTMLElement): void {
+export function activateXprof(
+  app: JupyterFrontEnd,
+  palette: ICommandPalette | null,
+  panelNode: HTMLElement
+): void {
   const opener = new XprofOpener(app);
   app.commands.addCommand(XPROF_COMMAND, {
     label: 'Pathways: Open in XProf',
@@ -96,7 +117,8 @@ export function activateXprof(app: JupyterFrontEnd, palette: ICommandPalette | n
   document.addEventListener(
     'click',
     event => {
-      const link = event.target instanceof Element ? event.target.closest(`[${RUN_ATTRIBUTE}]`) : null;
+      const link =
+        event.target instanceof Element ? event.target.closest(`[${RUN_ATTRIBUTE}]`) : null;
       if (link === null) {
         return;
       }
