@@ -12,6 +12,7 @@ has one (``jax.experimental.transfer.make_error_array``,
 from __future__ import annotations
 
 import functools
+import linecache
 import os
 import re
 import sys
@@ -140,6 +141,21 @@ _IDLE_FRAMES = {
     (os.path.join("zmq", "sugar", "poll.py"), "poll"),
     (os.path.join("ipykernel", "heartbeat.py"), "run"),
 }
+#: A line that waits in a blocking C call (``time.sleep``, ``queue.get``,
+#: ``select``...) and reads no array: a thread stopped on it is idle. Loops
+#: that poll this way would otherwise look like a read that never ends.
+_IDLE_LINE = re.compile(r"\b(sleep|get|get_nowait|wait|select|poll|recv\w*|accept|join|acquire)\(")
+_READ_LINE = re.compile(
+    r"\b(asarray|array|device_get|block_until_ready|item|tolist|tobytes|_value|float|int|copy)\b|\b(np|numpy|jax|jnp)\."
+)
+
+
+def _idle(frame: Any) -> bool:
+    code = frame.f_code
+    if any(code.co_name == name and code.co_filename.endswith(file) for file, name in _IDLE_FRAMES):
+        return True
+    line = linecache.getline(code.co_filename, frame.f_lineno)
+    return bool(_IDLE_LINE.search(line)) and not _READ_LINE.search(line)
 
 
 def thread_positions() -> dict[int, tuple[int, int, int]]:
@@ -151,13 +167,11 @@ def thread_positions() -> dict[int, tuple[int, int, int]]:
     gone, whatever it was doing then is over.
     """
     me = threading.get_ident()
-    positions = {}
-    for ident, frame in sys._current_frames().items():
-        code = frame.f_code
-        if ident == me or any(code.co_name == name and code.co_filename.endswith(file) for file, name in _IDLE_FRAMES):
-            continue
-        positions[ident] = (id(frame), id(code), frame.f_lasti)
-    return positions
+    return {
+        ident: (id(frame), id(frame.f_code), frame.f_lasti)
+        for ident, frame in sys._current_frames().items()
+        if ident != me and not _idle(frame)
+    }
 
 
 # -- dispatch -------------------------------------------------------------------
