@@ -217,3 +217,37 @@ def test_without_xprof_the_summary_names_the_extra_instead_of_the_button(profile
     assert reply.status == "ok", reply.error
     assert "Open in XProf" not in reply.text
     assert "XProf is not installed here: pip install &#x27;pathways-kernel[profile]&#x27;" in reply.text, reply.text
+
+
+@pytest.mark.kernel
+def test_python_tracer_adds_python_calls_to_the_trace(profiled):
+    k, _ = profiled
+    count = (
+        "from jax.profiler import ProfileData\n"
+        "def python_events(capture):\n"
+        "    pb = glob.glob(capture.where + '/*.xplane.pb')[0]\n"
+        "    cpu = ProfileData.from_file(pb).find_plane_with_name('/host:CPU')\n"
+        "    return sum(e.name.startswith('$') for line in cpu.lines for e in line.events)\n"
+        "import glob\n"
+        "with pw.profile('plain') as plain:\n    x = train_step(x)\n"
+        "with pw.profile('traced', python_tracer=True) as traced:\n    x = train_step(x)\n"
+        "print(python_events(plain), python_events(traced))"
+    )
+    reply = k.run(count)
+    assert reply.status == "ok", reply.error
+    plain, traced = map(int, reply.text.split())
+    assert plain == 0 and traced > 0, reply.text
+
+
+def test_a_capture_whose_trace_is_gone_shows_why_instead_of_raising(local_session, tmp_path):
+    import shutil
+
+    import jax.numpy as jnp
+
+    from pathways_kernel.profiling.capture import profile
+
+    with profile("gone", logdir=str(tmp_path)) as capture:
+        jnp.ones(4).block_until_ready()
+    shutil.rmtree(capture.where)
+    assert "no summary: no trace (*.xplane.pb) under" in capture.to_text()
+    assert "no summary" in capture._repr_html_()

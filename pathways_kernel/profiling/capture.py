@@ -82,14 +82,26 @@ class Capture(TextDisplay):
             self._summary = summary_lib.summarize(_read_xspaces(self.where), self.name, slice_of)
         return self._summary
 
+    def _shown_summary(self) -> summary_lib.Summary | None:
+        """The summary, or None with ``error`` saying why it cannot be read (a display must not raise)."""
+        if self.error:
+            return None
+        try:
+            return self.summary()
+        except PathwaysError as exc:
+            self.error = f"no summary: {exc}"
+            return None
+
     def to_text(self) -> str:
         head = f"{self.name}  {format_bytes(self.size or 0)}  {self.where}"
-        if self.error:
+        shown = self._shown_summary()
+        if shown is None:
             return f"{head}\n  {self.error}"
-        return f"{self.summary().to_text()}\n  trace {head}"
+        return f"{shown.to_text()}\n  trace {head}"
 
     def _repr_html_(self) -> str:
-        body = html.escape(self.error) if self.error else self.summary().html_rows()
+        shown = self._shown_summary()
+        body = html.escape(self.error) if shown is None else shown.html_rows()
         button = _open_button(self, "jp-Button jp-mod-styled jp-mod-small jp-mod-accept")
         return (
             f"<div class='pathways-profile'><div><b>profile {html.escape(self.name)}</b> · "
