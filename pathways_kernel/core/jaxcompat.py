@@ -154,7 +154,8 @@ def _idle(frame: Any) -> bool:
     code = frame.f_code
     if any(code.co_name == name and code.co_filename.endswith(file) for file, name in _IDLE_FRAMES):
         return True
-    line = linecache.getline(code.co_filename, frame.f_lineno)
+    # f_lineno is None while a frame is between lines (seen from a thread calling fail_slice).
+    line = linecache.getline(code.co_filename, frame.f_lineno or 0)
     return bool(_IDLE_LINE.search(line)) and not _READ_LINE.search(line)
 
 
