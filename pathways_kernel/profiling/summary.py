@@ -39,8 +39,11 @@ TOP_OPS = 10
 Op = tuple[int, int, int, str, str]
 
 _DEVICE_PLANE = re.compile(r"^/device:[A-Z]+:(\d+)$")
-# Host threads on which XLA:CPU runs the ops of its devices.
+# Host threads on which XLA:CPU runs the ops of its devices; their bookkeeping events.
 _CPU_OP_LINES = ("tf_XLAEigen", "tf_XLAPjRtCpuClient")
+_NOT_OPS = ("ThreadpoolListener", "end: ", "Wait", "Rendezvous")
+# Other runtime threads (compiler, codegen): thousands of pass events, none we summarize.
+_RUNTIME_LINES = ("tf_",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,28 +179,36 @@ def _read_host_plane(
     plane: Any, ops: list[Op], compiles: list[tuple[int, int]], windows: list[tuple[int, int]]
 ) -> None:
     for line in plane.lines:
-        op_line = line.name.startswith(_CPU_OP_LINES)
-        for e in line.events:
-            name = e.name
-            if name == COMPILE_EVENT:
-                start = int(e.start_ns)
-                compiles.append((start, start + int(e.duration_ns)))
-            elif name.startswith(WINDOW_PREFIX):
-                start = int(e.start_ns)
-                windows.append((start, start + int(e.duration_ns)))
-            elif op_line and not name.startswith(("ThreadpoolListener", "end: ", "Wait", "Rendezvous")):
-                stats = dict(e.stats)
-                if "device_ordinal" in stats and "hlo_op" in stats:
+        if line.name.startswith(_CPU_OP_LINES):
+            _read_op_line(line, ops)
+        elif not line.name.startswith(_RUNTIME_LINES):
+            # A Python thread: where the capture's annotation and JAX's compiles are.
+            for e in line.events:
+                name = e.name
+                if name == COMPILE_EVENT:
                     start = int(e.start_ns)
-                    ops.append(
-                        (
-                            int(stats["device_ordinal"]),
-                            start,
-                            start + int(e.duration_ns),
-                            str(stats["hlo_op"]),
-                            str(stats.get("hlo_module", "")),
-                        )
-                    )
+                    compiles.append((start, start + int(e.duration_ns)))
+                elif name.startswith(WINDOW_PREFIX):
+                    start = int(e.start_ns)
+                    windows.append((start, start + int(e.duration_ns)))
+
+
+def _read_op_line(line: Any, ops: list[Op]) -> None:
+    for e in line.events:
+        if e.name.startswith(_NOT_OPS):
+            continue
+        stats = dict(e.stats)
+        if "device_ordinal" in stats and "hlo_op" in stats:
+            start = int(e.start_ns)
+            ops.append(
+                (
+                    int(stats["device_ordinal"]),
+                    start,
+                    start + int(e.duration_ns),
+                    str(stats["hlo_op"]),
+                    str(stats.get("hlo_module", "")),
+                )
+            )
 
 
 def _union_ns(intervals: Iterable[tuple[int, int]], start: int, end: int) -> tuple[int, list[tuple[int, int]]]:
