@@ -202,7 +202,10 @@ def test_checkpoint_of_a_variable_lost_with_a_slice_names_it(nb, tmp_path):
         assert "cannot checkpoint onslice: its data was lost with a slice (DATA_LOSS)" in line, line
         assert "restore it from a snapshot or recompute it" in line
     finally:
-        ok(nb, "pw.restore_slice(1)\ndel onslice")
+        # state had a shard on slice 1 too: rebuild it rather than rely on healing.
+        ok(nb, "pw.restore_slice(1)\ndel onslice\nm = pw.mesh()\n"
+               "state = {'w': jax.device_put(jnp.asarray(ref['w']), NamedSharding(m, P('data', 'model'))), "
+               "'b': jnp.asarray(ref['b'])}")
     assert not (tmp_path / "ckpt").exists()
 
 

@@ -266,10 +266,10 @@ def save(tree: Any, url: str, step: int, *, keep: int | None = DEFAULT_KEEP, for
             raise StorageError(f"checkpoint step {step} already exists in {location.url}; checkpoints are never overwritten: use another --step")
         args = ocp.args.Composite(state=ocp.args.StandardSave(tree), layout=ocp.args.JsonSave(_layout(tree)))
     def failed() -> None:
-        registry.forget(location)
         with contextlib.suppress(Exception):  # the save's own failure is what the user needs to see
             _discard_step(manager, location, step)
-            storage.remove_empty(made)
+        registry.forget(location)
+        storage.remove_empty(made)
 
     # Held from here until the save has ended, in whichever thread that happens.
     _ORBAX_ERRORS.hold()
