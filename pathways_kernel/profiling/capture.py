@@ -109,12 +109,13 @@ class Capture(TextDisplay):
         )
 
 
-def xprof_path(run: str, tool: str = "trace_viewer") -> str:
-    """The XProf page for ``run`` under the Jupyter server's root (jupyter-server-proxy's ``/xprof/``)."""
+def xprof_path(run: str) -> str:
+    """XProf's trace viewer for ``run``, at jupyter-server-proxy's ``/xprof/`` on a server at ``/``
+    (in JupyterLab, xprof.ts opens it under the server's real base URL)."""
     from urllib.parse import urlencode
 
     # XProf's page computes its base URL from the "/data/plugin/profile" in its own path.
-    return "/xprof/data/plugin/profile/?" + urlencode({"run": run, "tag": tool})
+    return "/xprof/data/plugin/profile/?" + urlencode({"run": run, "tag": "trace_viewer"})
 
 
 # -- the one capture slot -----------------------------------------------------
