@@ -21,8 +21,8 @@ const INSTALL =
   "pip install 'pathways-kernel[profile]' (xprof and jupyter-server-proxy), then restart JupyterLab";
 
 /** The XProf page for `run` (its trace viewer), or XProf's start page. */
-export function xprofUrl(baseUrl: string, run: string | null, tool = 'trace_viewer'): string {
-  const query = run ? `?${new URLSearchParams({ run, tag: tool }).toString()}` : '';
+export function xprofUrl(baseUrl: string, run: string | null): string {
+  const query = run ? `?${new URLSearchParams({ run, tag: 'trace_viewer' }).toString()}` : '';
   return `${baseUrl}${XPROF_PAGE}${query}`;
 }
 
