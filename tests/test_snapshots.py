@@ -230,3 +230,23 @@ def test_a_host_buffer_anyone_still_reaches_is_never_overwritten(mesh):
     np.testing.assert_array_equal(handed_out, expected)
     np.testing.assert_array_equal(np.asarray(restored[0] if isinstance(restored, list) else restored), expected)
     assert snapshots._BUFFERS.nbytes <= 64 * 64 * 4  # the dropped ones were recycled, within the bound
+
+
+def test_a_failed_copy_does_not_keep_the_lost_arrays_alive(mesh):
+    """The snapshot's error is kept for wait(); the device arrays it failed on are not."""
+    import sys
+
+    from pathways_kernel.emulator.faults import fail_slice, restore_slice
+
+    x = sharded(mesh, (64, 64), P("data", "model"))
+    fail_slice(1)
+    try:
+        held_before = sys.getrefcount(x)
+        snap = snapshots.take(x)
+        with pytest.raises(Exception, match="DATA_LOSS"):
+            snap.wait()
+        assert sys.getrefcount(x) == held_before  # nothing of the failed snapshot holds x
+        with pytest.raises(Exception, match="DATA_LOSS"):
+            snap.wait()  # still says why
+    finally:
+        restore_slice(1)

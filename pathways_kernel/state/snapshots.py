@@ -312,6 +312,19 @@ _BUFFERS = _HostBuffers()
 
 
 def _copy_all(snap: Snapshot, arrays: list[Any], on_done: Callable[[Snapshot], None] | None) -> None:
+    try:
+        _copy_leaves(snap, arrays)
+    except BaseException as error:
+        # The future keeps the error for ``wait()``; its traceback must not keep
+        # the (often lost) device arrays alive until the next garbage collection.
+        arrays.clear()
+        raise error.with_traceback(None) from None
+    arrays.clear()
+    if on_done is not None:
+        on_done(snap)
+
+
+def _copy_leaves(snap: Snapshot, arrays: list[Any]) -> None:
     _BUFFERS.recycle_dead()
     start = time.perf_counter()
     for leaf, array in zip(snap.leaves, arrays):
@@ -320,8 +333,6 @@ def _copy_all(snap: Snapshot, arrays: list[Any], on_done: Callable[[Snapshot], N
             _copy_array(array, out)
             leaf._fill(out)
     snap.duration_s = time.perf_counter() - start
-    if on_done is not None:
-        on_done(snap)
 
 
 def take(
