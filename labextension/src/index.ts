@@ -1,18 +1,21 @@
 /**
  * pathways-kernel JupyterLab extension: the "Pathways" panel in the right
  * sidebar, following the active notebook's kernel, its status-bar item,
- * the "Pathways: Open Monitor" command and the update-rate setting.
+ * the "Pathways: Open Monitor" command and the update-rate setting; and the
+ * main-area dashboard ("Pathways: Open Dashboard").
  */
 import {
   ILabShell,
+  ILayoutRestorer,
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
-import { ICommandPalette } from '@jupyterlab/apputils';
+import { ICommandPalette, MainAreaWidget, WidgetTracker } from '@jupyterlab/apputils';
 import { INotebookTracker } from '@jupyterlab/notebook';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
 
+import { PathwaysDashboard } from './dashboard';
 import { PathwaysPanel } from './panel';
 import { PathwaysStatus } from './statusitem';
 import { activateXprof } from './xprof';
@@ -72,4 +75,79 @@ const plugin: JupyterFrontEndPlugin<void> = {
   }
 };
 
-export default plugin;
+const DASHBOARD_PLUGIN_ID = 'pathways-kernel:dashboard';
+const DASHBOARD_COMMAND = 'pathways:open-dashboard';
+
+/** "Pathways: Open Dashboard": a dockable main-area view of the active notebook's kernel, restored with the layout. */
+const dashboardPlugin: JupyterFrontEndPlugin<void> = {
+  id: DASHBOARD_PLUGIN_ID,
+  description: 'Main-area charts of a Pathways kernel: utilization, memory, steps, events.',
+  autoStart: true,
+  requires: [INotebookTracker],
+  optional: [ICommandPalette, ILayoutRestorer, ISettingRegistry],
+  activate: (
+    app: JupyterFrontEnd,
+    notebooks: INotebookTracker,
+    palette: ICommandPalette | null,
+    restorer: ILayoutRestorer | null,
+    settings: ISettingRegistry | null
+  ) => {
+    const tracker = new WidgetTracker<MainAreaWidget<PathwaysDashboard>>({
+      namespace: 'pathways-dashboard'
+    });
+    let rate = 2;
+    let chipGiB = 16;
+    const each = (fn: (d: PathwaysDashboard) => void) => tracker.forEach(w => fn(w.content));
+
+    app.commands.addCommand(DASHBOARD_COMMAND, {
+      label: 'Pathways: Open Dashboard',
+      caption:
+        'Charts of utilization, memory, step time and events of the active notebook’s Pathways kernel',
+      execute: () => {
+        let widget = tracker.currentWidget;
+        if (!widget || widget.isDisposed) {
+          const dashboard = new PathwaysDashboard();
+          dashboard.setRate(rate);
+          dashboard.setEmulatedChipGiB(chipGiB);
+          widget = new MainAreaWidget({ content: dashboard });
+          widget.id = 'pathways-dashboard-area';
+          widget.title.label = dashboard.title.label;
+          widget.title.caption = dashboard.title.caption;
+          widget.title.closable = true;
+          void tracker.add(widget);
+          const follow = () => dashboard.follow(notebooks.currentWidget);
+          notebooks.currentChanged.connect(follow);
+          dashboard.disposed.connect(() => notebooks.currentChanged.disconnect(follow));
+          follow();
+        }
+        if (!widget.isAttached) {
+          app.shell.add(widget, 'main', { mode: 'split-right' });
+        }
+        app.shell.activateById(widget.id);
+      }
+    });
+    palette?.addItem({ command: DASHBOARD_COMMAND, category: 'Pathways' });
+    void restorer?.restore(tracker, { command: DASHBOARD_COMMAND, name: () => 'dashboard' });
+
+    if (settings) {
+      void Promise.all([settings.load(PLUGIN_ID), settings.load(DASHBOARD_PLUGIN_ID)]).then(
+        ([panel, dashboard]) => {
+          const apply = () => {
+            rate = panel.get('updateRate').composite as number;
+            chipGiB = dashboard.get('emulatedChipMemoryGiB').composite as number;
+            each(d => {
+              d.setRate(rate);
+              d.setEmulatedChipGiB(chipGiB);
+            });
+          };
+          panel.changed.connect(apply);
+          dashboard.changed.connect(apply);
+          apply();
+        },
+        reason => console.warn('pathways: dashboard settings not loaded', reason)
+      );
+    }
+  }
+};
+
+export default [plugin, dashboardPlugin];

@@ -1,0 +1,262 @@
+/**
+ * One time-series chart of the dashboard, drawn by uPlot: time axis, a
+ * value axis with its unit, a live legend as the hover readout (plus the
+ * event under the cursor), events as markers on the time axis, drag to zoom
+ * and double-click to go back to the live window (both applied to every
+ * chart through `TimeWindow`).
+ *
+ * Colours come from JupyterLab's CSS variables (resolved to strings for the
+ * canvas, again when the theme changes); markers are DOM elements styled in
+ * dashboard.css, so they follow the theme by themselves.
+ */
+import uPlot from 'uplot';
+import 'uplot/dist/uPlot.min.css';
+
+import { Columns, MARKER_KINDS, clock } from './dashboardmodel';
+import { eventDetails } from './format';
+import { MonitorEvent } from './protocol';
+
+/** The time range every chart shows: the live window, or a zoomed range the user dragged. */
+export class TimeWindow {
+  zoomed: [number, number] | null = null;
+
+  constructor(private _changed: () => void) {}
+
+  zoom(min: number, max: number): void {
+    if (max > min) {
+      this.zoomed = [min, max];
+      this._changed();
+    }
+  }
+
+  reset(): void {
+    this.zoomed = null;
+    this._changed();
+  }
+}
+
+export interface ChartOptions {
+  /** Short title shown above the chart; with `description` it is the chart's accessible name. */
+  title: string;
+  description: string;
+  /** Value-axis label, unit included, e.g. "utilization (%)". */
+  axis: string;
+  /** Readout and axis text for a value. */
+  format: (value: number) => string;
+  /** Fixed value range; otherwise from 0 to the largest value shown. */
+  range?: [number, number];
+  /** Draw the last series dashed (a capacity line). */
+  lastDashed?: boolean;
+}
+
+/** Series colours: JupyterLab theme variables only, cycled. */
+const SERIES_VARS = [
+  '--jp-brand-color1',
+  '--jp-warn-color1',
+  '--jp-success-color1',
+  '--jp-accent-color1',
+  '--jp-brand-color3',
+  '--jp-warn-color3',
+  '--jp-success-color3',
+  '--jp-accent-color3'
+];
+
+/** Pixels within which the readout names the event under the cursor. */
+const MARKER_HOVER_PX = 4;
+
+export class TimeChart {
+  readonly node: HTMLElement;
+  private _plotNode: HTMLDivElement;
+  private _readout: HTMLDivElement;
+  private _plot: uPlot | null = null;
+  private _key = '';
+  private _markers: MonitorEvent[] = [];
+  private _markerNodes: HTMLDivElement[] = [];
+  private _width = 0;
+
+  constructor(
+    private _options: ChartOptions,
+    private _window: TimeWindow,
+    private _height = 170
+  ) {
+    this.node = document.createElement('figure');
+    this.node.className = 'jp-PathwaysDashboard-chart';
+    this.node.setAttribute('role', 'group');
+    this.node.setAttribute('aria-label', `${_options.title}: ${_options.description}`);
+    const caption = document.createElement('figcaption');
+    caption.className = 'jp-PathwaysDashboard-chartTitle';
+    caption.textContent = _options.title;
+    this._plotNode = document.createElement('div');
+    this._plotNode.className = 'jp-PathwaysDashboard-plot';
+    this._plotNode.setAttribute('role', 'img');
+    this._plotNode.setAttribute('aria-label', `${_options.title}: ${_options.description}`);
+    this._readout = document.createElement('div');
+    this._readout.className = 'jp-PathwaysDashboard-readout';
+    this._readout.setAttribute('aria-live', 'polite');
+    this.node.append(caption, this._plotNode, this._readout);
+  }
+
+  /**
+   * Draw `columns` over `range` (kernel seconds) at `width` CSS px, with
+   * `markers`. The plot is rebuilt only when its series, width or the theme
+   * change; otherwise uPlot redraws in place, synchronously (batch).
+   */
+  render(columns: Columns, markers: MonitorEvent[], range: [number, number], width: number): void {
+    const key = `${columns.labels.join('\u0000')}|${themeKey()}`;
+    if (!this._plot || key !== this._key) {
+      this._plot?.destroy();
+      this._key = key;
+      this._width = width;
+      this._plot = this._build(columns, width);
+      this._markerNodes = [];
+    } else if (width !== this._width) {
+      this._width = width;
+      this._plot.setSize({ width, height: this._height });
+    }
+    const plot = this._plot;
+    plot.batch(() => {
+      plot.setData(columns.data as uPlot.AlignedData, false);
+      plot.setScale('x', { min: range[0], max: range[1] });
+    });
+    this._placeMarkers(markers, range);
+  }
+
+  dispose(): void {
+    this._plot?.destroy();
+    this._plot = null;
+  }
+
+  private _build(columns: Columns, width: number): uPlot {
+    const style = getComputedStyle(this.node);
+    const color = (name: string, fallback: string) =>
+      style.getPropertyValue(name).trim() || fallback;
+    const text = color('--jp-ui-font-color2', '#757575');
+    const grid = color('--jp-border-color2', '#e0e0e0');
+    // uPlot scales the font's pixel size for the device, so it must be in px (theme sizes are em).
+    const font = `${Math.round(0.85 * parseFloat(style.fontSize) || 11)}px ${color('--jp-ui-font-family', 'sans-serif')}`;
+    const o = this._options;
+    const n = columns.labels.length;
+    const series: uPlot.Series[] = [
+      { label: 'time', value: (_u, v) => (v === null ? '–' : clock(v)) },
+      ...columns.labels.map((label, i): uPlot.Series => ({
+        label,
+        stroke: color(SERIES_VARS[i % SERIES_VARS.length], text),
+        width: 1.5,
+        dash: o.lastDashed && i === n - 1 ? [6, 4] : undefined,
+        spanGaps: false,
+        points: { show: false },
+        value: (_u, v) => (v === null ? '–' : o.format(v))
+      }))
+    ];
+    const axis = {
+      stroke: text,
+      font,
+      labelFont: font,
+      grid: { stroke: grid, width: 1 },
+      ticks: { stroke: grid }
+    };
+    const opts: uPlot.Options = {
+      width,
+      height: this._height,
+      series,
+      scales: {
+        x: { time: true },
+        y: { range: o.range ?? ((_u, _min, max) => [0, max > 0 ? max * 1.1 : 1]) }
+      },
+      axes: [
+        axis,
+        {
+          ...axis,
+          label: o.axis,
+          size: 64,
+          values: (_u, splits) => splits.map(v => o.format(v))
+        }
+      ],
+      legend: { show: true, live: true },
+      cursor: {
+        drag: { x: true, y: false, setScale: false },
+        bind: {
+          dblclick: () => () => {
+            this._window.reset();
+            return null;
+          }
+        }
+      },
+      hooks: {
+        setSelect: [
+          u => {
+            if (u.select.width > 2) {
+              this._window.zoom(
+                u.posToVal(u.select.left, 'x'),
+                u.posToVal(u.select.left + u.select.width, 'x')
+              );
+            }
+            u.setSelect({ left: 0, top: 0, width: 0, height: 0 }, false);
+          }
+        ],
+        setCursor: [u => this._readEvent(u)]
+      }
+    };
+    return new uPlot(opts, columns.data as uPlot.AlignedData, this._plotNode);
+  }
+
+  /** Markers are thin DOM lines over the plot area, one per event in range, reused between frames. */
+  private _placeMarkers(markers: MonitorEvent[], range: [number, number]): void {
+    const plot = this._plot!;
+    const over = plot.over;
+    // The most telling kinds last, so they are drawn on top (a loss over the snapshots around it).
+    const shown = markers
+      .filter(e => e.time >= range[0] && e.time <= range[1])
+      .sort((a, b) => rank(b.kind) - rank(a.kind));
+    this._markers = shown;
+    while (this._markerNodes.length < shown.length) {
+      const node = document.createElement('div');
+      node.className = 'jp-PathwaysDashboard-marker';
+      over.append(node);
+      this._markerNodes.push(node);
+    }
+    this._markerNodes.forEach((node, i) => {
+      const e = shown[i];
+      if (!e) {
+        node.hidden = true;
+        return;
+      }
+      node.hidden = false;
+      node.dataset.kind = e.kind;
+      node.dataset.seq = String(e.seq);
+      node.style.left = `${plot.valToPos(e.time, 'x')}px`;
+      node.setAttribute('aria-label', `${e.kind} at ${clock(e.time)}`);
+    });
+  }
+
+  /**
+   * The readout under the chart names the event under the cursor (within a
+   * few pixels): the most telling kind first (a slice loss before the
+   * snapshots around it), then the nearest, and how many others are there.
+   */
+  private _readEvent(u: uPlot): void {
+    const left = u.cursor.left ?? -1;
+    const near =
+      left < 0
+        ? []
+        : this._markers
+            .map(e => ({ e, d: Math.abs(u.valToPos(e.time, 'x') - left) }))
+            .filter(m => m.d <= MARKER_HOVER_PX)
+            .sort((a, b) => rank(a.e.kind) - rank(b.e.kind) || a.d - b.d);
+    const first = near[0]?.e;
+    const more = near.length > 1 ? ` (+${near.length - 1} more here)` : '';
+    this._readout.textContent = first
+      ? `${clock(first.time)} ${first.kind} · ${eventDetails(first)}${more}`
+      : '';
+  }
+}
+
+/** Kinds in MARKER_KINDS order (slice_down first), any other after them. */
+function rank(kind: string): number {
+  const i = MARKER_KINDS.indexOf(kind);
+  return i < 0 ? MARKER_KINDS.length : i;
+}
+
+function themeKey(): string {
+  return `${document.body.dataset.jpThemeName ?? ''}|${document.body.dataset.jpThemeLight ?? ''}`;
+}

@@ -1,0 +1,467 @@
+/**
+ * The Pathways dashboard: a main-area view of the active notebook's kernel
+ * to keep open while training runs. Time-series charts (uPlot) of
+ * utilization per slice (per chip of one slice on demand), memory used vs
+ * capacity, step time and throughput of running loops, with every event as
+ * a marker on the time axis and a kind filter.
+ *
+ * It opens its own `pathways.monitor` comm on the notebook's kernel (one per
+ * followed kernel, like the panel: `_sync()` does nothing when already
+ * attached) and redraws at most once per animation frame.
+ */
+import { ISessionContext } from '@jupyterlab/apputils';
+import { NotebookPanel } from '@jupyterlab/notebook';
+import { Kernel } from '@jupyterlab/services';
+import { Widget } from '@lumino/widgets';
+
+import { TimeChart, TimeWindow } from './charts';
+import { MonitorConnection } from './connection';
+import { CHIP_WINDOW_S, DashboardModel, SLICE_WINDOW_S, isEmulated } from './dashboardmodel';
+import { formatBytes } from './format';
+import { isPathwaysKernel } from './kernels';
+import { Change, MonitorModel } from './model';
+import { MAX_CHIP_HISTORY } from './protocol';
+
+export const DASHBOARD_ID = 'pathways-dashboard';
+
+export class PathwaysDashboard extends Widget {
+  readonly model = new MonitorModel();
+  readonly data = new DashboardModel();
+  private _notebook: NotebookPanel | null = null;
+  private _kernel: Kernel.IKernelConnection | null = null;
+  private _connection: MonitorConnection | null = null;
+  private _rate = 2;
+  private _frame = 0;
+  private _message = '';
+  private _window = new TimeWindow(() => this._schedule());
+
+  private _header: HTMLDivElement;
+  private _status: HTMLDivElement;
+  private _body: HTMLDivElement;
+  private _filter: HTMLFieldSetElement;
+  private _filterKinds = '';
+  private _chipSelect: HTMLSelectElement;
+  private _chipOptions = '';
+  private _grid: HTMLDivElement;
+  private _utilization: TimeChart;
+  private _chips: TimeChart;
+  private _memory: TimeChart;
+  private _stepTime: TimeChart;
+  private _throughput: TimeChart;
+
+  constructor() {
+    super();
+    this.id = DASHBOARD_ID;
+    this.addClass('jp-PathwaysDashboard');
+    this.title.label = 'Pathways Dashboard';
+    this.title.caption =
+      'Utilization, memory, steps and events of the active notebook’s Pathways kernel';
+
+    this._header = div('jp-PathwaysDashboard-header');
+    this._status = div('jp-PathwaysDashboard-message');
+    this._status.setAttribute('role', 'status');
+
+    this._filter = document.createElement('fieldset');
+    this._filter.className = 'jp-PathwaysDashboard-filter';
+    this._filter.addEventListener('change', event => {
+      const box = event.target as HTMLInputElement;
+      if (box.dataset.kind) {
+        if (box.checked) {
+          this.data.hiddenKinds.delete(box.dataset.kind);
+        } else {
+          this.data.hiddenKinds.add(box.dataset.kind);
+        }
+        this._schedule();
+      }
+    });
+    const chipLabel = document.createElement('label');
+    chipLabel.className = 'jp-PathwaysDashboard-chipPicker';
+    chipLabel.textContent = 'Per-chip utilization of ';
+    this._chipSelect = document.createElement('select');
+    this._chipSelect.className = 'jp-mod-styled';
+    this._chipSelect.addEventListener('change', () => {
+      const value = this._chipSelect.value;
+      this.data.setChipSlice(value === '' ? null : Number(value));
+      void this._loadChipHistory();
+      this._schedule();
+    });
+    chipLabel.append(this._chipSelect);
+    const hint = div('jp-PathwaysDashboard-hint');
+    hint.textContent =
+      'Drag across a chart to zoom into a time range; double-click a chart to return to the live window.';
+    const controls = div('jp-PathwaysDashboard-controls');
+    controls.append(this._filter, chipLabel, hint);
+
+    const percent = (v: number) => `${Math.round(v)}%`;
+    const utilization =
+      'fraction of time a chip had dispatched work not yet complete, measured from the client';
+    this._utilization = new TimeChart(
+      {
+        title: 'Utilization per slice',
+        description: `${utilization}; percent, last 15 minutes`,
+        axis: 'utilization (%)',
+        format: percent,
+        range: [0, 100]
+      },
+      this._window
+    );
+    this._chips = new TimeChart(
+      {
+        title: 'Utilization per chip',
+        description: `${utilization}, per chip of the chosen slice; percent, last 5 minutes`,
+        axis: 'utilization (%)',
+        format: percent,
+        range: [0, 100]
+      },
+      this._window
+    );
+    this._memory = new TimeChart(
+      {
+        title: 'Memory used vs capacity',
+        description: 'bytes in use per slice and the slice capacity, last 15 minutes',
+        axis: 'memory',
+        format: formatBytes,
+        lastDashed: true
+      },
+      this._window
+    );
+    this._stepTime = new TimeChart(
+      {
+        title: 'Step time',
+        description: 'productive milliseconds per step of each running loop, once a second',
+        axis: 'step time (ms)',
+        format: v => `${v.toPrecision(3)} ms`
+      },
+      this._window
+    );
+    this._throughput = new TimeChart(
+      {
+        title: 'Throughput',
+        description: 'steps per second of each running loop, once a second',
+        axis: 'steps/s',
+        format: v => `${v.toPrecision(3)}/s`
+      },
+      this._window
+    );
+    this._grid = div('jp-PathwaysDashboard-grid');
+    this._grid.append(
+      this._utilization.node,
+      this._chips.node,
+      this._memory.node,
+      this._stepTime.node,
+      this._throughput.node
+    );
+    this._body = div('jp-PathwaysDashboard-body');
+    this._body.append(controls, this._grid);
+    this.node.append(this._header, this._status, this._body);
+
+    this.model.subscribe(change => this._changed(change));
+    this._renderChrome();
+  }
+
+  /** Follow the given notebook (or none) and its kernel changes. */
+  follow(notebook: NotebookPanel | null): void {
+    if (notebook !== this._notebook) {
+      const old = this._notebook?.sessionContext;
+      old?.kernelChanged.disconnect(this._sync, this);
+      old?.statusChanged.disconnect(this._kernelStatus, this);
+      this._notebook = notebook;
+      const context = notebook?.sessionContext;
+      context?.kernelChanged.connect(this._sync, this);
+      context?.statusChanged.connect(this._kernelStatus, this);
+      void context?.ready.then(() => this._sync()).catch(() => undefined);
+    }
+    this._sync();
+  }
+
+  /** Metrics rate asked of the kernel (Hz), the panel's setting. */
+  setRate(rate: number): void {
+    this._rate = rate;
+    void this._connection?.setRate(rate).catch(() => undefined);
+  }
+
+  /** Memory per emulated chip (GiB) on the embedded backend: the capacity line there. */
+  setEmulatedChipGiB(gib: number): void {
+    this.data.setEmulatedChipGiB(gib);
+    this._schedule();
+  }
+
+  dispose(): void {
+    this._detach();
+    for (const chart of this._allCharts()) {
+      chart.dispose();
+    }
+    super.dispose();
+  }
+
+  protected onAfterShow(): void {
+    this._schedule();
+  }
+
+  protected onResize(): void {
+    this._schedule();
+  }
+
+  private _sync(): void {
+    const kernel = this._notebook?.sessionContext?.session?.kernel ?? null;
+    if (
+      kernel === this._kernel &&
+      (this._connection !== null || kernel === null || !isPathwaysKernel(kernel.name))
+    ) {
+      this._renderChrome();
+      return;
+    }
+    this._detach();
+    this._kernel = kernel;
+    if (kernel && isPathwaysKernel(kernel.name)) {
+      this._attach(kernel);
+    }
+    this._renderChrome();
+  }
+
+  private _attach(kernel: Kernel.IKernelConnection): void {
+    const connection = new MonitorConnection(kernel, this.model, {
+      closed: reason => {
+        if (this._connection === connection) {
+          this._connection = null;
+          this._reset();
+          if (reason === 'stale') {
+            this._attach(kernel);
+          } else {
+            this._message = `Disconnected from the kernel’s monitor (${reason}). Reopen the dashboard to reconnect.`;
+          }
+          this._renderChrome();
+        }
+      },
+      noBackend: error => {
+        if (this._connection === connection) {
+          this._reset();
+          this._message = `No backend: ${error}. Run %pathways connect local:2x4 in a cell.`;
+          this._renderChrome();
+        }
+      }
+    });
+    this._connection = connection;
+    this._message = 'Connecting to the kernel’s monitor…';
+    connection.open(this._rate).then(
+      () => {
+        if (this._connection === connection && this._message.startsWith('Connecting')) {
+          this._message = '';
+          this._renderChrome();
+        }
+      },
+      (error: Error) => {
+        if (this._connection === connection) {
+          this._message = `Could not reach the kernel’s monitor: ${error.message}`;
+          this._renderChrome();
+        }
+      }
+    );
+  }
+
+  private _detach(): void {
+    this._connection?.dispose();
+    this._connection = null;
+    this._kernel = null;
+    this._message = '';
+    this._reset();
+  }
+
+  private _reset(): void {
+    this.model.reset();
+    this.data.reset();
+    this._window.zoomed = null;
+  }
+
+  /** A kernel restart drops its comms: start over once it is back. */
+  private _kernelStatus(_context: ISessionContext, status: Kernel.Status): void {
+    const kernel = this._kernel;
+    if (!kernel) {
+      return;
+    }
+    if (status === 'restarting' || status === 'autorestarting' || status === 'dead') {
+      this._connection?.dispose();
+      this._connection = null;
+      this._reset();
+      this._message = status === 'dead' ? 'The kernel died.' : 'Kernel restarting…';
+      this._renderChrome();
+    } else if (
+      (status === 'idle' || status === 'busy') &&
+      this._connection === null &&
+      isPathwaysKernel(kernel.name)
+    ) {
+      this._attach(kernel);
+      this._renderChrome();
+    }
+  }
+
+  private _changed(change: Change): void {
+    switch (change) {
+      case 'topology':
+        this.data.setTopology(this.model.topology!);
+        this._message = this._message.startsWith('No backend') ? '' : this._message;
+        this._renderChrome();
+        break;
+      case 'history':
+        this.data.loadSliceHistory(
+          this.model.topology?.slices.map(sl => this.model.history(sl.index)) ?? []
+        );
+        break;
+      case 'metrics':
+        this.data.addMetrics(this.model.metrics!);
+        break;
+      case 'events':
+        this.data.addEvents(this.model.events);
+        break;
+      case 'reset':
+        this.data.reset();
+        this._renderChrome();
+        break;
+    }
+    this._schedule();
+  }
+
+  /** Ask the kernel for the last 5 minutes of the chosen slice's chips (`chip_history`). */
+  private async _loadChipHistory(): Promise<void> {
+    const slice = this.model.topology?.slices.find(s => s.index === this.data.chipSlice);
+    const connection = this._connection;
+    if (!slice || !connection || !slice.chip_count) {
+      return;
+    }
+    const start = slice.chip_offset;
+    const stop = start + Math.min(slice.chip_count, MAX_CHIP_HISTORY);
+    try {
+      const history = await connection.chipHistory(start, stop);
+      this.data.loadChipHistory(slice.index, history.time, history.utilization, stop - start);
+      this._schedule();
+    } catch (error) {
+      console.warn(
+        `pathways: no chip history for slice ${slice.index}: ${(error as Error).message}`
+      );
+    }
+  }
+
+  private _schedule(): void {
+    if (this._frame) {
+      return;
+    }
+    this._frame = requestAnimationFrame(() => {
+      this._frame = 0;
+      if (this.isVisible) {
+        this._draw();
+      }
+    });
+  }
+
+  /** Draw one frame: one layout read, then every chart. */
+  private _draw(): void {
+    const width = Math.max(240, Math.floor(this._grid.clientWidth) - 2);
+    this._renderControls();
+    const t = this.model.topology;
+    if (!t) {
+      return;
+    }
+    const now = this.model.metrics?.time ?? Date.now() / 1000;
+    const range = this._window.zoomed ?? this.data.liveRange(now, SLICE_WINDOW_S);
+    this.node.dataset.zoomed = String(this._window.zoomed !== null);
+    const markers = this.data.markers();
+    this._utilization.render(this.data.utilization(), markers, range, width);
+    const chips = this.data.chipSlice !== null;
+    this._chips.node.hidden = !chips;
+    if (chips) {
+      this._chips.render(
+        this.data.chips(),
+        markers,
+        this._window.zoomed ?? this.data.liveRange(now, CHIP_WINDOW_S),
+        width
+      );
+    }
+    this._memory.render(this.data.memory(), markers, range, width);
+    this._stepTime.render(this.data.stepTime(), markers, range, width);
+    this._throughput.render(this.data.throughput(), markers, range, width);
+    this._renderHeader();
+  }
+
+  private _renderControls(): void {
+    const kinds = this.data.kinds();
+    const key = kinds.join(',');
+    if (key !== this._filterKinds) {
+      this._filterKinds = key;
+      this._filter.textContent = '';
+      const legend = document.createElement('legend');
+      legend.textContent = 'Event markers';
+      this._filter.append(legend);
+      for (const kind of kinds) {
+        const label = document.createElement('label');
+        label.className = 'jp-PathwaysDashboard-kind';
+        const box = document.createElement('input');
+        box.type = 'checkbox';
+        box.dataset.kind = kind;
+        box.checked = !this.data.hiddenKinds.has(kind);
+        const swatch = document.createElement('span');
+        swatch.className = 'jp-PathwaysDashboard-swatch';
+        swatch.dataset.kind = kind;
+        label.append(box, swatch, kind);
+        this._filter.append(label);
+      }
+    }
+    const slices = this.model.topology?.slices ?? [];
+    const options = slices.map(s => `${s.index}:${s.chip_count}`).join(',');
+    if (options !== this._chipOptions) {
+      this._chipOptions = options;
+      this._chipSelect.textContent = '';
+      this._chipSelect.append(new Option('no slice', ''));
+      for (const s of slices) {
+        this._chipSelect.append(
+          new Option(`slice ${s.index} (${s.chip_count} chips)`, String(s.index))
+        );
+      }
+      this._chipSelect.value = this.data.chipSlice === null ? '' : String(this.data.chipSlice);
+    }
+  }
+
+  private _renderHeader(): void {
+    const t = this.model.topology;
+    const path = this._notebook?.context.path ?? '';
+    if (!t) {
+      this._header.textContent = path ? `Following ${path}` : '';
+      return;
+    }
+    const up = t.slices.filter(s => s.state === 'up').length;
+    const backend = isEmulated(t) ? `${t.backend} (embedded, emulated chips)` : t.backend;
+    const text = `Following ${path} · ${backend} · ${up}/${t.slices.length} slices up · ${t.chips} chips`;
+    if (this._header.textContent !== text) {
+      this._header.textContent = text;
+    }
+    this._header.classList.toggle('jp-mod-degraded', up < t.slices.length);
+  }
+
+  /** The friendly states: no notebook, not a Pathways kernel, connecting, disconnected. */
+  private _renderChrome(): void {
+    const kernel = this._kernel;
+    let message = this._message;
+    if (!this._notebook) {
+      message = 'Open a notebook on a Pathways kernel to chart its slices here.';
+    } else if (!kernel) {
+      message = 'This notebook has no kernel yet. Start the “Pathways (JAX)” kernel.';
+    } else if (!isPathwaysKernel(kernel.name)) {
+      message = `This notebook runs “${kernel.name}”, not a Pathways kernel.`;
+    }
+    this._status.textContent = message;
+    this._status.hidden = !message;
+    const live = !!this.model.topology;
+    this._body.hidden = !live;
+    this.node.dataset.state = live ? 'live' : 'waiting';
+    this._renderHeader();
+  }
+
+  private _allCharts(): TimeChart[] {
+    return [this._utilization, this._chips, this._memory, this._stepTime, this._throughput];
+  }
+}
+
+function div(className: string): HTMLDivElement {
+  const node = document.createElement('div');
+  node.className = className;
+  return node;
+}
