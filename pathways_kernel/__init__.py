@@ -32,6 +32,7 @@ from pathways_kernel.core.errors import PathwaysError
 from pathways_kernel.state.autosnapshots import autosnapshot
 from pathways_kernel.training.elastic_loop import ElasticError, elastic, on_restore
 from pathways_kernel.training.goodput import flops, goodput
+from pathways_kernel.training.metrics import log
 from pathways_kernel.training.steps import steps
 from pathways_kernel.state.snapshots import Snapshot, SnapshotStore, snapshot, snapshot_variables
 from pathways_kernel.state.snapshots import restore as restore_snapshot
@@ -77,6 +78,7 @@ __all__ = [
     "goodput",
     "flops",
     "steps",
+    "log",
     "restore_snapshot",
     "persist",
     "restore",

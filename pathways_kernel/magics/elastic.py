@@ -8,6 +8,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from pathways_kernel.core.errors import NamespaceError, PathwaysError
 from pathways_kernel.magics import Text, subcommand
+from pathways_kernel.monitoring import cellprogress
 from pathways_kernel.state import snapshots
 from pathways_kernel.state.autosnapshots import autosnapshot as set_autosnapshot
 from pathways_kernel.state.autosnapshots import for_shell
@@ -18,6 +19,8 @@ from pathways_kernel.training.elastic_loop import (
     check_count,
     check_steps,
 )
+
+cellprogress.install()  # runs started in this kernel's cells show their progress under the cell
 
 
 @subcommand("snapshot")
@@ -74,6 +77,7 @@ def autosnapshot(shell: Any, args: Any, cell: str | None):
 @argument("--snapshot-every", type=int, default=DEFAULT_SNAPSHOT_EVERY, help="steps between host snapshots")
 @argument("--max-retries", type=int, default=DEFAULT_MAX_RETRIES, help="consecutive slice losses before giving up")
 @argument("--axes", default=None, help="mesh axes (default: data,model; data spans slices)")
+@argument("--no-progress", action="store_true", help="no progress display under the cell")
 def elastic(shell: Any, args: Any, cell: str | None):
     """Run the cell as an elastic training step: survives slice loss, scales back up."""
     if cell is None or not cell.strip():
@@ -99,7 +103,7 @@ def elastic(shell: Any, args: Any, cell: str | None):
     axes = [a.strip() for a in args.axes.split(",") if a.strip()] if args.axes else None
     loop = Elastic(body, snapshot_every, max_retries, axes, name=",".join(names), state_label=", ".join(names))
     try:
-        ns.update(loop.run({n: ns[n] for n in names}, steps, start))
+        ns.update(loop.run({n: ns[n] for n in names}, steps, start, progress=not args.no_progress))
     finally:
         if loop.last_run is not None:
             # However the run ended (done, interrupted, an error), the variables

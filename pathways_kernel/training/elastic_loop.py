@@ -292,11 +292,12 @@ class Elastic:
         self.last_run: RunReport | None = None
         functools.update_wrapper(self, step_fn)
 
-    def __call__(self, state: Any, steps: int, start: int = 0) -> Any:
-        return self.run(state, steps, start)
+    def __call__(self, state: Any, steps: int, start: int = 0, progress: bool = True) -> Any:
+        return self.run(state, steps, start, progress)
 
-    def run(self, state: Any, steps: int, start: int = 0) -> Any:
+    def run(self, state: Any, steps: int, start: int = 0, progress: bool = True) -> Any:
         """Run steps ``start..steps-1`` from ``state``; returns the final state.
+        ``progress``: show the run's progress under the cell (in a notebook).
 
         Raises:
           ElasticError: retries exhausted, or no slice came back in time.
@@ -313,7 +314,7 @@ class Elastic:
         store = snapshots.store(s)
         snap_name = f"elastic:{self.name}"
         began = time.perf_counter()
-        self._account = goodput.begin(self.name, "elastic", s)  # goodput: where this run's time goes
+        self._account = goodput.begin(self.name, "elastic", s, start, steps, progress)  # goodput: where this run's time goes
         try:
             mesh = s.mesh(self.axes)
             self._start_prepare(s, mesh)

@@ -105,6 +105,17 @@ def current() -> Account | None:
     return stack[-1] if stack else None
 
 
+def running() -> Account | None:
+    """The run this thread's steps count in: the innermost run, else its bare loader loop."""
+    loops = getattr(_local, "loops", None)
+    return current() or (loops[-1] if loops else None)
+
+
+#: Called as ``watch(account)`` on the run's thread as each run starts (views
+#: follow runs from here); ``current()`` is then the run it is nested in, if any.
+WATCHERS: list[Any] = []
+
+
 # -- the ledger ------------------------------------------------------------------
 class Account:
     """The wall time of one run, split into productive time and badput."""
@@ -117,6 +128,11 @@ class Account:
         self.steps_redone = 0
         self.recoveries = 0
         self.flops_per_step: float | None = None
+        # For progress views: the step numbers the run goes through (stop unknown
+        # for an open-ended loop), whether to show it, the latest pw.log values.
+        self.first_step, self.stop_step = 0, None
+        self.progress = True
+        self.metrics: dict[str, Any] = {}
         self.ended = False
         self._session = session
         self._lock = threading.Lock()
@@ -300,7 +316,7 @@ class Account:
         """Close the ledger, emit a ``goodput`` event; idempotent."""
         if self.ended:
             return self
-        self.step_end()
+        self.step_end(self._output)  # the last step's output, for the goodput event's listeners (its loss)
         with self._lock:
             self._close_segment(time.perf_counter())
             self.ended = True
@@ -312,6 +328,7 @@ class Account:
         self._field.job_end()
         ledger(self._session).finished(self)
         self._session.events.emit("goodput", duration_s=self.wall_s, step=self.steps, detail=self.summary())
+        self._output = None  # an ended run (the ledger keeps 100) holds no device buffers
         return self
 
     # -- figures --------------------------------------------------------------
@@ -408,13 +425,19 @@ def _is_ready(tree: Any) -> bool:
 
 
 # -- what the thread's run is doing --------------------------------------------
-def begin(name: str, kind: str, session: Any = None) -> Account:
-    """Start accounting a run on this thread; end it with ``Account.end()``."""
+def begin(
+    name: str, kind: str, session: Any = None, first_step: int = 0, stop_step: int | None = None, progress: bool = True
+) -> Account:
+    """Start accounting a run of steps ``first_step..stop_step - 1`` on this
+    thread; end it with ``Account.end()``. ``progress``: a notebook may show it."""
     from pathways_kernel.core.sessions import session as current_session
 
     _listen_for_compiles()
     account = Account(name, kind, session or current_session())
+    account.first_step, account.stop_step, account.progress = first_step, stop_step, progress
     ledger(account._session).started(account)
+    for watch in WATCHERS:
+        watch(account)
     _stack().append(account)
     return account
 
@@ -472,6 +495,8 @@ def loop_next(owner: Any, name: str) -> Account | None:
         account = Account(name, "loader", session())
         ledger(account._session).started(account)
         _loops[owner] = account
+        for watch in WATCHERS:
+            watch(account)
         _thread_loops().append(account)
     account.step_end()
     return account
@@ -518,10 +543,7 @@ _listening_lock = threading.Lock()
 def _on_duration(event: str, seconds: float, **_kwargs: Any) -> None:
     if event not in _COMPILE_EVENTS:
         return
-    account = current()
-    if account is None:
-        loops = getattr(_local, "loops", None)
-        account = loops[-1] if loops else None
+    account = running()
     if account is not None and not account.ended:
         account.compiled(seconds)
 

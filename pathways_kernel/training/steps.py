@@ -12,12 +12,15 @@ ends with the loop (or the ``break`` out of it) and emits a ``goodput`` event;
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sized
+from typing import Any
 
 from pathways_kernel.training import goodput
 
 
-def steps(iterable: Iterable[Any], name: str = "steps", flops: float | None = None, start: int = 0) -> Iterator[Any]:
+def steps(
+    iterable: Iterable[Any], name: str = "steps", flops: float | None = None, start: int = 0, progress: bool = True
+) -> Iterator[Any]:
     """Yield the items of ``iterable``, counting each loop body as one step.
 
     Args:
@@ -25,8 +28,11 @@ def steps(iterable: Iterable[Any], name: str = "steps", flops: float | None = No
       flops: model FLOPs per step, for MFU (or call ``pw.flops(step_fn, ...)``
         inside the loop).
       start: number of the first step.
+      progress: show the loop's progress under the cell (in a notebook);
+        out of ``len(iterable)`` steps when it has a length.
     """
-    account = goodput.begin(name, "steps")
+    stop = start + len(iterable) if isinstance(iterable, Sized) else None
+    account = goodput.begin(name, "steps", first_step=start, stop_step=stop, progress=progress)
     if flops is not None:
         account.flops_per_step = float(flops)
     try:

@@ -1,0 +1,130 @@
+"""Per-cell progress in a real JupyterLab through Debian's Chromium: live under the
+cell while an elastic run loses and gets back a slice, then the static summary,
+kept by the saved notebook and rendered by nbconvert without a kernel."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import lab as labtools
+import nbformat
+import pytest
+from nbconvert import HTMLExporter
+from test_browser import ARTIFACTS, open_notebook
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(labtools.missing() is not None, reason=labtools.missing() or ""),
+]
+
+SETUP = """\
+import time
+import jax, jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+mesh = pw.mesh()
+params = {"w": jax.device_put(jnp.ones((64, 64)), NamedSharding(mesh, P())), "loss": jnp.float32(1.0)}
+failed = restored = False
+print("setup done")"""
+
+# Slice 1 is lost at step 20 and back at step 40: one rollback and two reshards, marked on the bar.
+TRAIN = """\
+%%pathways elastic --steps 80 --state params --snapshot-every 5
+params = {"w": params["w"] * 0.99, "loss": jnp.mean(params["w"]) / 2}
+time.sleep(0.1)
+if step == 20 and not failed:
+    failed = True
+    pw.fail_slice(1)
+if step == 40 and not restored:
+    restored = True
+    pw.restore_slice(1)"""
+
+CELL = ".jp-Notebook .jp-CodeCell"
+LIVE = f"{CELL} .jp-OutputArea-output .widget-html .pathways-cell-progress"
+STATIC = f"{CELL} .jp-OutputArea-output[data-mime-type='text/html'] .pathways-cell-progress"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lab-progress")
+    labtools.notebook(root / "progress.ipynb", [SETUP, TRAIN])
+    lab = labtools.Lab(root)
+    yield lab
+    lab.stop()
+
+
+@pytest.fixture
+def page(server, tmp_path_factory):
+    with labtools.browser(tmp_path_factory.mktemp("chromium")) as context:
+        page = context.new_page()
+        page.set_default_timeout(60_000)
+        yield page
+
+
+def step_of(text: str) -> int:
+    return int(re.search(r"step (\d+)/80", text).group(1))
+
+
+def test_progress_under_the_cell_live_then_saved_and_rendered_by_nbconvert(page, server, tmp_path):
+    open_notebook(page, server, "progress.ipynb")
+    # Not awaited: the command's promise settles only when every cell has run.
+    run_all = "() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }"
+    page.evaluate(run_all)
+    live = page.locator(LIVE).first
+    # JupyterLab sometimes still asks which kernel the notebook's "pathways" is,
+    # and runs nothing meanwhile: take it and run the cells again.
+    select = page.locator(".jp-Dialog .jp-mod-accept", has_text="Select")
+    for _ in range(240):  # 120 s
+        if live.is_visible():
+            break
+        if select.is_visible():
+            select.click()
+            page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(timeout=90_000)
+            page.evaluate(run_all)
+        page.wait_for_timeout(500)
+    live.wait_for(timeout=1_000)
+
+    # Live: the count moves while the cell is busy, and the slice loss shows as it happens.
+    first = step_of(live.inner_text())
+    page.wait_for_function(
+        "([sel, n]) => { const e = document.querySelector(sel); const m = e && e.innerText.match(/step (\\d+)\\/80/);"
+        " return m && Number(m[1]) > n; }",
+        arg=[LIVE, first],
+        timeout=30_000,
+    )
+    page.locator(LIVE, has_text="1 recovery").wait_for(timeout=60_000)
+    text = live.inner_text()
+    assert "steps/s" in text and "ETA" in text and "loss 0." in text and "slice 1 down" in text, text
+    assert page.locator(".jp-Notebook-ExecutionIndicator[data-status='busy']").count() >= 1
+    markers = page.locator(f"{LIVE} span[title]")
+    assert markers.count() >= 2  # the loss and the rollback's reshard, on the bar
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.locator(CELL).nth(1).screenshot(path=str(ARTIFACTS / "cell-progress-live.png"))
+
+    # After: the same output is the static summary (no widget left), with every marker.
+    static = page.locator(STATIC).first
+    static.wait_for(timeout=120_000)
+    summary = static.inner_text()
+    assert "elastic 'params': step 80/80: 80 steps in" in summary, summary
+    for part in ("1 recovery (", "2 reshards", "goodput ", "slice 1 down", "slice 1 back"):
+        assert part in summary, part
+    assert page.locator(LIVE).count() == 0
+    assert page.locator(f"{STATIC} span[title]").count() == 4
+    page.locator(CELL).nth(1).screenshot(path=str(ARTIFACTS / "cell-progress-done.png"))
+
+    # Saved from JupyterLab, the file renders the summary through nbconvert, no kernel involved.
+    page.evaluate("window.jupyterapp.commands.execute('docmanager:save')")
+    path = server.root / "progress.ipynb"
+    deadline = time.time() + 30
+    while "step 80/80" not in path.read_text() and time.time() < deadline:
+        time.sleep(0.25)
+    nb = nbformat.read(path, as_version=4)
+    body, _resources = HTMLExporter().from_notebook_node(nb)
+    rendered = tmp_path / "progress.html"
+    rendered.write_text(body)
+    page.goto(rendered.as_uri())
+    saved = page.locator(".pathways-cell-progress").first
+    saved.wait_for(timeout=10_000)
+    assert "step 80/80: 80 steps in" in saved.inner_text()
+    assert page.locator(".pathways-cell-progress span[title]").count() == 4
+    saved.screenshot(path=str(ARTIFACTS / "cell-progress-nbconvert.png"))
