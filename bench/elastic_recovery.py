@@ -23,8 +23,8 @@ Steady-state cost: a small MLP trained with optax Adam (6 MiB of state, a
 few ms per step), ``--steady-steps`` steps run by ``pw.elastic`` at the
 default snapshot interval against the same step in a plain Python loop that
 reads its state every ``snapshot_every`` steps (as a loop logging its loss
-does; a loop that never waits lets XLA:CPU queue collectives until they
-deadlock), alternating, medians of ``--reps``.
+does, and as the elastic loop waits on its snapshots), alternating, medians
+of ``--reps``.
 
 Prints ``elastic/plain steady state`` (goal <= 1.02), ``recovery/floor``
 (goal <= 1.5), ``recovery/warm floor`` (goal <= 1.5) and ``snapshot/numpy

@@ -40,7 +40,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import datetime
-import queue
 import shutil
 import tempfile
 import threading
@@ -224,15 +223,15 @@ class Account:
 
             with self.computing():
                 jax.block_until_ready(source)
-        # The loop waits on a snapshot with the next step already dispatched:
-        # the device is busy until that step is computed, and only the rest of
-        # the wait stalls it.
-        computed = _Readiness.watch(self._output) if self._output is not None else None
+        # The loop waits on a snapshot with the next step already dispatched: if
+        # that step is still computing when the wait ends, the device was busy
+        # all along and the wait stalled nothing. (If it is done, when it got
+        # done is unknown: all of the wait counts as a stall.)
         started = time.perf_counter()
         with self.spent("snapshot_stall"):
             yield
-        ended = time.perf_counter()
-        busy = ended - started if computed is None else computed.busy(started, ended)
+        waited = time.perf_counter() - started
+        busy = waited if source is not None and self._output is not None and not _is_ready(self._output) else 0.0
         if busy > 0:
             with self._lock:
                 self.seconds["snapshot_stall"] -= busy
@@ -249,8 +248,10 @@ class Account:
     def step_end(self, output: Any = None) -> None:
         """The step is done (dispatched); ``output``, its result, tells later
         waits whether the device is still computing it."""
-        self._switch(OTHER)
+        # Dropping the previous output may wait for the device to release its
+        # buffers: the step's own time, as when the loop itself rebinds it.
         self._output = output
+        self._switch(OTHER)
         with self._lock:
             if self._open_step is None:
                 return
@@ -371,48 +372,6 @@ class Account:
             + (f" ({self.steps_redone} redone)" if self.steps_redone else "")
             + (f"; badput {parts}" if parts else "")
         )
-
-
-class _Readiness:
-    """When a dispatched step's output is computed, noted by one watcher thread."""
-
-    _queue: queue.SimpleQueue[_Readiness] = queue.SimpleQueue()
-    _thread: threading.Thread | None = None
-
-    def __init__(self, tree: Any):
-        self.tree = tree
-        self.at: float | None = None
-        self.done = threading.Event()
-
-    @classmethod
-    def watch(cls, tree: Any) -> _Readiness:
-        watched = cls(tree)
-        if cls._thread is None:
-            cls._thread = threading.Thread(target=cls._watcher, name="pathways-goodput-ready", daemon=True)
-            cls._thread.start()
-        cls._queue.put(watched)
-        return watched
-
-    @classmethod
-    def _watcher(cls) -> None:
-        import jax
-
-        while True:
-            watched = cls._queue.get()
-            # An array on a lost slice raises: nothing is left to compute.
-            with contextlib.suppress(Exception):
-                jax.block_until_ready(watched.tree)
-            watched.at, watched.tree = time.perf_counter(), None
-            watched.done.set()
-
-    def busy(self, started: float, ended: float) -> float:
-        """Seconds of ``started..ended`` during which the output was still being computed."""
-        if not self.done.is_set():
-            # Not seen computed yet: still computing, or computed with the watcher
-            # not yet awake (then when is unknown: count none of it as busy).
-            tree = self.tree
-            return 0.0 if tree is None or _is_ready(tree) else ended - started
-        return max(0.0, min(ended, self.at or started) - started)
 
 
 def _is_ready(tree: Any) -> bool:
