@@ -1,0 +1,187 @@
+"""The Pathways dashboard at 65,536 chips, with full history, through the real comm.
+
+The kernel gets the synthetic telemetry hub of bench/panel_scale.py (64
+slices x 1,024 chips, random utilization and memory, 2 Hz), and its history
+is filled first with 15 minutes of frames (per slice at 2 Hz, per chip at
+1 Hz: what a kernel that ran that long holds). A real JupyterLab serves the
+notebook; Debian's Chromium opens "Pathways: Open Dashboard". The comm, the
+protocol encoder, the history message and the dashboard are the real ones.
+
+Prints:
+- history delivered on subscribe: from the dashboard's comm_open leaving the
+  page to its `history` message arriving, timed in the page on its websocket
+  with performance.now(); goal <= 250 ms; and from running the command to the
+  history being in the dashboard's series;
+- median render per update: performance.now() around the dashboard's frame
+  (the benchmark wraps the widget's draw method from outside, as
+  panel_scale.py does for the panel), with all slices, then with slice 0's
+  1,024 chips charted as well; goal <= 16 ms;
+- kernel memory for history against the bound stated in history.py (64 MiB);
+- bytes per chip per metrics update on the wire; goal <= 3.
+
+Run: .venv/bin/python bench/dashboard_scale.py [seconds]
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+import lab as labtools  # noqa: E402
+import panel_scale as base  # noqa: E402
+
+CHIPS = base.CHIPS
+
+# After base.SETUP: 15 minutes of the hub's own frames, re-timed to end now.
+FILL = """
+import dataclasses, json, time
+from pathways_kernel.monitoring import history as _history_mod
+_m = _hub._sample()
+_now = time.time()
+_hub._record(dataclasses.replace(_m, time=_now - 900.0), 0.0)
+_h = _hub.history()
+for _i in range(1, 1800):
+    _h.record(dataclasses.replace(_m, time=_now - 900.0 + 0.5 * _i))
+print(json.dumps({"points": len(_h), "nbytes": _h.nbytes, "keeps_chips": _h.keeps_chips,
+                  "bound": _history_mod.bytes_for(len(_m.slices), len(_m.utilization), _hub.publish_hz),
+                  "max": _history_mod.MAX_BYTES}))
+"""
+
+# In the page, before JupyterLab loads: note when a pathways.monitor comm_open leaves and when a
+# `history` message arrives (checked on the frame's bytes), with performance.now().
+WS_TIMES = """
+window.wsTimes = {open: [], history: []};
+// Messages travel as text or, on the v1 kernel websocket protocol, as binary frames: read the head.
+const head = d => typeof d === 'string' ? d.slice(0, 4096)
+  : d instanceof ArrayBuffer ? new TextDecoder().decode(new Uint8Array(d, 0, Math.min(d.byteLength, 4096)))
+  : ArrayBuffer.isView(d) ? new TextDecoder().decode(new Uint8Array(d.buffer, d.byteOffset, Math.min(d.byteLength, 4096)))
+  : '';
+const send = WebSocket.prototype.send;
+WebSocket.prototype.send = function (data) {
+  const h = head(data);
+  if (h.includes('comm_open') && h.includes('pathways.monitor')) window.wsTimes.open.push(performance.now());
+  return send.call(this, data);
+};
+// Listening from the constructor runs before JupyterLab's own handler: arrival, not arrival + processing.
+window.WebSocket = class extends WebSocket {
+  constructor(...args) {
+    super(...args);
+    this.addEventListener('message', event => {
+      const t = performance.now();
+      if (/"type":\\s*"history"/.test(head(event.data))) window.wsTimes.history.push(t);
+    });
+  }
+};
+"""
+
+# Wrap the dashboard widget's per-frame draw (found through JupyterLab's shell) to time it.
+TIME_RENDERS = """() => {
+  const area = [...window.jupyterapp.shell.widgets('main')].find(w => w.id === 'pathways-dashboard-area');
+  const dashboard = area && area.content;
+  if (!dashboard || typeof dashboard._draw !== 'function') throw new Error('no Pathways dashboard with a _draw method');
+  const draw = dashboard._draw.bind(dashboard);
+  window.renderTimes = [];
+  dashboard._draw = () => { const t0 = performance.now(); draw(); window.renderTimes.push(performance.now() - t0); };
+  window.dashboardPoints = () => dashboard.data.utilization().data[0].length;
+}"""
+
+
+def main(seconds: float = 20.0) -> None:
+    reason = labtools.missing()
+    if reason:
+        print(f"skipped: {reason}")
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        labtools.notebook(root / "bench.ipynb", ["# dashboard_scale benchmark: a synthetic 64 x 1024 hub with 15 min of history"])
+        server = labtools.Lab(root)
+        try:
+            kernel_id = base.start_kernel(server, "bench.ipynb")
+            client = base.kernel_client(server, kernel_id)
+            print(base.run(client, base.SETUP).strip())
+            memory = json.loads(base.run(client, FILL).strip().splitlines()[-1])
+            artifacts = Path(__file__).resolve().parent.parent / "test-artifacts"
+            artifacts.mkdir(exist_ok=True)
+            with labtools.browser(root / "chromium") as context:
+                page = context.new_page()
+                page.set_default_timeout(120_000)
+                frames: list[int] = []
+
+                def on_socket(ws):
+                    def on_received(payload):
+                        raw = payload if isinstance(payload, bytes) else payload.encode()
+                        if re.search(rb'"type":\s*"metrics"', raw):
+                            frames.append(len(raw))
+
+                    ws.on("framereceived", on_received)
+
+                page.on("websocket", on_socket)
+                page.add_init_script(WS_TIMES)
+                page.goto(server.url("bench.ipynb"))
+                page.locator("#pathways-monitor[data-state='live']").wait_for(state="attached")
+                page.wait_for_timeout(2000)  # the panel's own comm and history settle first
+                page.evaluate("() => { window.openedAt = performance.now();"
+                              " window.jupyterapp.commands.execute('pathways:open-dashboard'); }")
+                page.wait_for_function(
+                    "() => { const a = [...window.jupyterapp.shell.widgets('main')].find(w => w.id === 'pathways-dashboard-area');"
+                    " if (!a || a.content.data.utilization().data[0].length < 1700) return false;"
+                    " window.loadedAt = performance.now(); return true; }",
+                    polling="raf", timeout=30_000)
+                loaded_ms = page.evaluate("window.loadedAt - window.openedAt")
+                page.evaluate(TIME_RENDERS)
+                points = page.evaluate("window.dashboardPoints()")
+                times = page.evaluate("window.wsTimes")
+                opens = [t for t in times["open"] if t >= page.evaluate("window.openedAt")]
+                histories = [t for t in times["history"] if opens and t >= opens[0]]
+                delivered_ms = histories[0] - opens[0] if histories else None
+                slices = measure(page, frames, seconds)
+                page.screenshot(path=str(artifacts / "dashboard_scale.png"))
+                page.locator("#pathways-dashboard .jp-PathwaysDashboard-chipPicker select").select_option("0")
+                page.locator("#pathways-dashboard figure[aria-label^='Utilization per chip']:not([hidden])").wait_for()
+                chips = measure(page, frames, seconds)
+            client.stop_channels()
+        finally:
+            server.stop()
+
+    per_frame = statistics.median(slices["frames"] + chips["frames"]) / CHIPS
+    for name, m in (("all slices", slices), ("with slice 0's 1,024 chips", chips)):
+        t = m["times"]
+        print(f"{name}: {len(m['frames'])} metrics frames in {m['elapsed']:.1f} s, {len(t)} renders; render ms "
+              f"median {statistics.median(t):.2f}, p90 {sorted(t)[int(0.9 * (len(t) - 1))]:.2f}, max {max(t):.2f}")
+    print(f"history in the kernel: {memory['points']} slice points, chips kept: {memory['keeps_chips']}; "
+          f"{memory['nbytes'] / 2**20:.1f} MiB held, formula {memory['bound'] / 2**20:.1f} MiB, "
+          f"bound {memory['max'] / 2**20:.0f} MiB")
+    delivered = "no history message seen" if delivered_ms is None else f"{delivered_ms:.0f} ms"
+    print(f"dashboard: {points} points per slice series loaded; comm_open -> history message {delivered}; "
+          f"command run -> full history in the dashboard's series {loaded_ms:.0f} ms")
+    print(f"median render per update: {statistics.median(slices['times']):.2f} ms all slices, "
+          f"{statistics.median(chips['times']):.2f} ms with 1,024 chips (goal <= 16); "
+          f"history delivered on subscribe: {delivered} (goal <= 250); "
+          f"kernel memory for history: {memory['nbytes'] / 2**20:.1f} MiB of {memory['max'] / 2**20:.0f} MiB "
+          f"({memory['nbytes'] / memory['max']:.2f} of the bound); "
+          f"bytes per chip per update: {per_frame:.2f} on the wire (goal <= 3)")
+
+
+def measure(page, frames: list[int], seconds: float) -> dict:
+    """Render times and metrics frame sizes over `seconds` of 2 Hz updates."""
+    page.wait_for_timeout(3000)  # warm-up: first frames, chart builds, JIT
+    page.evaluate("window.renderTimes.length = 0")
+    frames.clear()
+    started = time.monotonic()
+    page.wait_for_timeout(seconds * 1000)
+    times = page.evaluate("window.renderTimes.slice()")
+    if not times:
+        raise SystemExit("no renders recorded: the dashboard did not update")
+    return {"times": times, "frames": list(frames), "elapsed": time.monotonic() - started}
+
+
+if __name__ == "__main__":
+    main(float(sys.argv[1]) if len(sys.argv) > 1 else 20.0)
