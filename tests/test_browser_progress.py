@@ -11,7 +11,7 @@ import lab as labtools
 import nbformat
 import pytest
 from nbconvert import HTMLExporter
-from test_browser import ARTIFACTS, open_notebook
+from test_browser import ARTIFACTS, KERNEL_STATUS, open_notebook
 
 pytestmark = [
     pytest.mark.browser,
@@ -83,6 +83,17 @@ def test_progress_under_the_cell_live_then_saved_and_rendered_by_nbconvert(page,
             page.evaluate(run_all)
         page.wait_for_timeout(500)
     live.wait_for(timeout=1_000)
+    # The view's widget traffic must not change what JupyterLab says of the kernel: sampled
+    # every 250 ms until the static summary replaces the view (the run is over then).
+    page.evaluate(
+        """([status, done]) => {
+            window.__pwStatus = [];
+            window.__pwSampler = setInterval(() => {
+                if (!document.querySelector(done)) window.__pwStatus.push(document.querySelector(status)?.textContent ?? '');
+            }, 250);
+        }""",
+        [KERNEL_STATUS, STATIC],
+    )
 
     # Live: the count moves while the cell is busy, and the slice loss shows as it happens.
     first = step_of(live.inner_text())
@@ -109,6 +120,9 @@ def test_progress_under_the_cell_live_then_saved_and_rendered_by_nbconvert(page,
     for part in ("1 recovery (", "2 reshards", "goodput ", "slice 1 down", "slice 1 back"):
         assert part in summary, part
     assert page.locator(LIVE).count() == 0
+    samples = page.evaluate("() => { clearInterval(window.__pwSampler); return window.__pwStatus; }")
+    assert len(samples) >= 12, samples
+    assert all(sample.endswith("| Busy") for sample in samples), sorted(set(samples))
     assert page.locator(f"{STATIC} span[title]").count() == 4
     page.locator(CELL).nth(1).screenshot(path=str(ARTIFACTS / "cell-progress-done.png"))
 
