@@ -80,7 +80,7 @@ PEAK_BF16_FLOPS = {
     "TPU7x": 2307e12,
 }
 
-#: Runs a session keeps (older ones still count in the session's totals).
+#: Finished runs a session keeps for pw.goodput() (the session figure is over these).
 MAX_RUNS = 100
 #: Per-step productive times kept for rollbacks (steps older than this are settled).
 MAX_STEPS_KEPT = 100_000
@@ -587,13 +587,9 @@ class Ledger:
         self._lock = threading.Lock()
         self.active: list[Account] = []
         self.runs: collections.deque[Account] = collections.deque(maxlen=MAX_RUNS)
-        self.totals = dict.fromkeys(CATEGORIES, 0.0)
-        self.run_wall_s = 0.0
         self.idle_s = 0.0
-        self.cells_s = 0.0
         self.since = time.perf_counter()
         self._idle_since: float | None = None
-        self._cell_since: float | None = None
 
     def started(self, account: Account) -> None:
         with self._lock:
@@ -604,9 +600,6 @@ class Ledger:
             if account in self.active:
                 self.active.remove(account)
             self.runs.append(account)
-            for category, seconds in account.seconds.items():
-                self.totals[category] += seconds
-            self.run_wall_s += account.wall_s
 
     # -- between cells (IPython pre_run_cell / post_run_cell) ---------------------
     def cell_started(self, *_args: Any) -> None:
@@ -620,15 +613,12 @@ class Ledger:
                 live = False
             if live:
                 self.idle_s += now - self._idle_since
-            self._idle_since, self._cell_since = None, now
+            self._idle_since = None
 
     def cell_finished(self, *_args: Any) -> None:
         end_cell_loops()
-        now = time.perf_counter()
         with self._lock:
-            if self._cell_since is not None:
-                self.cells_s += now - self._cell_since
-            self._idle_since, self._cell_since = now, None
+            self._idle_since = time.perf_counter()
 
     def idle_now_s(self) -> float:
         with self._lock:
