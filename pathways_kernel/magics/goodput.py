@@ -12,7 +12,9 @@ from pathways_kernel.training import goodput as accounting
 
 @subcommand("goodput")
 @magic_arguments(name="pathways goodput")
-@argument("--run", default=None, help="one run by name (default: every run of the session, and the notebook's idle time)")
+@argument(
+    "--run", default=None, help="one run by name (default: every run of the session, and the notebook's idle time)"
+)
 @argument("--no-field", action="store_true", help="skip ml-goodput-measurement's own figure for each run")
 def goodput(shell: Any, args: Any, cell: str | None):
     """Goodput and badput by cause, per run and for the session; MFU where the step's FLOPs are known."""
