@@ -27,6 +27,10 @@ class Kernel:
 
     def __init__(self, name: str = "pathways", env: dict[str, str] | None = None, jupyter_path: str | None = None):
         self.km = KernelManager(kernel_name=name)
+        # Grace before a kernel that was asked to exit is killed: an exit takes ~1 s
+        # here, but several times that on a loaded 2-core machine (jupyter_client's 5 s
+        # default turned clean exits into SIGTERMs).
+        self.km.shutdown_wait_time = 20.0
         if jupyter_path:
             from jupyter_client.kernelspec import KernelSpecManager
 
@@ -68,7 +72,7 @@ class Kernel:
         proc = getattr(self.km.provisioner, "process", None)
         self.kc.stop_channels()
         self.km.shutdown_kernel(now=False)
-        deadline = time.time() + 10
+        deadline = time.time() + 25
         while proc is not None and proc.poll() is None and time.time() < deadline:
             time.sleep(0.05)
         self._exit_code = None if proc is None else proc.poll()
