@@ -1,43 +1,55 @@
-"""Throughput cost of the embedded backend's thread pools against stock JAX.
+"""Throughput cost of the embedded backend's thread pools against stock JAX's.
 
 The embedded backend creates XLA's CPU client with pools of twice the devices
 (``PJRT_NPROC``; see ``_client_threads`` in ``emulator/local.py``), so that an
-unblocked loop cannot deadlock its collectives. Stock JAX on this machine
-(pools of max(cores, devices)) aborts such a loop after 32 steps in flight,
-so the side-by-side loop reads its loss every ``--every`` (16) steps, which
-both survive: an optax Adam MLP (64-256-256-1) on a ``(data=2, model=4)`` mesh
-over 8 CPU devices, batch sharded over both slices (grads averaged across
-them), ``--steps`` steps per repetition after a warm-up, in fresh processes,
-alternating stock and embedded ``--pairs`` times. The embedded loop that never
-blocks is timed too (stock cannot run it).
+unblocked loop cannot deadlock its collectives. Stock JAX (pools of
+max(cores, devices)) aborts such a loop on this machine once more than 32
+steps are in flight, so the side-by-side loop reads its loss every ``--every``
+(16) steps, which both survive: an optax Adam MLP (64-256-256-1) on a
+``(data=2, model=4)`` mesh over 8 CPU devices, batch sharded over both slices
+(grads averaged across them), ``--steps`` steps per repetition after a
+warm-up. One process alternates the two clients ``--pairs`` times (JAX's
+backends cleared and recreated with the other pool size each time), so that
+load from elsewhere on the machine hits both alike. The remedied client's loop
+that never blocks is timed too (stock cannot run it).
 
-Prints ms/step for each and ``embedded/stock time per step`` last (goal <= 1.05).
+Prints ms/step for each and ``remedied/stock time per step`` last, of the medians
+and of the fastest repetitions (goal <= 1.05).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import statistics
-import subprocess
-import sys
 import time
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.extend import backend as jax_backend
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-def child(kind: str, steps: int, every: int, reps: int) -> None:
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    import optax
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from pathways_kernel.emulator.local import _client_threads
 
-    if kind == "stock":
-        jax.config.update("jax_num_cpu_devices", 8)
-        mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))
+DEVICES = 8
+
+
+def client(threads: int | None) -> Mesh:
+    """A fresh CPU client of 8 devices, with XLA's own pool size (``None``) or ``threads``."""
+    jax_backend.clear_backends()
+    jax.clear_caches()
+    if threads is None:
+        os.environ.pop("PJRT_NPROC", None)
     else:
-        import pathways_kernel as pw
+        os.environ["PJRT_NPROC"] = str(threads)
+    jax.config.update("jax_num_cpu_devices", DEVICES)
+    return Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))
 
-        mesh = pw.mesh()
+
+def timed_loop(mesh: Mesh, steps: int, every: int, reps: int) -> list[float]:
+    """Seconds per step of ``reps`` runs of ``steps`` steps, the loss read every ``every`` (0: never)."""
     batch = NamedSharding(mesh, P(("data", "model")))
     replicated = NamedSharding(mesh, P())
     opt = optax.adam(1e-3)
@@ -70,48 +82,43 @@ def child(kind: str, steps: int, every: int, reps: int) -> None:
             if every and (i + 1) % every == 0:
                 float(loss)
         float(loss)
-        return time.perf_counter() - start
+        return (time.perf_counter() - start) / n
 
-    run(every or 16)  # compile
-    print(json.dumps([run(steps) / steps for _ in range(reps)]))
-
-
-def measure(kind: str, steps: int, every: int, reps: int) -> list[float]:
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", kind, "--steps", str(steps), "--every", str(every), "--reps", str(reps)],
-        capture_output=True, text=True, timeout=600,
-    )
-    if out.returncode != 0:
-        raise SystemExit(f"{kind} (every {every}) exited {out.returncode}: {out.stderr[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    run(16)  # compile and warm up
+    return [run(steps) for _ in range(reps)]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--child", choices=("stock", "embedded"))
-    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--every", type=int, default=16)
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--pairs", type=int, default=8)
     args = parser.parse_args()
-    if args.child:
-        child(args.child, args.steps, args.every, args.reps)
-        return
+    threads = _client_threads(DEVICES)
     stock: list[float] = []
-    embedded: list[float] = []
+    remedied: list[float] = []
+    unblocked: list[float] = []
     for _ in range(args.pairs):
-        stock += measure("stock", args.steps, args.every, args.reps)
-        embedded += measure("embedded", args.steps, args.every, args.reps)
-    unblocked = measure("embedded", args.steps, 0, args.reps)
+        stock += timed_loop(client(None), args.steps, args.every, args.reps)
+        mesh = client(threads)
+        remedied += timed_loop(mesh, args.steps, args.every, args.reps)
+        unblocked += timed_loop(mesh, args.steps, 0, 1)
 
     def ms(xs: list[float]) -> str:
         return f"median {statistics.median(xs) * 1e3:.2f} (min {min(xs) * 1e3:.2f}, max {max(xs) * 1e3:.2f})"
 
-    print(f"stock JAX, loss read every {args.every}   {ms(stock)} ms/step ({len(stock)} reps of {args.steps} steps)")
-    print(f"embedded, loss read every {args.every}    {ms(embedded)} ms/step")
-    print(f"embedded, never blocked         {ms(unblocked)} ms/step (stock aborts this loop)")
-    ratio = statistics.median(embedded) / statistics.median(stock)
-    print(f"embedded/stock time per step    {ratio:.3f}  (same loop, alternating processes; goal <= 1.05)")
+    print(f"cores {len(os.sched_getaffinity(0))}, devices {DEVICES}, remedied pools {threads} threads; load average "
+          f"{os.getloadavg()[0]:.1f} at the end")
+    print(f"stock pools, loss read every {args.every}     {ms(stock)} ms/step ({len(stock)} reps of {args.steps} steps)")
+    print(f"remedied pools, loss read every {args.every}  {ms(remedied)} ms/step")
+    print(f"remedied pools, never blocked      {ms(unblocked)} ms/step (stock aborts this loop)")
+    # On a shared machine the medians carry the others' load; the fastest
+    # repetitions are the closest to a quiet machine.
+    best = min(remedied) / min(stock)
+    ratio = statistics.median(remedied) / statistics.median(stock)
+    print(f"remedied/stock time per step       median {ratio:.3f}, fastest reps {best:.3f}  "
+          f"(same loop, alternating clients; goal <= 1.05)")
 
 
 if __name__ == "__main__":
