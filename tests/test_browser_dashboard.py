@@ -138,3 +138,24 @@ def test_the_dashboard_comes_back_with_the_layout(page, server):
     page.goto(server.url("train.ipynb").replace("&reset", ""))
     page.locator(f"{DASHBOARD}[data-state='live']").wait_for(state="attached", timeout=90_000)
     assert page.locator(f"{DASHBOARD} canvas").count() >= 4
+
+
+def test_per_chip_utilization_of_one_slice_on_demand(page, server):
+    open_notebook(page, server, "train.ipynb")
+    open_dashboard(page)
+    page.locator(f"{DASHBOARD}[data-state='live']").wait_for(state="attached", timeout=60_000)
+    chips = page.locator(f"{DASHBOARD} figure[aria-label^='Utilization per chip']")
+    assert chips.is_hidden(), "no slice chosen: no per-chip chart"
+    page.wait_for_timeout(10_000)  # the kernel keeps per-chip history at 1 Hz meanwhile
+    page.get_by_label("Per-chip utilization of").select_option("0")
+    chips.wait_for(state="visible", timeout=10_000)
+    legend = chips.locator(".u-legend")
+    for chip in range(4):
+        legend.filter(has_text=f"chip {chip}").wait_for(timeout=10_000)
+    assert "chip 4" not in legend.inner_text(), "only slice 0's chips"
+    # The kernel's past seconds of those chips (chip_history, 1 Hz) are there at once, not only frames from now on.
+    points = page.evaluate(
+        "() => [...window.jupyterapp.shell.widgets('main')].find(w => w.id === 'pathways-dashboard-area')"
+        ".content.data.chips().data[0].length"
+    )
+    assert points >= 8, f"{points} points right after choosing the slice"
