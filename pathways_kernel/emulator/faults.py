@@ -90,6 +90,7 @@ from __future__ import annotations
 import atexit
 import collections
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Iterable
@@ -197,8 +198,16 @@ def _sweep_graveyard() -> None:
     # waits for a sweep in progress.
     with _graveyard_lock:
         if _graveyard:
-            now, current = time.monotonic(), jaxcompat.thread_positions()
-            kept = [(w, k, p) for w, k, p in _graveyard if _still_needed(w, k, p, now, current)]
+            now = time.monotonic()
+            try:
+                current = jaxcompat.thread_positions()
+                kept = [(w, k, p) for w, k, p in _graveyard if _still_needed(w, k, p, now, current)]
+            except Exception:
+                # Inspecting other threads' frames can race with them; on a
+                # sweeper thread a traceback would land in the user's cell. Keep
+                # what is within its grace and look again at the next sweep.
+                logging.getLogger(__name__).debug("graveyard sweep failed", exc_info=True)
+                kept = [(w, k, p) for w, k, p in _graveyard if not k.is_ready() or now - w < _GRACE_S]
             if len(kept) < len(_graveyard):
                 _graveyard.clear()
                 _graveyard.extend(kept)
