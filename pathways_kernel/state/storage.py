@@ -16,8 +16,8 @@ the same id cannot touch each other's bytes; the loser of the manifest race
 is refused as a duplicate.
 
 Bulk bytes go through tensorstore (zarr3 arrays written straight from the
-host arrays by its C++ threads, which do not hold the GIL; see
-shared/NOTES.md); manifests and listings through google-cloud-storage. The
+host arrays by its C++ threads, which do not hold the GIL: upload threads
+in Python stalled the notebook for up to 0.9 s); manifests and listings through google-cloud-storage. The
 manifest records every data object's size, CRC32C and generation as the
 server reported them after the upload. Restore reads the manifest, checks
 that the data fits in host memory and that every object is still there and
@@ -173,7 +173,7 @@ def emulator_env() -> None:
     """Derive tensorstore's and gcsfs's emulator settings from STORAGE_EMULATOR_HOST.
 
     google-cloud-storage needs only ``STORAGE_EMULATOR_HOST``; tensorstore
-    and gcsfs each want their own variables (shared/NOTES.md). Existing
+    and gcsfs each want their own variables. Existing
     values win.
     """
     host = os.environ.get("STORAGE_EMULATOR_HOST")

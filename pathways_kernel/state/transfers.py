@@ -5,7 +5,7 @@ runs on a small dedicated executor, counts the bytes moved so far (progress
 bars read that), and when it ends emits one ``transfer`` event with bytes,
 duration and throughput, or what failed. The kernel's main thread only
 starts it; the bulk bytes are moved by tensorstore's own threads, which do not
-hold the GIL (shared/NOTES.md), so the notebook stays responsive.
+hold the GIL, so the notebook stays responsive.
 """
 
 from __future__ import annotations
