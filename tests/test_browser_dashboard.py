@@ -129,6 +129,29 @@ def test_the_dashboard_opened_mid_training_marks_the_slice_loss_on_the_time_axis
     box.check()
     page.locator(LOSS).first.wait_for(timeout=5_000)
 
+    # Axis text follows the theme: dark on light, light on dark (the canvas is redrawn on a theme change).
+    assert 0 <= axis_brightness(page) < 100
+    page.evaluate("window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Dark'})")
+    page.locator("body[data-jp-theme-light='false']").wait_for(state="attached", timeout=30_000)
+    page.wait_for_function(f"() => ({AXIS_BRIGHTNESS})() > 150", timeout=10_000)
+    page.locator("#jupyterlab-splash").wait_for(state="detached", timeout=30_000)
+    page.screenshot(path=str(ARTIFACTS / "dashboard-dark.png"))
+    page.evaluate("window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Light'})")
+
+
+# Mean brightness of the drawn pixels of the utilization chart's value axis (its text, in a translucent theme colour).
+AXIS_BRIGHTNESS = f"""() => {{
+  const c = document.querySelector("{UTILIZATION} canvas");
+  const d = c.getContext('2d').getImageData(0, 0, Math.round(50 * devicePixelRatio), c.height).data;
+  let sum = 0, n = 0;
+  for (let i = 0; i < d.length; i += 4) if (d[i + 3] > 50) {{ sum += (d[i] + d[i + 1] + d[i + 2]) / 3; n++; }}
+  return n ? sum / n : -1;
+}}"""
+
+
+def axis_brightness(page) -> float:
+    return page.evaluate(AXIS_BRIGHTNESS)
+
 
 def test_the_dashboard_comes_back_with_the_layout(page, server):
     open_notebook(page, server, "train.ipynb")
