@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import time
+import urllib.request
 
 import lab as labtools
 import nbformat
@@ -74,7 +75,7 @@ def test_progress_under_the_cell_live_then_saved_and_rendered_by_nbconvert(page,
     # JupyterLab sometimes still asks which kernel the notebook's "pathways" is,
     # and runs nothing meanwhile: take it and run the cells again.
     select = page.locator(".jp-Dialog .jp-mod-accept", has_text="Select")
-    for _ in range(240):  # 120 s
+    for _ in range(360):  # 180 s: a loaded machine starts kernels slowly
         if live.is_visible():
             break
         if select.is_visible():
@@ -132,6 +133,13 @@ def test_progress_under_the_cell_live_then_saved_and_rendered_by_nbconvert(page,
     deadline = time.time() + 30
     while "step 80/80" not in path.read_text() and time.time() < deadline:
         time.sleep(0.25)
+    # Reopened with no kernel behind it, JupyterLab shows the saved summary.
+    for kernel in server.get("kernels"):
+        urllib.request.urlopen(urllib.request.Request(server.api(f"kernels/{kernel['id']}"), method="DELETE")).close()
+    page.goto(server.url("progress.ipynb"))
+    page.locator(STATIC, has_text="step 80/80: 80 steps in").wait_for(timeout=60_000)
+    assert page.locator(f"{STATIC} span[title]").count() == 4
+
     nb = nbformat.read(path, as_version=4)
     body, _resources = HTMLExporter().from_notebook_node(nb)
     rendered = tmp_path / "progress.html"
