@@ -142,6 +142,8 @@ def main(seconds: float = 20.0) -> None:
                 opens = [t for t in times["open"] if t >= page.evaluate("window.openedAt")]
                 histories = [t for t in times["history"] if opens and t >= opens[0]]
                 delivered_ms = histories[0] - opens[0] if histories else None
+                processed_ms = page.evaluate("window.loadedAt") - histories[0] if histories else None
+                opened_ms = opens[0] - page.evaluate("window.openedAt") if opens else None
                 slices = measure(page, frames, seconds)
                 page.screenshot(path=str(artifacts / "dashboard_scale.png"))
                 page.locator("#pathways-dashboard .jp-PathwaysDashboard-chipPicker select").select_option("0")
@@ -160,6 +162,10 @@ def main(seconds: float = 20.0) -> None:
           f"{memory['nbytes'] / 2**20:.1f} MiB held, formula {memory['bound'] / 2**20:.1f} MiB, "
           f"bound {memory['max'] / 2**20:.0f} MiB")
     delivered = "no history message seen" if delivered_ms is None else f"{delivered_ms:.0f} ms"
+    if delivered_ms is not None:
+        print(f"history on subscribe, in the page: command run -> comm_open sent {opened_ms:.0f} ms (kernel_info, "
+              f"comm subshell), comm_open -> history arrived {delivered_ms:.0f} ms (kernel, websocket), "
+              f"arrived -> in the dashboard's series {processed_ms:.0f} ms (decode, models)")
     print(f"dashboard: {points} points per slice series loaded; comm_open -> history message {delivered}; "
           f"command run -> full history in the dashboard's series {loaded_ms:.0f} ms")
     print(f"median render per update: {statistics.median(slices['times']):.2f} ms all slices, "
