@@ -314,7 +314,8 @@ class Elastic:
         store = snapshots.store(s)
         snap_name = f"elastic:{self.name}"
         began = time.perf_counter()
-        self._account = goodput.begin(self.name, "elastic", s, start, steps, progress)  # goodput: where this run's time goes
+        # goodput: where this run's time goes (and, in a notebook, its progress under the cell)
+        self._account = goodput.begin(self.name, "elastic", s, start, steps, progress)
         try:
             mesh = s.mesh(self.axes)
             self._start_prepare(s, mesh)
