@@ -182,3 +182,15 @@ def test_per_chip_utilization_of_one_slice_on_demand(page, server):
         ".content.data.chips().data[0].length"
     )
     assert points >= 8, f"{points} points right after choosing the slice"
+
+
+def test_the_dashboard_follows_a_console_too(page, server):
+    open_notebook(page, server, "train.ipynb")
+    open_dashboard(page)
+    page.locator(f"{DASHBOARD}[data-state='live']").wait_for(state="attached", timeout=60_000)
+    header = page.locator(f"{DASHBOARD} .jp-PathwaysDashboard-header")
+    header.filter(has_text="Following train.ipynb").wait_for()
+    page.evaluate("window.jupyterapp.commands.execute('console:create', {kernelPreference: {name: 'pathways'}})")
+    header.filter(has_text="Following Console").wait_for(timeout=60_000)
+    page.locator(f"{DASHBOARD}[data-state='live']").wait_for(state="attached", timeout=90_000)
+    assert "local:2x4" in header.inner_text()

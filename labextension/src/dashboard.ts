@@ -1,5 +1,5 @@
 /**
- * The Pathways dashboard: a main-area view of the active notebook's kernel
+ * The Pathways dashboard: a main-area view of the active notebook's (or console's) kernel
  * to keep open while training runs. Time-series charts (uPlot) of
  * utilization per slice (per chip of one slice on demand), memory used vs
  * capacity, step time and throughput of running loops, with every event as
@@ -10,7 +10,6 @@
  * attached) and redraws at most once per animation frame.
  */
 import { ISessionContext } from '@jupyterlab/apputils';
-import { NotebookPanel } from '@jupyterlab/notebook';
 import { Kernel } from '@jupyterlab/services';
 import { Widget } from '@lumino/widgets';
 
@@ -24,10 +23,22 @@ import { MAX_CHIP_HISTORY } from './protocol';
 
 export const DASHBOARD_ID = 'pathways-dashboard';
 
+/** What the dashboard can follow: a notebook or a console, anything with a session and a title. */
+export interface KernelView {
+  readonly sessionContext: ISessionContext;
+  readonly title: { label: string };
+}
+
+/** `widget` if it has a kernel session (a notebook, a console), else null. */
+export function asKernelView(widget: unknown): KernelView | null {
+  const w = widget as Partial<KernelView> | null;
+  return w && w.sessionContext && w.title ? (w as KernelView) : null;
+}
+
 export class PathwaysDashboard extends Widget {
   readonly model = new MonitorModel();
   readonly data = new DashboardModel();
-  private _notebook: NotebookPanel | null = null;
+  private _notebook: KernelView | null = null;
   private _kernel: Kernel.IKernelConnection | null = null;
   private _connection: MonitorConnection | null = null;
   private _rate = 2;
@@ -159,8 +170,8 @@ export class PathwaysDashboard extends Widget {
     this._renderChrome();
   }
 
-  /** Follow the given notebook (or none) and its kernel changes. */
-  follow(notebook: NotebookPanel | null): void {
+  /** Follow the given notebook or console (or none) and its kernel changes. */
+  follow(notebook: KernelView | null): void {
     if (notebook !== this._notebook) {
       const old = this._notebook?.sessionContext;
       old?.kernelChanged.disconnect(this._sync, this);
@@ -422,7 +433,7 @@ export class PathwaysDashboard extends Widget {
 
   private _renderHeader(): void {
     const t = this.model.topology;
-    const path = this._notebook?.context.path ?? '';
+    const path = this._notebook?.title.label ?? '';
     if (!t) {
       this._header.textContent = path ? `Following ${path}` : '';
       return;
@@ -441,11 +452,11 @@ export class PathwaysDashboard extends Widget {
     const kernel = this._kernel;
     let message = this._message;
     if (!this._notebook) {
-      message = 'Open a notebook on a Pathways kernel to chart its slices here.';
+      message = 'Open a notebook or console on a Pathways kernel to chart its slices here.';
     } else if (!kernel) {
-      message = 'This notebook has no kernel yet. Start the “Pathways (JAX)” kernel.';
+      message = 'This notebook or console has no kernel yet. Start the “Pathways (JAX)” kernel.';
     } else if (!isPathwaysKernel(kernel.name)) {
-      message = `This notebook runs “${kernel.name}”, not a Pathways kernel.`;
+      message = `“${this._notebook.title.label}” runs “${kernel.name}”, not a Pathways kernel.`;
     }
     this._status.textContent = message;
     this._status.hidden = !message;

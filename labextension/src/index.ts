@@ -15,7 +15,7 @@ import { INotebookTracker } from '@jupyterlab/notebook';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
 
-import { PathwaysDashboard } from './dashboard';
+import { PathwaysDashboard, asKernelView } from './dashboard';
 import { PathwaysPanel } from './panel';
 import { PathwaysStatus } from './statusitem';
 import { activateXprof } from './xprof';
@@ -83,10 +83,11 @@ const dashboardPlugin: JupyterFrontEndPlugin<void> = {
   id: DASHBOARD_PLUGIN_ID,
   description: 'Main-area charts of a Pathways kernel: utilization, memory, steps, events.',
   autoStart: true,
-  requires: [INotebookTracker],
+  requires: [ILabShell, INotebookTracker],
   optional: [ICommandPalette, ILayoutRestorer, ISettingRegistry],
   activate: (
     app: JupyterFrontEnd,
+    labShell: ILabShell,
     notebooks: INotebookTracker,
     palette: ICommandPalette | null,
     restorer: ILayoutRestorer | null,
@@ -115,10 +116,16 @@ const dashboardPlugin: JupyterFrontEndPlugin<void> = {
           widget.title.caption = dashboard.title.caption;
           widget.title.closable = true;
           void tracker.add(widget);
-          const follow = () => dashboard.follow(notebooks.currentWidget);
-          notebooks.currentChanged.connect(follow);
-          dashboard.disposed.connect(() => notebooks.currentChanged.disconnect(follow));
-          follow();
+          // The active notebook or console; other tabs (the dashboard itself, a launcher) keep the last one.
+          const follow = () => {
+            const view = asKernelView(labShell.currentWidget);
+            if (view) {
+              dashboard.follow(view);
+            }
+          };
+          labShell.currentChanged.connect(follow);
+          dashboard.disposed.connect(() => labShell.currentChanged.disconnect(follow));
+          dashboard.follow(asKernelView(labShell.currentWidget) ?? notebooks.currentWidget);
         }
         if (!widget.isAttached) {
           app.shell.add(widget, 'main', { mode: 'split-right' });
