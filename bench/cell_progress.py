@@ -2,9 +2,8 @@
 
 Runs cells of a jitted step under ``pw.steps(range(STEPS), progress=...)`` with
 ``pw.log(loss=...)`` each step, alternating progress on and off, timed inside
-the kernel. Prints each mode's median block time, the progress messages a
-frontend received (widget updates per second of run, at most 4; display
-messages per run), and, last, the median ratio of each block with
+the kernel. Prints each mode's median block time, what a frontend received
+(live updates per second of run, at most 4; outputs per run), and, last, the median ratio of each block with
 progress to the block without it after it (goal <= 1.02).
 
     python bench/cell_progress.py [--blocks 8] [--steps 1500]
@@ -42,7 +41,8 @@ print(time.perf_counter() - start)
 
 
 def run(kc, code: str) -> tuple[str, int, int]:
-    """Run ``code``; returns its stdout, and the widget updates and display messages it produced."""
+    """Run ``code``; returns its stdout, and the live updates (the last one is the
+    summary) and outputs it produced."""
     out, updates, displays = [], 0, 0
 
     def hook(msg):
@@ -50,9 +50,9 @@ def run(kc, code: str) -> tuple[str, int, int]:
         kind = msg["header"]["msg_type"]
         if kind == "stream":
             out.append(msg["content"]["text"])
-        elif kind == "comm_msg":
+        elif kind == "update_display_data":
             updates += 1
-        elif kind in ("update_display_data", "display_data"):
+        elif kind == "display_data":
             displays += 1
 
     reply = kc.execute_interactive(code, output_hook=hook, timeout=600)
@@ -74,16 +74,16 @@ def main() -> None:
     try:
         kc.wait_for_ready(timeout=60)
         run(kc, SETUP)
-        run(kc, BLOCK.format(steps=args.steps, progress=True))  # warm: ipywidgets imported, step compiled
+        run(kc, BLOCK.format(steps=args.steps, progress=True))  # warm: step compiled, view code imported
         on, off, rates, displays = [], [], [], []
         for _ in range(args.blocks):
             text, updates, shown = run(kc, BLOCK.format(steps=args.steps, progress=True))
             on.append(float(text.split()[-1]))
-            rates.append(updates / on[-1])
+            rates.append((updates - 1) / on[-1])
             displays.append(shown)
             text, updates, shown = run(kc, BLOCK.format(steps=args.steps, progress=False))
             off.append(float(text.split()[-1]))
-            assert updates == shown == 0, f"progress=False sent {updates} widget updates, {shown} displays"
+            assert updates == shown == 0, f"progress=False sent {updates} updates, {shown} outputs"
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
@@ -95,8 +95,8 @@ def main() -> None:
     print(
         f"progress off: median {statistics.median(off):.3f} s ({1e3 * statistics.median(off) / args.steps:.2f} ms/step)"
     )
-    print(f"widget updates per second of run: median {statistics.median(rates):.2f} (at most 4)")
-    print(f"display messages per run: {sorted(set(displays))} (the output, its widget view, the summary)")
+    print(f"live updates per second of run: median {statistics.median(rates):.2f} (at most 4)")
+    print(f"outputs per run: {sorted(set(displays))} (updated in place, then the summary)")
     ratio = statistics.median(a / b for a, b in zip(on, off, strict=True))
     print(f"with/without progress, median of paired blocks: {ratio:.3f} (goal <= 1.02)")
 

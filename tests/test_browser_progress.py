@@ -41,8 +41,9 @@ if step == 40 and not restored:
     pw.restore_slice(1)"""
 
 CELL = ".jp-Notebook .jp-CodeCell"
-LIVE = f"{CELL} .jp-OutputArea-output .widget-html .pathways-cell-progress"
-STATIC = f"{CELL} .jp-OutputArea-output[data-mime-type='text/html'] .pathways-cell-progress"
+# One output under the cell, live then the summary: plain text/html updated in place.
+PROGRESS = f"{CELL} .jp-OutputArea-output[data-mime-type='text/html'] .pathways-cell-progress"
+DONE = ": 80 steps in"
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +72,7 @@ def test_progress_under_the_cell_live_then_saved_and_rendered_by_nbconvert(page,
     # Not awaited: the command's promise settles only when every cell has run.
     run_all = "() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }"
     page.evaluate(run_all)
-    live = page.locator(LIVE).first
+    live = page.locator(PROGRESS).first
     # JupyterLab sometimes still asks which kernel the notebook's "pathways" is,
     # and runs nothing meanwhile: take it and run the cells again.
     select = page.locator(".jp-Dialog .jp-mod-accept", has_text="Select")
@@ -84,16 +85,19 @@ def test_progress_under_the_cell_live_then_saved_and_rendered_by_nbconvert(page,
             page.evaluate(run_all)
         page.wait_for_timeout(500)
     live.wait_for(timeout=1_000)
-    # The view's widget traffic must not change what JupyterLab says of the kernel: sampled
+    # The view's updates must not change what JupyterLab says of the kernel: sampled
     # every 250 ms until the static summary replaces the view (the run is over then).
     page.evaluate(
-        """([status, done]) => {
+        """([status, progress, done]) => {
             window.__pwStatus = [];
             window.__pwSampler = setInterval(() => {
-                if (!document.querySelector(done)) window.__pwStatus.push(document.querySelector(status)?.textContent ?? '');
+                const view = document.querySelector(progress);
+                if (!(view && view.innerText.includes(done))) {
+                    window.__pwStatus.push(document.querySelector(status)?.textContent ?? '');
+                }
             }, 250);
         }""",
-        [KERNEL_STATUS, STATIC],
+        [KERNEL_STATUS, PROGRESS, DONE],
     )
 
     # Live: the count moves while the cell is busy, and the slice loss shows as it happens.
@@ -101,30 +105,30 @@ def test_progress_under_the_cell_live_then_saved_and_rendered_by_nbconvert(page,
     page.wait_for_function(
         "([sel, n]) => { const e = document.querySelector(sel); const m = e && e.innerText.match(/step (\\d+)\\/80/);"
         " return m && Number(m[1]) > n; }",
-        arg=[LIVE, first],
+        arg=[PROGRESS, first],
         timeout=30_000,
     )
-    page.locator(LIVE, has_text="1 recovery").wait_for(timeout=60_000)
+    page.locator(PROGRESS, has_text="1 recovery").wait_for(timeout=60_000)
     text = live.inner_text()
     assert "steps/s" in text and "ETA" in text and "loss 0." in text and "slice 1 down" in text, text
     assert page.locator(".jp-Notebook-ExecutionIndicator[data-status='busy']").count() >= 1
-    markers = page.locator(f"{LIVE} span[title]")
+    markers = page.locator(f"{PROGRESS} span[title]")
     assert markers.count() >= 2  # the loss and the rollback's reshard, on the bar
     ARTIFACTS.mkdir(exist_ok=True)
     page.locator(CELL).nth(1).screenshot(path=str(ARTIFACTS / "cell-progress-live.png"))
 
-    # After: the same output is the static summary (no widget left), with every marker.
-    static = page.locator(STATIC).first
+    # After: the same output is the static summary, with every marker.
+    static = page.locator(PROGRESS, has_text=DONE)
     static.wait_for(timeout=120_000)
     summary = static.inner_text()
     assert "elastic 'params': step 80/80: 80 steps in" in summary, summary
     for part in ("1 recovery (", "2 reshards", "goodput ", "slice 1 down", "slice 1 back"):
         assert part in summary, part
-    assert page.locator(LIVE).count() == 0
+    assert "ETA" not in summary and page.locator(PROGRESS).count() == 1
     samples = page.evaluate("() => { clearInterval(window.__pwSampler); return window.__pwStatus; }")
     assert len(samples) >= 12, samples
     assert all(sample.endswith("| Busy") for sample in samples), sorted(set(samples))
-    assert page.locator(f"{STATIC} span[title]").count() == 4
+    assert page.locator(f"{PROGRESS} span[title]").count() == 4
     page.locator(CELL).nth(1).screenshot(path=str(ARTIFACTS / "cell-progress-done.png"))
 
     # Saved from JupyterLab, the file renders the summary through nbconvert, no kernel involved.
@@ -137,8 +141,8 @@ def test_progress_under_the_cell_live_then_saved_and_rendered_by_nbconvert(page,
     for kernel in server.get("kernels"):
         urllib.request.urlopen(urllib.request.Request(server.api(f"kernels/{kernel['id']}"), method="DELETE")).close()
     page.goto(server.url("progress.ipynb"))
-    page.locator(STATIC, has_text="step 80/80: 80 steps in").wait_for(timeout=60_000)
-    assert page.locator(f"{STATIC} span[title]").count() == 4
+    page.locator(PROGRESS, has_text="step 80/80: 80 steps in").wait_for(timeout=60_000)
+    assert page.locator(f"{PROGRESS} span[title]").count() == 4
 
     nb = nbformat.read(path, as_version=4)
     body, _resources = HTMLExporter().from_notebook_node(nb)

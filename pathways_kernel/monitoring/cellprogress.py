@@ -4,15 +4,20 @@ A view over ``training.goodput``: each run that starts on the kernel's main
 thread inside a cell (``@pw.elastic``, ``%%pathways elastic``, ``pw.steps``,
 a bare ``pw.loader`` loop) gets one output under that cell:
 
-* while it runs, an ipywidgets ``HTML`` view that a daemon thread refreshes at
-  most ``1 / INTERVAL_S`` times a second, and only when its text changed:
-  steps n/N, steps/s, ETA, the latest loss (a scalar ``loss`` in an elastic
-  run's state, or any value given to ``pw.log``), recoveries and reshards,
-  drawn as markers on the bar at the step where they happened;
-* when it ends, the same output replaced (``update_display``) by a static
-  text/html + text/plain summary: steps done, time, recoveries, reshards,
-  goodput. That is what the saved notebook keeps, so nbconvert and a
-  reopened file show it without a kernel.
+* while it runs, text/html + text/plain that a daemon thread updates in place
+  (``update_display``) at most ``1 / INTERVAL_S`` times a second, and only
+  when its text changed: steps n/N, steps/s, ETA, the latest loss (a scalar
+  ``loss`` in an elastic run's state, or any value given to ``pw.log``),
+  recoveries and reshards, drawn as markers on the bar at the step where
+  they happened;
+* when it ends, the same output replaced by the static summary: steps done,
+  time, recoveries, reshards, goodput. That is what the saved notebook keeps,
+  so nbconvert and a reopened file show it without a kernel.
+
+Plain display updates rather than a widget: an output saved or orphaned
+mid-run (the kernel died, the notebook was saved) still reads as the last
+progress shown, never as a widget whose model is gone, and nothing is left
+in the notebook's widget state.
 
 Nothing is shown outside an IPython kernel, for a run nested in another one
 (its parent has the display), past ``MAX_PER_CELL`` runs in one cell, or for
@@ -85,7 +90,6 @@ class CellProgress:
         self._values: dict[str, float] = {}
         self._shown = ""
         self._handle: Any = None
-        self._widget: Any = None
         self._unsubscribe = account._session.events.subscribe(self._on_event)
 
     # -- lifecycle ------------------------------------------------------------
@@ -101,28 +105,15 @@ class CellProgress:
         threading.Thread(target=context.run, args=(self._follow,), name="pathways-cell-progress", daemon=True).start()
 
     def _follow(self) -> None:
-        # The widget is made here, so the run never waits for ipywidgets' import.
-        import ipywidgets
-
-        text, page = self.render()
-        with self._lock:
-            if self._done.is_set():
-                return
-            self._shown = page
-            self._widget = ipywidgets.HTML(page)
-            view = {"version_major": 2, "version_minor": 0, "model_id": self._widget.model_id}
-            self._handle.update(
-                {"application/vnd.jupyter.widget-view+json": view, "text/plain": text, "text/html": page}, raw=True
-            )
         while not self._done.wait(INTERVAL_S):
             if self.account.ended:
                 self.finish()
                 return
-            _text, page = self.render()
+            text, page = self.render()
             with self._lock:
                 if page != self._shown and not self._done.is_set():
                     self._shown = page
-                    self._widget.value = page
+                    self._handle.update({"text/plain": text, "text/html": page}, raw=True)
 
     def finish(self) -> None:
         """Replace the live view by the run's static summary (idempotent)."""
@@ -130,14 +121,9 @@ class CellProgress:
             if self._done.is_set():
                 return
             self._done.set()
-            widget = self._widget
         self._unsubscribe()
         text, page = self.render(final=True)
         self._handle.update({"text/plain": text, "text/html": page}, raw=True)
-        if widget is not None:
-            # The view is gone from the output: close its models, so no widget state outlives it.
-            for model in (widget, widget.layout, widget.style):
-                model.close()
 
     def _on_event(self, event: Any) -> None:
         # Called on the emitting thread, inside the run's own emit: never raise, never block.
