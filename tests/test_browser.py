@@ -32,6 +32,17 @@ def server(tmp_path_factory):
         ],
     )
     labtools.notebook(root / "plain.ipynb", ["print('plain python')"], kernel="python3")
+    labtools.notebook(root / "stock.ipynb", ["%load_ext pathways_kernel\nprint('loaded')"], kernel="python3")
+    labtools.notebook(
+        root / "v2.ipynb",
+        [
+            "import jax, jax.numpy as jnp, pathways_kernel as pw\n"
+            "big = jax.device_put(jnp.ones((32 << 20,), jnp.float32), pw.topology().slices[0].chips[0].device)\n"
+            "lost = jax.device_put(jnp.ones((8 << 20,), jnp.float32), pw.topology().slices[1].chips[0].device)\n"
+            "print('held', (big.nbytes + lost.nbytes) >> 20, 'MiB')",
+        ],
+    )
+    labtools.notebook(root / "widget.ipynb", ["%pathways monitor"])
     lab = labtools.Lab(root)
     yield lab
     lab.stop()
@@ -62,6 +73,13 @@ def run_first_cell(page, expect: str) -> None:
     page.locator(".jp-Notebook .jp-Cell .jp-InputArea-editor").first.click()
     page.keyboard.press("Shift+Enter")
     page.locator(".jp-OutputArea-output", has_text=expect).first.wait_for(timeout=90_000)
+
+
+def fail_slice(page, index: int) -> None:
+    """Click "fail" and confirm in the dialog it opens (the setting confirmFail is on by default)."""
+    page.get_by_role("button", name=f"fail slice {index}", exact=True).click()
+    page.locator(".jp-Dialog").get_by_role("button", name=f"Fail slice {index}", exact=True).click()
+    page.locator(".jp-Dialog").wait_for(state="detached")
 
 
 def open_monitor(page, palette: bool = False) -> None:
@@ -96,9 +114,14 @@ def test_panel_shows_slices_and_a_failed_slice_live(page, server):
     tooltip = page.locator(f"{PANEL} .jp-PathwaysPanel-tooltip")
     tooltip.wait_for()
     tip = tooltip.inner_text()
-    assert "chip 0 · slice 0" in tip and "coords (0, 0, 0)" in tip and "utilization" in tip and "memory" in tip, tip
+    assert (
+        "chip 0 · slice 0" in tip
+        and "coords (0, 0, 0) in slice 0 · global chip 0" in tip
+        and "utilization" in tip
+        and "memory" in tip
+    ), tip
 
-    page.get_by_role("button", name="fail slice 1").click()
+    fail_slice(page, 1)
     clicked = time.monotonic()
     page.locator(f"{PANEL} .jp-PathwaysPanel-slice[data-slice='1'][data-state='down']").wait_for(timeout=2_000)
     page.locator(f"{PANEL} li.jp-PathwaysPanel-event[data-kind='slice_down']").first.wait_for(timeout=2_000)
@@ -142,7 +165,7 @@ def test_the_panel_acts_while_a_cell_runs(page, server):
     page.locator(".jp-Notebook .jp-Cell .jp-InputArea-editor").nth(1).click()
     page.keyboard.press("Shift+Enter")
     page.locator(".jp-Notebook-ExecutionIndicator[data-status='busy']").first.wait_for(timeout=10_000)
-    page.get_by_role("button", name="fail slice 1").click()
+    fail_slice(page, 1)
     page.locator(f"{PANEL} .jp-PathwaysPanel-slice[data-slice='1'][data-state='down']").wait_for(timeout=2_000)
     page.get_by_role("button", name="restore slice 1").click()
     page.locator(f"{PANEL} .jp-PathwaysPanel-slice[data-slice='1'][data-state='up']").wait_for(timeout=2_000)
@@ -156,7 +179,7 @@ def test_a_plain_python_notebook_gets_a_friendly_message(page, server):
     open_monitor(page)
     page.locator(f"{PANEL}[data-state='not-pathways']").wait_for(timeout=30_000)
     message = page.locator(f"{PANEL} .jp-PathwaysPanel-message")
-    assert "not a Pathways kernel" in message.inner_text()
+    assert "has no Pathways monitor yet. Run %load_ext pathways_kernel" in message.inner_text()
     assert page.locator(f"{PANEL} .jp-PathwaysPanel-body").is_hidden()
 
 
@@ -223,7 +246,7 @@ def test_the_status_bar_stays_busy_while_the_panel_acts_during_a_cell(page, serv
         KERNEL_STATUS,
     )
     started = time.monotonic()
-    page.get_by_role("button", name="fail slice 1").click()
+    fail_slice(page, 1)
     page.locator(f"{PANEL} .jp-PathwaysPanel-slice[data-slice='1'][data-state='down']").wait_for(timeout=5_000)
     page.get_by_role("button", name="restore slice 1").click()
     page.locator(f"{PANEL} .jp-PathwaysPanel-slice[data-slice='1'][data-state='up']").wait_for(timeout=5_000)
@@ -267,3 +290,257 @@ def test_the_panel_explains_a_kernel_without_a_backend(page, no_backend_server):
     page.locator(f"{PANEL}[data-state='live']").wait_for(state="attached", timeout=30_000)
     page.locator(f"{PANEL} canvas[data-slices='2'][data-chips='8']").wait_for(timeout=30_000)
     assert page.locator(f"{PANEL} .jp-PathwaysPanel-message").is_hidden()
+
+
+# -- Monitor v2: the side panel as the glanceable view (issue 12, defects 2-7) ---------------
+
+READ_MODEL = "() => window.jupyterapp.shell.widgets('right').find(w => w.id === 'pathways-monitor').model"
+
+
+def run_cell(page, index: int, expect: str) -> None:
+    # Once the panel is live the kernel is connected: a Shift+Enter earlier can be lost.
+    page.locator(f"{PANEL}[data-state='live']").wait_for(state="attached", timeout=90_000)
+    page.locator(".jp-Notebook .jp-Cell .jp-InputArea-editor").nth(index).click()
+    page.keyboard.press("Shift+Enter")
+    page.locator(".jp-OutputArea-output", has_text=expect).first.wait_for(timeout=90_000)
+
+
+def overflow(page) -> dict:
+    """The panel's horizontal overflow: its own scroll width, and any element reaching past its right edge."""
+    return page.evaluate(
+        f"""() => {{
+            const p = document.querySelector('{PANEL}');
+            const right = p.getBoundingClientRect().right + 0.5;
+            const past = [...p.querySelectorAll('*')]
+                .filter(e => e.getClientRects().length && e.getBoundingClientRect().right > right)
+                .map(e => e.className + ' ' + (e.textContent || '').slice(0, 30));
+            return {{width: p.clientWidth, scrollWidth: p.scrollWidth, past}};
+        }}"""
+    )
+
+
+def test_panel_fits_the_default_250_px_sidebar_light_and_dark(page, server):
+    """Defect 2: "100%" / "128.0 MiB" pushed fail/restore out and a horizontal scrollbar appeared."""
+    open_notebook(page, server, "v2.ipynb")
+    run_cell(page, 0, "held 160 MiB")
+    open_monitor(page)
+    page.locator(
+        f"{PANEL} .jp-PathwaysPanel-slice[data-slice='0'] .jp-PathwaysPanel-sliceMemory", has_text="128.0 MiB"
+    ).wait_for(timeout=30_000)
+    fail_slice(page, 1)
+    page.get_by_role("button", name="restore slice 1").wait_for(timeout=10_000)
+    page.locator(f"{PANEL} li.jp-PathwaysPanel-event[data-kind='slice_down']").first.wait_for(timeout=10_000)
+    ARTIFACTS.mkdir(exist_ok=True)
+    for theme, light in (("JupyterLab Light", "true"), ("JupyterLab Dark", "false")):
+        page.evaluate(f"window.jupyterapp.commands.execute('apputils:change-theme', {{theme: '{theme}'}})")
+        page.locator(f"body[data-jp-theme-light='{light}']").wait_for(state="attached", timeout=30_000)
+        page.locator("#jupyterlab-splash").wait_for(state="detached", timeout=30_000)
+        page.wait_for_timeout(600)
+        seen = overflow(page)
+        assert seen["width"] <= 250, f"the sidebar is {seen['width']} px wide, not the default 250"
+        assert seen["scrollWidth"] <= seen["width"] and not seen["past"], f"{theme}: {seen}"
+        page.locator(PANEL).screenshot(path=str(ARTIFACTS / f"panel-250-{'light' if light == 'true' else 'dark'}.png"))
+    page.evaluate("window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Light'})")
+    page.get_by_role("button", name="restore slice 1").click()
+    page.locator(f"{PANEL} .jp-PathwaysPanel-slice[data-slice='1'][data-state='up']").wait_for(timeout=10_000)
+
+
+def test_history_survives_a_tab_switch_and_the_panel_names_what_it_follows(page, server):
+    """Defect 3: sparklines empty after switching tabs and back; Launcher/console silently ignored."""
+    open_notebook(page, server, "v2.ipynb")
+    open_monitor(page)
+    page.locator(f"{PANEL}[data-state='live']").wait_for(state="attached", timeout=60_000)
+    following = page.locator(f"{PANEL} .jp-PathwaysPanel-following")
+    assert following.inner_text().startswith("Following notebook v2.ipynb · Pathways (JAX)")
+    page.wait_for_timeout(5_000)
+
+    page.evaluate("window.jupyterapp.commands.execute('docmanager:open', {path: 'plain.ipynb'})")
+    page.locator(f"{PANEL}[data-state='not-pathways']").wait_for(state="attached", timeout=90_000)
+    assert following.inner_text().startswith("Following notebook plain.ipynb")
+    page.evaluate("window.jupyterapp.commands.execute('launcher:create')")
+    page.locator(f"{PANEL} .jp-PathwaysPanel-following.jp-mod-other").wait_for(timeout=10_000)
+    assert "(the active tab, Launcher, has no kernel)" in following.inner_text(), following.inner_text()
+
+    back = time.time()
+    page.evaluate(
+        "() => { const app = window.jupyterapp;"
+        " const w = [...app.shell.widgets('main')].find(w => w.title.label === 'v2.ipynb'); app.shell.activateById(w.id); }"
+    )
+    page.locator(f"{PANEL}[data-state='live']").wait_for(state="attached", timeout=30_000)
+    page.wait_for_function(f"() => ({READ_MODEL})().history(0).times.length > 0", timeout=5_000)
+    times = page.evaluate(f"() => ({READ_MODEL})().history(0).times")
+    assert times[0] < back - 4, f"the past is back at once: oldest point {back - times[0]:.1f} s old"
+    assert len(times) >= 8, f"{len(times)} points right after coming back"
+
+    # Consoles are followed too: one on the notebook's kernel, and one on a kernel of its own.
+    page.evaluate("window.jupyterapp.commands.execute('notebook:create-console')")
+    page.locator(f"{PANEL} .jp-PathwaysPanel-following[data-kind='console']").wait_for(timeout=30_000)
+    assert "Pathways (JAX)" in following.inner_text()
+    page.locator(f"{PANEL}[data-state='live']").wait_for(state="attached", timeout=30_000)
+    page.evaluate("window.jupyterapp.commands.execute('console:create', {kernelPreference: {name: 'pathways'}})")
+    page.wait_for_function(
+        f"() => document.querySelector('{PANEL} .jp-PathwaysPanel-following').textContent.startsWith('Following console Console 2')",
+        timeout=30_000,
+    )
+    page.locator(f"{PANEL} canvas[data-slices='2'][data-chips='8']").wait_for(timeout=90_000)
+    page.locator(f"{PANEL}[data-state='live']").wait_for(state="attached", timeout=90_000)
+
+
+def test_a_stock_kernel_after_load_ext_is_monitored(page, server):
+    """Defect 3: a python3 kernel after %load_ext pathways_kernel was still "not a Pathways kernel"."""
+    open_notebook(page, server, "stock.ipynb")
+    open_monitor(page)
+    page.locator(f"{PANEL}[data-state='not-pathways']").wait_for(state="attached", timeout=60_000)
+    assert "Run %load_ext pathways_kernel" in page.locator(f"{PANEL} .jp-PathwaysPanel-message").inner_text()
+    run_first_cell(page, "loaded")
+    page.locator(f"{PANEL}[data-state='live']").wait_for(state="attached", timeout=60_000)
+    page.locator(f"{PANEL} canvas[data-slices='2'][data-chips='8']").wait_for(timeout=30_000)
+    assert page.locator(f"{PANEL} .jp-PathwaysPanel-message").is_hidden()
+
+
+def test_fail_and_restore_keep_healthy_slices_and_events_read_on_one_line(page, server):
+    """Defect 4: blanking on every fail/restore, lost arrays counted, red sparkline history, wrapped events."""
+    open_notebook(page, server, "v2.ipynb")
+    run_cell(page, 0, "held 160 MiB")
+    open_monitor(page)
+    row = f"{PANEL} .jp-PathwaysPanel-slice[data-slice='%d']"
+    page.locator(f"{row % 1} .jp-PathwaysPanel-sliceMemory", has_text="32.0 MiB").wait_for(timeout=30_000)
+    page.wait_for_timeout(3_000)
+    page.evaluate(
+        f"""() => {{
+            window.__pwRows = [];
+            window.__pwRowSampler = setInterval(() => {{
+                const r = document.querySelector("{row % 0}");
+                window.__pwRows.push(r.querySelector('.jp-PathwaysPanel-sliceUtil').textContent + '|' +
+                                     r.querySelector('.jp-PathwaysPanel-sliceMemory').textContent);
+            }}, 50);
+        }}"""
+    )
+    fail_slice(page, 1)
+    page.locator(f"{row % 1}[data-state='down']").wait_for(timeout=5_000)
+    page.wait_for_timeout(1_500)
+    assert page.locator(f"{row % 1} .jp-PathwaysPanel-sliceMemory").inner_text() == "lost"
+    spark = page.locator(f"{row % 1} canvas.jp-PathwaysPanel-spark")
+    first, down = int(spark.get_attribute("data-first")), spark.get_attribute("data-down")
+    assert down and int(down.split("-")[0]) > first, f"red from the loss on only: points from {first}, down {down}"
+    page.get_by_role("button", name="restore slice 1").click()
+    page.locator(f"{row % 1}[data-state='up']").wait_for(timeout=10_000)
+    page.wait_for_timeout(1_500)
+    samples = page.evaluate("() => { clearInterval(window.__pwRowSampler); return window.__pwRows; }")
+    assert len(samples) > 40 and all("–" not in s and s.endswith("128.0 MiB") for s in samples), set(samples)
+    # The array lost with slice 1 holds nothing usable: slice 1 uses no memory after the restore.
+    page.locator(f"{row % 1} .jp-PathwaysPanel-sliceMemory", has_text="0 B").wait_for(timeout=5_000)
+
+    events = page.locator(f"{PANEL} li.jp-PathwaysPanel-event")
+    heights = events.evaluate_all(
+        "rows => rows.map(r => [r.clientHeight, parseFloat(getComputedStyle(r).lineHeight) || 17])"
+    )
+    assert all(h < 1.7 * line for h, line in heights), f"event rows wrap: {heights}"
+    clock = events.first.locator(".jp-PathwaysPanel-eventTime").inner_text()
+    assert len(clock) == 12 and clock[8] == ".", f"sub-second time: {clock!r}"
+    down_row = page.locator(f"{PANEL} li.jp-PathwaysPanel-event[data-kind='slice_down']").first
+    details = down_row.locator(".jp-PathwaysPanel-eventDetails")
+    assert details.evaluate("d => d.scrollWidth > d.clientWidth && getComputedStyle(d).textOverflow === 'ellipsis'")
+    one_line = down_row.evaluate("r => r.clientHeight")
+    down_row.click()
+    assert down_row.get_attribute("aria-expanded") == "true"
+    assert down_row.evaluate("r => r.clientHeight") > one_line and "[0,1] → [0]" in details.inner_text()
+
+    page.locator(f"{PANEL} select.jp-PathwaysPanel-eventFilter").select_option("slice_up")
+    kinds = set(events.evaluate_all("rows => rows.map(r => r.dataset.kind)"))
+    assert kinds == {"slice_up"}, kinds
+    page.locator(f"{PANEL} select.jp-PathwaysPanel-eventFilter").select_option("")
+
+
+def test_fail_asks_first_and_enter_never_fails_without_asking(page, server):
+    """Defect 5: "fail" destroyed data with one click or Enter."""
+    open_notebook(page, server, "monitor.ipynb")
+    open_monitor(page)
+    up = f"{PANEL} .jp-PathwaysPanel-slice[data-slice='1'][data-state='up']"
+    page.locator(up).wait_for(timeout=60_000)
+    button = page.get_by_role("button", name="fail slice 1", exact=True)
+    button.focus()
+    page.keyboard.press("Enter")
+    dialog = page.locator(".jp-Dialog")
+    dialog.wait_for()
+    assert "Fail slice 1?" in dialog.inner_text()
+    page.keyboard.press("Enter")  # the default button is Cancel
+    dialog.wait_for(state="detached")
+    page.wait_for_timeout(1_000)
+    assert page.locator(up).count() == 1, "Enter, Enter failed the slice"
+    button.click()
+    dialog.get_by_role("button", name="Cancel").click()
+    page.wait_for_timeout(1_000)
+    assert page.locator(up).count() == 1
+
+    # The setting turns the question off.
+    save = "s => window.jupyterapp.serviceManager.settings.save('pathways-kernel:plugin', s)"
+    page.evaluate(save, '{"confirmFail": false}')
+    try:
+        open_notebook(page, server, "monitor.ipynb")
+        open_monitor(page)
+        page.locator(up).wait_for(timeout=60_000)
+        page.get_by_role("button", name="fail slice 1", exact=True).click()
+        page.locator(f"{PANEL} .jp-PathwaysPanel-slice[data-slice='1'][data-state='down']").wait_for(timeout=5_000)
+        assert page.locator(".jp-Dialog").count() == 0
+        page.get_by_role("button", name="restore slice 1").click()
+        page.locator(up).wait_for(timeout=10_000)
+    finally:
+        page.evaluate(save, "{}")
+
+
+def test_the_notebook_monitor_says_it_stopped_after_a_restart(page, server):
+    """Defect 6: after a kernel restart, %pathways monitor outputs showed broken-widget icons over frozen numbers."""
+    open_notebook(page, server, "widget.ipynb")
+    run_first_cell(page, "slice 1")
+    monitor = page.locator(".jp-OutputArea-output .pathways-monitor").first
+    assert "slice 0" in monitor.inner_text()
+    html = page.evaluate(
+        "() => window.jupyterapp.shell.currentWidget.content.model.cells.get(0).outputs.get(0).data['text/html']"
+    )
+    assert "slice 0" in html and "Snapshot when shown" in html, "the saved output keeps a static snapshot"
+    page.evaluate("window.jupyterapp.shell.currentWidget.sessionContext.restartKernel()")
+    page.locator(".jp-OutputArea-output .pathways-monitor.jupyter-widgets-disconnected").wait_for(timeout=60_000)
+    assert monitor.inner_text() == "", "no frozen numbers"
+    shown = monitor.evaluate(
+        "m => [getComputedStyle(m, '::before').content,"
+        " [...m.querySelectorAll('.jupyter-widgets-disconnected')].filter(e => e.getClientRects().length).length]"
+    )
+    assert "Pathways monitor stopped" in shown[0] and shown[1] == 0, shown
+    page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(timeout=90_000)
+
+
+def test_chips_read_by_keyboard_and_everything_is_labelled(page, server):
+    """Defect 7: mouse-only chip canvas, unlabelled sparklines, status item not in the tab order."""
+    open_notebook(page, server, "monitor.ipynb")
+    open_monitor(page)
+    canvas = page.locator(f"{PANEL} canvas.jp-PathwaysPanel-canvas[data-slices='2']")
+    canvas.wait_for(timeout=60_000)
+    canvas.focus()
+    readout = page.locator(f"{PANEL} .jp-PathwaysPanel-chipReadout")
+    assert readout.get_attribute("aria-live") == "polite"
+    for _ in range(5):
+        page.keyboard.press("ArrowRight")
+    text = readout.inner_text()
+    assert text.startswith("Slice 1, chip id 5, coordinates (1, 0, 0) within slice 1, global chip 5 of 8"), text
+    page.keyboard.press("Home")
+    page.keyboard.press("ArrowDown")
+    assert "global chip 2 of 8" in readout.inner_text() and "coordinates (0, 1, 0)" in readout.inner_text()
+    assert canvas.get_attribute("data-focus") == "2"
+
+    label = page.locator(
+        f"{PANEL} .jp-PathwaysPanel-slice[data-slice='0'] canvas.jp-PathwaysPanel-spark"
+    ).get_attribute("aria-label")
+    assert label.startswith("slice 0 utilization, last 5 minutes: now ") and label.endswith("%"), label
+    title = page.locator(f"{PANEL} .jp-PathwaysPanel-sectionTitle", has_text="Slices").get_attribute("title")
+    assert title == (
+        "Utilization: fraction of time a chip has dispatched work not yet complete, measured from the client"
+    )
+
+    status = page.locator(".jp-PathwaysStatus")
+    assert status.get_attribute("tabindex") == "0" and status.get_attribute("role") == "button"
+    page.evaluate("window.jupyterapp.commands.execute('application:toggle-right-area')")
+    page.locator(PANEL).wait_for(state="hidden")
+    status.focus()
+    page.keyboard.press("Enter")
+    page.locator(PANEL).wait_for(state="visible", timeout=10_000)

@@ -50,10 +50,13 @@ export function eventDetails(e: MonitorEvent): string {
   return parts.join(' · ');
 }
 
-/** "HH:MM:SS" in local time. */
+/** "HH:MM:SS.mmm" in local time: events of one elastic run fall within the same second. */
 export function formatClock(epochSeconds: number): string {
-  const d = new Date(epochSeconds * 1000);
-  return [d.getHours(), d.getMinutes(), d.getSeconds()].map(v => String(v).padStart(2, '0')).join(':');
+  const d = new Date(Math.round(epochSeconds * 1000));
+  const hms = [d.getHours(), d.getMinutes(), d.getSeconds()]
+    .map(v => String(v).padStart(2, '0'))
+    .join(':');
+  return `${hms}.${String(d.getMilliseconds()).padStart(3, '0')}`;
 }
 
 /** The status-bar label: "Pathways 2/2 slices · 47%". */

@@ -39,13 +39,15 @@ const plugin: JupyterFrontEndPlugin<void> = {
   ) => {
     const panel = new PathwaysPanel();
     labShell.add(panel, 'right', { rank: 600 });
-    const follow = () => panel.follow(notebooks.currentWidget);
-    notebooks.currentChanged.connect(follow);
+    // Any main-area tab: notebooks and consoles are followed, the rest named as not having a kernel.
+    const follow = () => panel.follow(labShell.currentWidget ?? notebooks.currentWidget);
+    labShell.currentChanged.connect(follow);
     follow();
 
     app.commands.addCommand(OPEN_COMMAND, {
       label: 'Pathways: Open Monitor',
-      caption: 'Show slices, utilization and elastic events of the active notebook’s Pathways kernel',
+      caption:
+        'Show slices, utilization and elastic events of the active notebook’s Pathways kernel',
       execute: () => labShell.activateById(panel.id)
     });
     palette?.addItem({ command: OPEN_COMMAND, category: 'Pathways' });
@@ -65,7 +67,10 @@ const plugin: JupyterFrontEndPlugin<void> = {
     if (settings) {
       void settings.load(PLUGIN_ID).then(
         loaded => {
-          const apply = () => panel.setRate(loaded.get('updateRate').composite as number);
+          const apply = () => {
+            panel.setRate(loaded.get('updateRate').composite as number);
+            panel.setConfirmFail(loaded.get('confirmFail').composite as boolean);
+          };
           loaded.changed.connect(apply);
           apply();
         },

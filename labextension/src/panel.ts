@@ -1,30 +1,55 @@
 /**
- * The Pathways panel: follows the active notebook's kernel and shows its
- * slices live (header, topology canvas, per-slice rows with sparklines and
- * fail/restore, "Snapshot now", event timeline).
+ * The Pathways panel: follows the kernel of the active notebook or console
+ * and shows its slices live (header, topology canvas, per-slice rows with
+ * sparklines and fail/restore, "Snapshot now", event timeline), and says
+ * which one it follows. When the active tab has no kernel (the Launcher, a
+ * text file) it keeps the last one and says so.
+ *
+ * Any kernel may serve the monitor: a Pathways kernel always does, a stock
+ * one after `%load_ext pathways_kernel`. One that has no comm target closes
+ * the comm; the panel tries again after the kernel's next execution.
  *
  * Exactly one comm per followed kernel: `sessionContext.ready`,
- * `kernelChanged` and the tracker's `currentChanged` all lead to `_sync()`,
+ * `kernelChanged` and the shell's `currentChanged` all lead to `_sync()`,
  * which does nothing when it already talks to that kernel.
  */
-import { ISessionContext } from '@jupyterlab/apputils';
-import { NotebookPanel } from '@jupyterlab/notebook';
+import { Dialog, ISessionContext, showDialog } from '@jupyterlab/apputils';
 import { Kernel } from '@jupyterlab/services';
 import { ISignal, Signal } from '@lumino/signaling';
-import { Widget } from '@lumino/widgets';
+import { Title, Widget } from '@lumino/widgets';
 
 import { MonitorConnection } from './connection';
 import { formatBytes, formatPercent } from './format';
 import { isPathwaysKernel } from './kernels';
+import { UTILIZATION_HELP } from './help';
 import { Change, MonitorModel } from './model';
 import { CloseReason } from './protocol';
 import { SliceAction, SliceList } from './slicelist';
 import { Timeline } from './timeline';
 import { TopologyView } from './topologyview';
 
+/** A notebook or console: a main-area widget with a kernel session. */
+export interface KernelWidget {
+  readonly sessionContext: ISessionContext;
+  readonly title: Title<Widget>;
+}
+
+export function isKernelWidget(widget: unknown): widget is KernelWidget {
+  return !!widget && typeof widget === 'object' && 'sessionContext' in widget && 'title' in widget;
+}
+
 export class PathwaysPanel extends Widget {
   readonly model = new MonitorModel();
-  private _notebook: NotebookPanel | null = null;
+  private _notebook: KernelWidget | null = null;
+  /** Label of the active main-area tab when it has no kernel (we keep following `_notebook`). */
+  private _otherActive: string | null = null;
+  /** The followed kernel has no `pathways.monitor` target (yet): retried after its next execution. */
+  private _noMonitor = false;
+  /** The execute_request after whose reply the monitor is tried again. */
+  private _retryAfter: string | null = null;
+  private _confirmFail = true;
+  /** Connections seen that handle comms, by kernel id: what a console sharing that kernel uses. */
+  private _commKernels = new Map<string, Kernel.IKernelConnection>();
   private _kernel: Kernel.IKernelConnection | null = null;
   private _connection: MonitorConnection | null = null;
   private _rate = 2;
@@ -34,6 +59,7 @@ export class PathwaysPanel extends Widget {
   private _noBackend: string | null = null;
   private _stateChanged = new Signal<this, void>(this);
 
+  private _following: HTMLDivElement;
   private _header: HTMLDivElement;
   private _headerValues = new Map<string, HTMLSpanElement>();
   private _status: HTMLDivElement;
@@ -54,6 +80,8 @@ export class PathwaysPanel extends Widget {
     const title = document.createElement('div');
     title.className = 'jp-PathwaysPanel-title';
     title.textContent = 'Pathways';
+    this._following = document.createElement('div');
+    this._following.className = 'jp-PathwaysPanel-following';
     this._header = document.createElement('div');
     this._header.className = 'jp-PathwaysPanel-header';
     this._status = document.createElement('div');
@@ -79,13 +107,15 @@ export class PathwaysPanel extends Widget {
     this._actionResult.className = 'jp-PathwaysPanel-actionResult';
     this._actionResult.setAttribute('role', 'status');
     actions.append(this._snapshotButton, this._actionResult);
+    const slicesTitle = section('Slices · utilization, last 5 min', this._slices.node);
+    slicesTitle.querySelector('h3')!.title = UTILIZATION_HELP;
     this._body.append(
       section('Topology', this._topology.node),
-      section('Slices · utilization, last 5 min', this._slices.node),
+      slicesTitle,
       actions,
-      section('Events · newest first', this._timeline.node)
+      section('Events · newest first', this._timeline.node, this._timeline.filter)
     );
-    this.node.append(title, this._header, this._status, this._body);
+    this.node.append(title, this._following, this._header, this._status, this._body);
 
     this.model.subscribe(change => this._changed(change));
     this._sync();
@@ -96,8 +126,19 @@ export class PathwaysPanel extends Widget {
     return this._stateChanged;
   }
 
-  /** Follow the given notebook (or none) and its kernel changes. */
-  follow(notebook: NotebookPanel | null): void {
+  /**
+   * Follow the active main-area widget: a notebook or console and its kernel
+   * changes; anything else keeps the last one followed (and says so); null
+   * (no tab at all) follows nothing.
+   */
+  follow(widget: Widget | KernelWidget | null): void {
+    if (widget !== null && !isKernelWidget(widget)) {
+      this._otherActive = widget.title.label || 'this tab';
+      this._renderChrome();
+      return;
+    }
+    this._otherActive = null;
+    const notebook = widget;
     if (notebook !== this._notebook) {
       const old = this._notebook?.sessionContext;
       old?.kernelChanged.disconnect(this._sync, this);
@@ -110,6 +151,11 @@ export class PathwaysPanel extends Widget {
       void context?.ready.then(() => this._sync()).catch(() => undefined);
     }
     this._sync();
+  }
+
+  /** Whether "fail" asks for confirmation first (setting `confirmFail`). */
+  setConfirmFail(confirm: boolean): void {
+    this._confirmFail = confirm;
   }
 
   /** Metrics rate asked of the kernel (Hz), from the user's settings. */
@@ -134,20 +180,57 @@ export class PathwaysPanel extends Widget {
   /** Attach to the followed notebook's kernel unless already attached to it. */
   private _sync(): void {
     const context: ISessionContext | undefined = this._notebook?.sessionContext;
-    const kernel = context?.session?.kernel ?? null;
+    let kernel = context?.session?.kernel ?? null;
+    if (kernel?.handleComms) {
+      this._commKernels.set(kernel.id, kernel);
+    } else if (kernel) {
+      // A console on a notebook's kernel: its own connection handles no comms; the notebook's does.
+      const shared = this._commKernels.get(kernel.id);
+      kernel = shared && !shared.isDisposed ? shared : kernel;
+    }
     if (
       kernel === this._kernel &&
-      (this._connection !== null || kernel === null || !isPathwaysKernel(kernel.name))
+      (this._connection !== null || kernel === null || this._noMonitor)
     ) {
       this._renderChrome();
       return;
     }
     this._detach();
     this._kernel = kernel;
-    if (kernel && isPathwaysKernel(kernel.name)) {
+    if (kernel) {
+      kernel.anyMessage.connect(this._retryAfterExecution, this);
       this._attach(kernel);
     }
     this._renderChrome();
+  }
+
+  /**
+   * A cell that names pathways_kernel (`%load_ext pathways_kernel`, an import) ran on a kernel
+   * without the monitor: try again once it is done. Other cells open nothing.
+   */
+  private _retryAfterExecution(
+    kernel: Kernel.IKernelConnection,
+    args: Kernel.IAnyMessageArgs
+  ): void {
+    if (!this._noMonitor || kernel !== this._kernel || this._connection !== null) {
+      return;
+    }
+    const msg = args.msg;
+    if (args.direction === 'send' && msg.header.msg_type === 'execute_request') {
+      const code = (msg.content as { code?: string }).code ?? '';
+      if (code.includes('pathways_kernel')) {
+        this._retryAfter = msg.header.msg_id;
+      }
+    } else if (
+      args.direction === 'recv' &&
+      msg.header.msg_type === 'execute_reply' &&
+      (msg.parent_header as { msg_id?: string }).msg_id === this._retryAfter
+    ) {
+      this._retryAfter = null;
+      this._noMonitor = false;
+      this._attach(kernel);
+      this._renderChrome();
+    }
   }
 
   private _attach(kernel: Kernel.IKernelConnection): void {
@@ -174,6 +257,8 @@ export class PathwaysPanel extends Widget {
   }
 
   private _detach(): void {
+    this._kernel?.anyMessage.disconnect(this._retryAfterExecution, this);
+    this._noMonitor = false;
     this._connection?.dispose();
     this._connection = null;
     this._kernel = null;
@@ -204,13 +289,15 @@ export class PathwaysPanel extends Widget {
       // Our pings stopped (a sleeping laptop): just reconnect.
       this.model.reset();
       this._attach(kernel);
+    } else if (reason === 'unknown') {
+      this.model.reset();
+      this._noMonitor = true;
+      this._message = '';
     } else {
       this._message =
         reason === 'evicted'
           ? 'Disconnected: too many monitor views on this kernel. Close other views, then reopen this notebook.'
-          : reason === 'shutdown'
-            ? 'The kernel’s monitor shut down.'
-            : 'This kernel has no Pathways monitor (is it a Pathways kernel with telemetry?).';
+          : 'The kernel’s monitor shut down.';
     }
     this._renderChrome();
   }
@@ -231,7 +318,7 @@ export class PathwaysPanel extends Widget {
     } else if (
       (status === 'idle' || status === 'busy') &&
       this._connection === null &&
-      isPathwaysKernel(kernel.name)
+      !this._noMonitor
     ) {
       this._attach(kernel);
       this._renderChrome();
@@ -243,8 +330,12 @@ export class PathwaysPanel extends Widget {
     slice: number,
     button: HTMLButtonElement
   ): Promise<void> {
-    button.disabled = true;
     const verb = action === 'fail_slice' ? 'fail' : 'restore';
+    if (action === 'fail_slice' && this._confirmFail && !(await this._confirm(slice))) {
+      button.focus();
+      return;
+    }
+    button.disabled = true;
     this._report(`${verb} slice ${slice}…`);
     try {
       const reply = await this._request({ type: action, slice });
@@ -254,6 +345,23 @@ export class PathwaysPanel extends Widget {
     } finally {
       button.disabled = false;
     }
+  }
+
+  /** Ask before losing a slice: its arrays become errors. Cancel is the default, so Enter never fails one. */
+  private async _confirm(slice: number): Promise<boolean> {
+    const chips = this.model.slice(
+      this.model.topology?.slices.findIndex(s => s.index === slice) ?? -1
+    )?.chip_count;
+    const result = await showDialog({
+      title: `Fail slice ${slice}?`,
+      body:
+        `Every array with a shard on slice ${slice}${chips ? ` (${chips} chips)` : ''} is lost: ` +
+        'reading it raises DATA_LOSS, as when Pathways loses a slice. Restore brings the slice back empty. ' +
+        'Turn this question off with the setting “Confirm before fail”.',
+      buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: `Fail slice ${slice}` })],
+      defaultButton: 0
+    });
+    return result.button.accept;
   }
 
   private async _snapshot(): Promise<void> {
@@ -323,6 +431,29 @@ export class PathwaysPanel extends Widget {
     this._renderHeader();
   }
 
+  /** "Following: train.ipynb · python3", and what the active tab is when it has no kernel. */
+  private _renderFollowing(): void {
+    const target = this._notebook;
+    const node = this._following;
+    if (!target) {
+      node.hidden = true;
+      return;
+    }
+    node.hidden = false;
+    const kind = 'console' in target ? 'console' : 'notebook';
+    const name = target.title.label || target.sessionContext.name || kind;
+    const kernel = this._kernel ? ` · ${target.sessionContext.kernelDisplayName}` : '';
+    const text = this._otherActive
+      ? `Following ${kind} ${name}${kernel} (the active tab, ${this._otherActive}, has no kernel)`
+      : `Following ${kind} ${name}${kernel}`;
+    if (node.textContent !== text) {
+      node.textContent = text;
+      node.title = text;
+    }
+    node.dataset.kind = kind;
+    node.classList.toggle('jp-mod-other', this._otherActive !== null);
+  }
+
   /** Header figures that move with every metrics frame; nodes are built once and only their text changes. */
   private _renderHeader(): void {
     const t = this.model.topology;
@@ -368,22 +499,25 @@ export class PathwaysPanel extends Widget {
     const kernel = this._kernel;
     let message = this._message;
     if (!this._notebook) {
-      message = 'Open a notebook on a Pathways kernel to see its slices here.';
+      message = 'Open a notebook or console on a Pathways kernel to see its slices here.';
     } else if (!kernel) {
       message =
         'This notebook has no kernel yet. Start the “Pathways (JAX)” kernel to see its slices.';
-    } else if (!isPathwaysKernel(kernel.name)) {
-      message = `This notebook runs “${kernel.name}”, not a Pathways kernel. Switch it to “Pathways (JAX)” (Kernel › Change Kernel…) to monitor its slices.`;
+    } else if (this._noMonitor) {
+      message = isPathwaysKernel(kernel.name)
+        ? `This kernel (“${kernel.name}”) has no Pathways monitor. Restart it to get one.`
+        : `This notebook runs “${kernel.name}”, which has no Pathways monitor yet. Run %load_ext pathways_kernel in it, or switch it to “Pathways (JAX)” (Kernel › Change Kernel…).`;
     }
     this._status.textContent = message;
     this._status.hidden = !message;
+    this._renderFollowing();
     const live = !!this.model.topology;
     this._body.hidden = !live;
     this.node.dataset.state = !this._notebook
       ? 'no-notebook'
       : !kernel
         ? 'no-kernel'
-        : !isPathwaysKernel(kernel.name)
+        : this._noMonitor
           ? 'not-pathways'
           : this._noBackend !== null
             ? 'no-backend'
@@ -394,12 +528,23 @@ export class PathwaysPanel extends Widget {
   }
 }
 
-function section(title: string, content: HTMLElement): HTMLElement {
+function section(
+  title: string,
+  content: HTMLElement,
+  tool: HTMLElement | null = null
+): HTMLElement {
   const node = document.createElement('section');
   node.className = 'jp-PathwaysPanel-section';
   const heading = document.createElement('h3');
   heading.className = 'jp-PathwaysPanel-sectionTitle';
   heading.textContent = title;
-  node.append(heading, content);
+  if (tool) {
+    const bar = document.createElement('div');
+    bar.className = 'jp-PathwaysPanel-sectionBar';
+    bar.append(heading, tool);
+    node.append(bar, content);
+  } else {
+    node.append(heading, content);
+  }
   return node;
 }

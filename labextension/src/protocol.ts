@@ -13,7 +13,14 @@
 export const VERSION = 1;
 export const TARGET = 'pathways.monitor';
 /** Kernel -> frontend message types. */
-export const KERNEL_TYPES = ['topology', 'history', 'metrics', 'event', 'reply', 'no_backend'] as const;
+export const KERNEL_TYPES = [
+  'topology',
+  'history',
+  'metrics',
+  'event',
+  'reply',
+  'no_backend'
+] as const;
 /** Frontend -> kernel request types and their own fields. */
 export const REQUEST_FIELDS = {
   subscribe: ['rate'],
@@ -185,7 +192,12 @@ export interface NoBackendMessage {
 }
 
 export type KernelMessage =
-  TopologyMessage | HistoryMessage | MetricsMessage | EventMessage | ReplyMessage | NoBackendMessage;
+  | TopologyMessage
+  | HistoryMessage
+  | MetricsMessage
+  | EventMessage
+  | ReplyMessage
+  | NoBackendMessage;
 
 /** A close reason the kernel sent, or `unknown` when it sent none (the comm target is missing, ...). */
 export type CloseReason = (typeof CLOSE_REASONS)[number] | 'unknown';
@@ -283,7 +295,9 @@ function decodeTopology(msg: Record<string, unknown>, buffers: readonly Buffer[]
 
 function decodeHistory(msg: Record<string, unknown>, buffers: readonly Buffer[]): HistoryMessage {
   const points = integer(msg.points, 'history.points');
-  const slices = array(msg.slices, 'history.slices').map((s, k) => integer(s, `history.slices[${k}]`));
+  const slices = array(msg.slices, 'history.slices').map((s, k) =>
+    integer(s, `history.slices[${k}]`)
+  );
   const windowS = number(msg.window_s, 'history.window_s');
   if (windowS <= 0) {
     throw new ProtocolError('history.window_s must be > 0');
@@ -484,7 +498,13 @@ export function encodeRequest(body: RequestBody, requestId: string): Request {
           `chip_history needs integers 0 <= start < stop, at most ${MAX_CHIP_HISTORY} chips; got ${body.start}:${body.stop}`
         );
       }
-      return { v: 1, type: 'chip_history', request_id: requestId, start: body.start, stop: body.stop };
+      return {
+        v: 1,
+        type: 'chip_history',
+        request_id: requestId,
+        start: body.start,
+        stop: body.stop
+      };
     case 'ping':
     case 'snapshot':
       return { v: 1, type: body.type, request_id: requestId };

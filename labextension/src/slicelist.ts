@@ -1,12 +1,15 @@
 /**
- * One row per slice: state, utilization over the last five minutes
- * (sparkline), current utilization and memory, and the fail/restore button
- * when the backend supports fault injection.
+ * One row per slice, two lines so it fits a 250 px sidebar: name and state,
+ * current utilization and live memory (a lost slice's memory reads "lost");
+ * then utilization over the last five minutes (sparkline, red from the
+ * slice's loss on) and the fail/restore button when the backend supports
+ * fault injection.
  */
 import { toCss } from './colors';
 import { formatBytes, formatPercent } from './format';
 import { MonitorModel } from './model';
-import { sparklinePoints } from './sparkline';
+import { UTILIZATION_HELP } from './help';
+import { downRuns, sparklinePoints } from './sparkline';
 import { palette } from './theme';
 
 export type SliceAction = 'fail_slice' | 'restore_slice';
@@ -74,6 +77,8 @@ export class SliceList {
       node.className = 'jp-PathwaysPanel-slice';
       node.dataset.slice = String(slice.index);
       node.dataset.state = slice.state;
+      const name = document.createElement('span');
+      name.className = 'jp-PathwaysPanel-sliceName';
       const label = document.createElement('span');
       label.className = 'jp-PathwaysPanel-sliceLabel';
       label.textContent = `slice ${slice.index}`;
@@ -81,11 +86,14 @@ export class SliceList {
       const state = document.createElement('span');
       state.className = `jp-PathwaysPanel-state jp-mod-${slice.state}`;
       state.textContent = slice.state === 'down' ? 'DOWN' : 'up';
+      name.append(label, state);
       const spark = document.createElement('canvas');
       spark.className = 'jp-PathwaysPanel-spark';
-      spark.title = `slice ${slice.index} utilization, last ${SPARK_WINDOW_S / 60} minutes`;
+      spark.setAttribute('role', 'img');
+      spark.title = `slice ${slice.index} ${UTILIZATION_HELP.charAt(0).toLowerCase()}${UTILIZATION_HELP.slice(1)}; last ${SPARK_WINDOW_S / 60} minutes`;
       const utilization = document.createElement('span');
       utilization.className = 'jp-PathwaysPanel-sliceUtil';
+      utilization.title = UTILIZATION_HELP;
       const memory = document.createElement('span');
       memory.className = 'jp-PathwaysPanel-sliceMemory';
       let button: HTMLButtonElement | null = null;
@@ -100,8 +108,10 @@ export class SliceList {
         const b = button;
         button.addEventListener('click', () => this._onAction(action, slice.index, b));
       }
-      // Every row fills all grid columns, with or without a button.
-      node.append(label, state, spark, utilization, memory, button ?? document.createElement('span'));
+      // Every row fills all grid areas, with or without a button.
+      const placeholder = document.createElement('span');
+      placeholder.className = 'jp-PathwaysPanel-sliceButton';
+      node.append(name, utilization, memory, spark, button ?? placeholder);
       this.node.append(node);
       this._rows.push({ node, state, spark, utilization, memory, button });
     }
@@ -120,8 +130,18 @@ export class SliceList {
     topology.slices.forEach((slice, position) => {
       const row = this._rows[position];
       const agg = metrics?.slices[position];
-      setText(row.utilization, slice.state === 'down' ? '–' : formatPercent(agg ? agg.utilization : null));
-      setText(row.memory, agg ? formatBytes(agg.memory_bytes) : '–');
+      const down = slice.state === 'down';
+      const percent = down ? '–' : formatPercent(agg ? agg.utilization : null);
+      setText(row.utilization, percent);
+      // A lost slice's arrays hold nothing usable: its memory is lost, not in use.
+      setText(row.memory, down ? 'lost' : agg ? formatBytes(agg.memory_bytes) : '–');
+      row.memory.title = down
+        ? `slice ${slice.index} is down: the arrays it held are lost (reads raise DATA_LOSS)`
+        : 'live memory in use (arrays lost with a slice do not count)';
+      const label = `slice ${slice.index} utilization, last ${SPARK_WINDOW_S / 60} minutes: now ${down ? 'down' : percent}`;
+      if (row.spark.getAttribute('aria-label') !== label) {
+        row.spark.setAttribute('aria-label', label);
+      }
       const canvas = row.spark;
       const width = Math.round((sparkWidth || SPARK_WIDTH) * scale);
       const height = Math.round(SPARK_HEIGHT * scale);
@@ -135,7 +155,8 @@ export class SliceList {
       // At most SPARK_COLUMNS points per row, stretched to the width: 64 wide rows stay cheap.
       const columns = Math.min(width, SPARK_COLUMNS);
       const stretch = width / columns;
-      const points = sparklinePoints(model.history(slice.index), now, SPARK_WINDOW_S, columns, height - scale);
+      const series = model.history(slice.index);
+      const points = sparklinePoints(series, now, SPARK_WINDOW_S, columns, height - scale);
       if (points.length >= 2) {
         ctx.beginPath();
         ctx.moveTo(points[0] * stretch, height);
@@ -144,9 +165,19 @@ export class SliceList {
         }
         ctx.lineTo(points[points.length - 2] * stretch, height);
         ctx.closePath();
-        ctx.fillStyle = toCss(slice.state === 'down' ? colors.down : colors.accent);
+        ctx.fillStyle = toCss(colors.accent);
         ctx.fill();
       }
+      // Red only where the slice was down: from its loss on, not over the history before it.
+      ctx.fillStyle = toCss(colors.down);
+      const runs = downRuns(series, now, SPARK_WINDOW_S, columns);
+      for (const [from, to] of runs) {
+        ctx.fillRect(Math.floor(from * stretch), 0, Math.ceil((to - from) * stretch), height);
+      }
+      // What is drawn, in columns of `data-columns`: tests and tools read it, a canvas cannot be.
+      canvas.dataset.columns = String(columns);
+      canvas.dataset.first = points.length ? String(points[0]) : '';
+      canvas.dataset.down = runs.map(([from, to]) => `${from}-${to}`).join(',');
     });
   }
 }

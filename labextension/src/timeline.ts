@@ -1,56 +1,120 @@
 /**
- * The event timeline, newest first: time, kind and details (a reshard shows
- * slices before -> after, bytes and duration).
+ * The event timeline, newest first: one line per event (time to the
+ * millisecond, kind, details cut with an ellipsis); a click or Enter on a row
+ * shows its details in full. A kind filter above it keeps, say, only the
+ * reshards among many snapshots.
  */
 import { eventDetails, formatClock } from './format';
 import { MonitorModel } from './model';
 
 /** Rows drawn; the model keeps more. */
 const SHOWN = 100;
+/** The filter's value for "every kind". */
+export const ALL_KINDS = '';
 
 export class Timeline {
   readonly node: HTMLOListElement;
-  private _newest = -1;
-  private _count = -1;
+  /** The kind filter, placed by the panel next to the section title. */
+  readonly filter: HTMLSelectElement;
+  private _drawn = '';
+  private _kinds = '';
+  private _expanded = new Set<number>();
 
   constructor(private _model: MonitorModel) {
     this.node = document.createElement('ol');
     this.node.className = 'jp-PathwaysPanel-events';
     this.node.setAttribute('aria-label', 'Pathways events, newest first');
+    this.filter = document.createElement('select');
+    this.filter.className = 'jp-PathwaysPanel-eventFilter';
+    this.filter.setAttribute('aria-label', 'Show events of kind');
+    this.filter.title = 'Show only events of this kind';
+    this.filter.addEventListener('change', () => this.render());
+    this.node.addEventListener('click', e => this._toggle(e.target));
+    this.node.addEventListener('keydown', e => {
+      if (e.key === 'Enter' || e.key === ' ') {
+        e.preventDefault();
+        this._toggle(e.target);
+      }
+    });
+  }
+
+  /** The kind shown, or ALL_KINDS. */
+  get kind(): string {
+    return this.filter.value;
   }
 
   render(): void {
     const events = this._model.events;
-    const newest = events.length ? events[0].seq : -1;
-    if (newest === this._newest && events.length === this._count) {
+    this._renderKinds();
+    const kind = this.kind;
+    const shown = (kind === ALL_KINDS ? events : events.filter(e => e.kind === kind)).slice(
+      0,
+      SHOWN
+    );
+    const drawn = `${kind}|${shown.length}|${shown.length ? shown[0].seq : -1}|${[...this._expanded].join(',')}`;
+    if (drawn === this._drawn) {
       return;
     }
-    this._newest = newest;
-    this._count = events.length;
+    this._drawn = drawn;
     this.node.textContent = '';
-    if (!events.length) {
+    if (!shown.length) {
       const empty = document.createElement('li');
       empty.className = 'jp-PathwaysPanel-empty';
-      empty.textContent = 'No events yet.';
+      empty.textContent = events.length ? `No ${kind} events.` : 'No events yet.';
       this.node.append(empty);
       return;
     }
-    for (const e of events.slice(0, SHOWN)) {
+    for (const e of shown) {
       const li = document.createElement('li');
+      const expanded = this._expanded.has(e.seq);
       li.className = 'jp-PathwaysPanel-event';
+      li.classList.toggle('jp-mod-expanded', expanded);
       li.dataset.kind = e.kind;
       li.dataset.seq = String(e.seq);
+      li.tabIndex = 0;
+      li.setAttribute('aria-expanded', String(expanded));
       const time = document.createElement('span');
       time.className = 'jp-PathwaysPanel-eventTime';
       time.textContent = formatClock(e.time);
-      const kind = document.createElement('span');
-      kind.className = `jp-PathwaysPanel-eventKind jp-mod-${e.kind}`;
-      kind.textContent = e.kind;
+      const kindNode = document.createElement('span');
+      kindNode.className = `jp-PathwaysPanel-eventKind jp-mod-${e.kind}`;
+      kindNode.textContent = e.kind;
       const details = document.createElement('span');
       details.className = 'jp-PathwaysPanel-eventDetails';
       details.textContent = eventDetails(e);
-      li.append(time, kind, details);
+      li.title = `${formatClock(e.time)} ${e.kind} ${details.textContent}`;
+      li.append(time, kindNode, details);
       this.node.append(li);
     }
+  }
+
+  /** One option per kind seen, so the filter never offers an empty choice. */
+  private _renderKinds(): void {
+    const kinds = [...new Set(this._model.events.map(e => e.kind))].sort();
+    const key = kinds.join(',');
+    if (key === this._kinds) {
+      return;
+    }
+    this._kinds = key;
+    const current = this.filter.value;
+    this.filter.textContent = '';
+    const all = new Option('all kinds', ALL_KINDS);
+    this.filter.append(all, ...kinds.map(k => new Option(k, k)));
+    this.filter.value = kinds.includes(current) ? current : ALL_KINDS;
+  }
+
+  private _toggle(target: EventTarget | null): void {
+    const li = (target as HTMLElement | null)?.closest?.(
+      '.jp-PathwaysPanel-event'
+    ) as HTMLElement | null;
+    if (!li) {
+      return;
+    }
+    const seq = Number(li.dataset.seq);
+    if (!this._expanded.delete(seq)) {
+      this._expanded.add(seq);
+    }
+    this.render();
+    (this.node.querySelector(`[data-seq="${seq}"]`) as HTMLElement | null)?.focus();
   }
 }

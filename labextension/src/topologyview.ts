@@ -6,6 +6,11 @@
  * chips, no path per chip), labels and DOWN marks are drawn on top. A
  * tooltip follows the mouse with the chip's id, coords, utilization and
  * memory (or the slice's aggregates when slices are aggregated).
+ *
+ * The canvas is focusable: arrow keys move a focused chip (left/right along
+ * chip order, up/down a grid row within its slice; Home/End the first and
+ * last chip), drawn with a ring, and a live text readout names it: slice,
+ * chip id, slice-local coordinates and the global chip index.
  */
 import { packRGBA, toCss } from './colors';
 import { formatBytes, formatPercent } from './format';
@@ -21,17 +26,34 @@ export class TopologyView {
   private _hover: { x: number; y: number } | null = null;
   /** Reused between frames: a 1,000 x 500 frame is 2 MB not to allocate twice a second. */
   private _image: ImageData | null = null;
+  /** Position of the chip focused with the keyboard; -1 before any. */
+  private _focus = -1;
+  private _readout: HTMLDivElement;
 
   constructor(private _model: MonitorModel) {
     this.node = document.createElement('div');
     this.node.className = 'jp-PathwaysPanel-topology';
     this._canvas = document.createElement('canvas');
     this._canvas.className = 'jp-PathwaysPanel-canvas';
-    this._canvas.setAttribute('role', 'img');
+    // "application": a screen reader hands arrow keys to the grid; the readout speaks the chip.
+    this._canvas.setAttribute('role', 'application');
+    this._canvas.setAttribute('aria-roledescription', 'chip grid');
+    this._canvas.tabIndex = 0;
     this._tooltip = document.createElement('div');
     this._tooltip.className = 'jp-PathwaysPanel-tooltip';
     this._tooltip.hidden = true;
-    this.node.append(this._canvas, this._tooltip);
+    this._readout = document.createElement('div');
+    this._readout.className = 'jp-PathwaysPanel-chipReadout';
+    this._readout.setAttribute('aria-live', 'polite');
+    this._readout.textContent = 'Focus the grid and use the arrow keys to read chips.';
+    this.node.append(this._canvas, this._tooltip, this._readout);
+    this._canvas.addEventListener('keydown', e => this._key(e));
+    this._canvas.addEventListener('blur', () => this.render());
+    this._canvas.addEventListener('focus', () => {
+      if (this._focus < 0 && this._model.topology?.chips) {
+        this._moveTo(0);
+      }
+    });
     this._canvas.addEventListener('mousemove', e => {
       this._hover = { x: e.offsetX, y: e.offsetY };
       this._updateTooltip();
@@ -80,6 +102,10 @@ export class TopologyView {
     this._drawCells(pixels, width, layout, colors);
     ctx.putImageData(image, 0, 0);
     this._drawLabels(ctx, layout, colors, scale);
+    if (this._focus >= topology.chips) {
+      this._focus = -1;
+    }
+    this._drawFocus(ctx, layout, colors, scale);
 
     const down = topology.slices.filter(s => s.state === 'down').map(s => s.index);
     const perSlice = topology.slices.length ? topology.slices[0].chip_count : 0;
@@ -89,9 +115,122 @@ export class TopologyView {
     canvas.dataset.aggregated = String(layout.aggregated);
     canvas.setAttribute(
       'aria-label',
-      `${topology.slices.length} slices × ${perSlice} chips` + (down.length ? `; down: ${down.join(', ')}` : '')
+      `${topology.slices.length} slices × ${perSlice} chips` +
+        (down.length ? `; down: ${down.join(', ')}` : '')
     );
     this._updateTooltip();
+    this._updateReadout();
+  }
+
+  /** Arrow keys move the focused chip; the readout and ring follow. */
+  private _key(e: KeyboardEvent): void {
+    const topology = this._model.topology;
+    if (!topology || !topology.chips) {
+      return;
+    }
+    const at = Math.max(0, this._focus);
+    let next = at;
+    switch (e.key) {
+      case 'ArrowRight':
+        next = Math.min(topology.chips - 1, at + 1);
+        break;
+      case 'ArrowLeft':
+        next = Math.max(0, at - 1);
+        break;
+      case 'ArrowDown':
+      case 'ArrowUp':
+        next = this._vertical(at, e.key === 'ArrowDown' ? 1 : -1);
+        break;
+      case 'Home':
+        next = 0;
+        break;
+      case 'End':
+        next = topology.chips - 1;
+        break;
+      default:
+        return;
+    }
+    e.preventDefault();
+    e.stopPropagation();
+    this._moveTo(next);
+  }
+
+  /** The chip one grid row down (+1) or up (-1) in the same slice; at its edge, the next slice's. */
+  private _vertical(position: number, step: 1 | -1): number {
+    const model = this._model;
+    const topology = model.topology!;
+    const s = topology.slices.findIndex(
+      sl => position >= sl.chip_offset && position < sl.chip_offset + sl.chip_count
+    );
+    const grid = model.grids[s];
+    const cell = grid ? Array.prototype.indexOf.call(grid.cells, position) : -1;
+    if (cell >= 0) {
+      const row = Math.floor(cell / grid.cols) + step;
+      const target =
+        row >= 0 && row < grid.rows ? grid.cells[row * grid.cols + (cell % grid.cols)] : -1;
+      if (target >= 0) {
+        return target;
+      }
+    }
+    const other = topology.slices[s + step];
+    return other && other.chip_count ? other.chip_offset : position;
+  }
+
+  private _moveTo(position: number): void {
+    this._focus = position;
+    this.render();
+  }
+
+  private _updateReadout(): void {
+    const topology = this._model.topology;
+    const chip = this._focus >= 0 ? this._model.chip(this._focus) : null;
+    if (!topology || !chip) {
+      return;
+    }
+    const down = chip.state === 'down';
+    const text =
+      `Slice ${chip.slice}${down ? ' (DOWN)' : ''}, chip id ${chip.id}, ` +
+      `coordinates (${chip.coords.join(', ')}) within slice ${chip.slice}, ` +
+      `global chip ${chip.position} of ${topology.chips}; ` +
+      `utilization ${formatPercent(down ? null : chip.utilization)}, ` +
+      `memory ${down ? 'lost' : chip.memoryBytes === null ? '–' : (chip.memoryAtLeast ? '≥ ' : '') + formatBytes(chip.memoryBytes)}`;
+    if (this._readout.textContent !== text) {
+      this._readout.textContent = text;
+    }
+    this._canvas.dataset.focus = String(chip.position);
+  }
+
+  /** A ring around the focused chip (or its slice block when slices are aggregated). */
+  private _drawFocus(
+    ctx: CanvasRenderingContext2D,
+    layout: Layout,
+    colors: Palette,
+    scale: number
+  ): void {
+    if (this._focus < 0 || document.activeElement !== this._canvas) {
+      return;
+    }
+    const model = this._model;
+    const slice = model.topology!.chip_slice[this._focus];
+    const b = layout.blocks.find(block => model.topology!.slices[block.position].index === slice);
+    if (!b) {
+      return;
+    }
+    let x = b.x;
+    let y = b.y;
+    let w = b.width;
+    let h = b.height;
+    const grid = model.grids[b.position];
+    const cell = layout.aggregated ? -1 : Array.prototype.indexOf.call(grid.cells, this._focus);
+    if (cell >= 0) {
+      x = b.cellsX + (cell % grid.cols) * layout.cell;
+      y = b.cellsY + Math.floor(cell / grid.cols) * layout.cell;
+      w = h = layout.cell - layout.gap;
+    }
+    const ring = Math.max(1, Math.round(scale * 1.5));
+    ctx.strokeStyle = toCss(colors.text);
+    ctx.lineWidth = ring;
+    ctx.strokeRect(x - ring, y - ring, w + 2 * ring, h + 2 * ring);
   }
 
   private _drawCells(pixels: Uint32Array, stride: number, layout: Layout, colors: Palette): void {
@@ -195,7 +334,9 @@ export class TopologyView {
     const chip = hit.chip >= 0 ? model.chip(hit.chip) : null;
     if (chip) {
       lines.push(`chip ${chip.id} · slice ${chip.slice}${chip.state === 'down' ? ' (DOWN)' : ''}`);
-      lines.push(`coords (${chip.coords.join(', ')})`);
+      lines.push(
+        `coords (${chip.coords.join(', ')}) in slice ${chip.slice} · global chip ${chip.position}`
+      );
       lines.push(`utilization ${formatPercent(chip.state === 'down' ? null : chip.utilization)}`);
       lines.push(
         `memory ${chip.memoryBytes === null ? '–' : (chip.memoryAtLeast ? '≥ ' : '') + formatBytes(chip.memoryBytes)}`

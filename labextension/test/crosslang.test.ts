@@ -195,7 +195,9 @@ test('requests encoded in TypeScript pass the kernel validation', { skip }, () =
   assert.equal(replies[0].rate, 0.5);
   assert.equal(replies[2].slice, 1);
   assert.deepEqual([replies[5].start, replies[5].stop], [4, 8]);
-  assert.throws(() => encodeRequest({ type: 'chip_history', start: 0, stop: protocol.MAX_CHIP_HISTORY + 1 }, 'r'));
+  assert.throws(() =>
+    encodeRequest({ type: 'chip_history', start: 0, stop: protocol.MAX_CHIP_HISTORY + 1 }, 'r')
+  );
   // The longest request_id one side allows, the other accepts; one more, both refuse.
   const longest = JSON.parse(
     python(

@@ -2,7 +2,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 
 import { parseColor, utilizationRamp, packRGBA } from '../src/colors';
-import { eventDetails, formatBytes, statusLabel } from '../src/format';
+import { eventDetails, formatBytes, formatClock, statusLabel } from '../src/format';
 
 test('status label reads like "Pathways 2/2 slices · 47%"', () => {
   assert.equal(statusLabel({ slicesUp: 2, slicesTotal: 2, chips: 8, utilization: 0.466 }), 'Pathways 2/2 slices · 47%');
@@ -27,4 +27,11 @@ test('theme colours parse and ramp from idle to busy', () => {
   const lut = utilizationRamp([0, 0, 0], [100, 100, 100], [200, 0, 0]);
   assert.equal(lut[0], packRGBA([0, 0, 0]));
   assert.equal(lut[255], packRGBA([200, 0, 0]));
+});
+
+test('event times read to the millisecond: events of one elastic run fall within a second', () => {
+  const a = formatClock(1_700_000_000.25);
+  const b = formatClock(1_700_000_000.6);
+  assert.match(a, /^\d\d:\d\d:\d\d\.250$/);
+  assert.notEqual(a, b);
 });

@@ -32,6 +32,9 @@ test('a lost slice is marked down from its loss on, not over its whole history',
   const series = { times, values: times.map(() => 0.5), memory: times.map(() => 0), up };
   assert.deepEqual(downRuns(series, 1300, 300, 300), [[200, 250]]);
   up.fill(false, 280);
-  assert.deepEqual(downRuns(series, 1300, 300, 300), [[200, 250], [280, 300]]);
+  assert.deepEqual(downRuns(series, 1300, 300, 300), [
+    [200, 250],
+    [280, 300]
+  ]);
   assert.deepEqual(downRuns({ ...series, up: times.map(() => true) }, 1300, 300, 300), []);
 });

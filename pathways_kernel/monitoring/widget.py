@@ -5,6 +5,14 @@ session's telemetry hub: the hub thread updates the widgets, so the dashboard
 keeps moving while later cells run. Showing a new dashboard closes the oldest
 once ``MAX_DASHBOARDS`` are live, so re-running the cell does not pile up
 subscriptions.
+
+After a kernel restart JupyterLab keeps the views of a dead kernel's widgets
+(it drops their comms on its side first, so nothing the kernel sends at
+shutdown reaches them) and ipywidgets marks each one broken. The dashboard's
+root carries the class ``pathways-monitor``: the extension's stylesheet then
+shows one line saying the monitor stopped instead of frozen numbers. The
+output also carries a static HTML snapshot (``text/html``) for what renders
+the saved notebook without a kernel (nbconvert, GitHub).
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ class Dashboard:
             [self.header, self.rows, w.HTML("<b>Last events</b>"), self.event_list],
             layout=w.Layout(border="1px solid var(--jp-border-color2, #ccc)", padding="6px"),
         )
+        self.widget.add_class("pathways-monitor")
         self._bars: dict[int, tuple[Any, Any, Any]] = {}
         self._topology = hub.layout.topology
         self._build_rows(self._topology)
@@ -142,7 +151,26 @@ class Dashboard:
                 _live.remove(self)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        return self.widget._repr_mimebundle_(**kwargs)
+        bundle = self.widget._repr_mimebundle_(**kwargs)
+        if isinstance(bundle, dict):
+            bundle = {**bundle, "text/html": self.snapshot_html()}
+        return bundle
+
+    def snapshot_html(self) -> str:
+        """The dashboard as it reads now, as static HTML (what the saved notebook shows without a kernel)."""
+        rows = "".join(
+            f"<tr><td>slice {s.index}</td><td>{_state_html(s.up)}</td>"
+            f"<td>{html.escape(self._bars[s.index][2].value) if s.index in self._bars else ''}</td></tr>"
+            for s in self._topology.slices[:MAX_SLICE_ROWS]
+        )
+        return (
+            "<div class='pathways-monitor-snapshot'>"
+            f"<div>{self.header.value}</div>"
+            f"<table>{rows}</table>"
+            f"<div><b>Last events</b></div>{self.event_list.value}"
+            "<div style='opacity:.6'><i>Snapshot when shown; the live monitor needs its kernel.</i></div>"
+            "</div>"
+        )
 
 
 def _close_tree(widget: Any) -> None:
