@@ -76,3 +76,30 @@ def test_a_view_that_comes_back_gets_the_history_right_after_the_topology(kernel
     assert refused["ok"] is False and "topology has 8" in refused["error"] and "\n" not in refused["error"]
     request_id = frontend.request(second, "restore_slice", slice=1)
     assert frontend.reply_to(second, request_id, timeout=30)["ok"]
+
+
+def test_arrays_lost_with_a_slice_count_for_no_memory_after_it_is_restored(local_session):
+    """Defect: slice 1 showed 32 MiB in use after fail + restore, with nothing usable on it."""
+    import jax
+    import jax.numpy as jnp
+
+    from pathways_kernel.emulator.faults import fail_slice, restore_slice
+    from pathways_kernel.monitoring import telemetry
+
+    source = telemetry.ClientSource()
+    chip = local_session.topology.slices[1].chips[0].device
+    lost = jax.device_put(jnp.ones((4 << 20,), jnp.float32), chip).block_until_ready()
+
+    def slice1_bytes() -> int:
+        layout = telemetry.Layout.of(local_session.topology)
+        return int(source.sample(layout).memory[4:].sum())
+
+    before = slice1_bytes()
+    assert before >= 16 << 20
+    fail_slice(1)
+    restore_slice(1)
+    after = slice1_bytes()
+    assert after <= before - (16 << 20), f"{after:,} bytes still counted on slice 1 after its loss"
+    fresh = jax.device_put(jnp.ones((1 << 20,), jnp.float32), chip).block_until_ready()
+    assert slice1_bytes() == after + (4 << 20), "a new array on the restored slice counts"
+    del lost, fresh

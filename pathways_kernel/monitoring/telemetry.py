@@ -13,7 +13,8 @@ The default source, ``ClientSource``, measures from the client alone, so it
 works on every backend: a chip is busy at a sample instant when its shard of
 a live array is not ready yet (dispatched work not complete), and its
 memory is the bytes of live array shards on it (or ``memory_stats()`` where the
-backend reports it; CPU devices report nothing). A backend that can ask its
+backend reports it; CPU devices report nothing); arrays lost with a slice hold
+nothing usable and count for nothing, even after the slice is restored. A backend that can ask its
 server instead (the Pathways proxy) plugs in its own source by defining
 ``metrics_source(layout) -> MetricsSource``.
 
@@ -32,6 +33,7 @@ import collections
 import dataclasses
 import threading
 import time
+import weakref
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -132,6 +134,25 @@ class ClientSource(MetricsSource):
         self._stats_devices: list[Any] | None = None
         self._stats: tuple[np.ndarray, np.ndarray | None] | None = None
         self._samples = 0
+        # Arrays found lost (error buffers of a lost slice: nothing usable, so no memory in use),
+        # and found fine under the current layout; a layout change (slice down/up) checks again.
+        self._lost: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+        self._fine: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+
+    def _is_lost(self, array: Any) -> bool:
+        """Whether a ready ``array`` holds error buffers; each array is checked once per layout."""
+        key = id(array)
+        if self._fine.get(key) is array:
+            return False
+        if self._lost.get(key) is array:
+            return True
+        try:
+            array.block_until_ready()
+        except Exception:
+            self._lost[key] = array
+            return True
+        self._fine[key] = array
+        return False
 
     def sample(self, layout: Layout) -> Sample:
         import jax
@@ -141,6 +162,7 @@ class ClientSource(MetricsSource):
             self._shard_bytes.clear()
             self._assignments.clear()
             self._layout_id = id(layout)
+            self._fine.clear()
             self._stats_devices = _devices_with_memory_stats(layout)
             self._stats = None
         if len(self._shardings) > _SHARDING_CACHE:
@@ -156,6 +178,8 @@ class ClientSource(MetricsSource):
         for array in jax.live_arrays():
             try:
                 if array.is_deleted():
+                    continue
+                if array.is_ready() and self._is_lost(array):
                     continue
                 sharding = array.sharding
                 key = (id(sharding), array.shape, array.dtype)
