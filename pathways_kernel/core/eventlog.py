@@ -75,10 +75,23 @@ class EventLog:
 
     def emit(self, kind: str, **fields: Any) -> Event:
         """Record an event now and notify listeners; returns it."""
+        return self._notify(kind, fields, keep=True)
+
+    def publish(self, kind: str, **fields: Any) -> Event:
+        """Notify listeners of a passing event (a periodic reading) without recording it.
+
+        For streams such as a loop's step rate: live views chart them, but
+        they would push the events that matter (a slice loss) out of the
+        bounded log and of what a reconnecting view is replayed.
+        """
+        return self._notify(kind, fields, keep=False)
+
+    def _notify(self, kind: str, fields: dict[str, Any], keep: bool) -> Event:
         with self._lock:
             self._seq += 1
             event = Event(self._seq, time.time(), kind, **fields)
-            self._events.append(event)
+            if keep:
+                self._events.append(event)
             listeners = list(self._listeners)
         for listener in listeners:
             listener(event)

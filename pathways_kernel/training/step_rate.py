@@ -5,7 +5,9 @@ The goodput ledger knows, for every run in progress (``@pw.elastic``,
 steps it has kept and how much productive time they took. A view that charts
 step time and throughput needs those figures while the run goes on, not only
 the ``goodput`` event at its end, so the telemetry hub calls ``poll`` on each
-sample and a run that advanced emits, at most once per ``PERIOD_S``::
+sample and a run that advanced publishes (to live views; not kept in the
+event log, where once a second per run would crowd out the events that
+matter), at most once per ``PERIOD_S``::
 
     steps  step=<steps kept so far>
            duration_s=<productive seconds per step over the interval>
@@ -52,7 +54,7 @@ class StepRate:
                 continue
             self._since[account] = (now, steps, productive)
             done = steps - steps_before
-            self._session.events.emit(
+            self._session.events.publish(
                 "steps",
                 step=steps,
                 duration_s=max(0.0, productive - productive_before) / done,
