@@ -438,14 +438,15 @@ def default_mesh(snap: Snapshot) -> Any:
     return session().mesh(names or None)
 
 
-def restore(snap: Snapshot, mesh: Any = None, *, emit: bool = True) -> Any:
+def restore(snap: Snapshot, mesh: Any = None, *, emit: bool = True, shardings: Sequence[Any] | None = None) -> Any:
     """Put ``snap`` back on devices: a pytree of jax arrays on ``mesh``.
 
     Each leaf gets its recorded ``PartitionSpec`` on ``mesh`` (default: the
     live slices' mesh with the snapshot's axis names); axes ``mesh`` lacks,
     or that no longer divide a dimension, become replicated on that
     dimension. Leaves that were not on a mesh go to ``mesh``'s first device.
-    Emits a ``restore`` event (bytes, duration, step).
+    ``shardings``: one per leaf instead (``None`` for host leaves), all put
+    in one ``device_put``. Emits a ``restore`` event (bytes, duration, step).
     """
     import jax
 
@@ -455,7 +456,8 @@ def restore(snap: Snapshot, mesh: Any = None, *, emit: bool = True) -> Any:
     if mesh is None:
         mesh = default_mesh(snap)
     start = time.perf_counter()
-    shardings = shardings_for(snap, mesh)
+    if shardings is None:
+        shardings = shardings_for(snap, mesh)
     device_idx = [i for i, leaf in enumerate(snap.leaves) if leaf.on_device]
     placed = jax.device_put([snap.leaves[i].host for i in device_idx], [shardings[i] for i in device_idx])
     values = [leaf.host for leaf in snap.leaves]

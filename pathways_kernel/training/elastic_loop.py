@@ -15,7 +15,9 @@ cell as the step body: it runs once per step in the notebook's namespace with
 snapshotted and restored.
 
 The loop owns the step boundaries. Every ``snapshot_every`` steps it takes an
-asynchronous host snapshot of the state (``snapshots``). A slice going down
+asynchronous host snapshot of the state (``snapshots``), which copies while
+the next steps run: the rollback point is the newest snapshot whose copy is
+done. A slice going down
 is seen at once, from the session's ``slice_down`` event or from the step's
 ``JaxRuntimeError`` (classified by ``pathwaysutils.elastic``); the loop then
 builds the mesh of the surviving slices, restores the latest snapshot onto it
@@ -42,6 +44,7 @@ pathwaysutils (and so JAX) is imported on first use, not with the package.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
@@ -243,18 +246,44 @@ def _tree_nbytes(tree: Any) -> int:
     return sum(getattr(leaf, "nbytes", 0) for leaf in jax.tree.leaves(tree))
 
 
-def _reshard(tree: Any, mesh: Any) -> Any:
-    """Move live state onto ``mesh`` keeping each leaf's PartitionSpec."""
+def _placed(spec: Any, shape: tuple[int, ...], mesh: Any) -> Any:
+    """Where the loop puts a leaf laid out with ``spec`` on ``mesh`` (a reshard,
+    a restore, ``abstract``): ``spec`` fitted to ``mesh``, and a leaf that was on
+    no mesh (an optimizer's step count, made on one device) replicated on it, as
+    the step's own output of it is. Every placement thus matches the shardings
+    the step runs with, so a step compiled ahead (``prepare``) is the one used."""
+    from jax.sharding import PartitionSpec
+
+    return snapshots.sharding_on(PartitionSpec() if spec is None else spec, shape, mesh)
+
+
+def _default_device_without(s: Session, lost: int) -> Any:
+    """JAX's default device once slice ``lost`` is down, if that moves it: off
+    a lost slice to the first live device, as the embedded backend and
+    pathwaysutils' ``Manager`` move it; ``None`` if it stays."""
     import jax
 
-    def move(leaf: Any) -> Any:
-        if not isinstance(leaf, jax.Array):
-            return leaf
-        return jax.device_put(leaf, snapshots.sharding_on(snapshots.spec_of(leaf), leaf.shape, mesh))
+    gone = {d.id for sl in s.topology.slices if sl.index == lost for d in sl.devices}
+    devices = s.devices()
+    now = jax.config.jax_default_device or devices[0]
+    if getattr(now, "id", None) not in gone:
+        return None
+    return next((d for d in devices if d.id not in gone), None)
 
-    out = jax.tree.map(move, tree)
-    jax.block_until_ready(out)
-    return out
+
+def _reshard(tree: Any, mesh: Any) -> Any:
+    """Move live state onto ``mesh`` keeping each leaf's PartitionSpec, in one ``device_put``."""
+    import jax
+
+    leaves, treedef = jax.tree.flatten(tree)
+    moving = [i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.Array)]
+    moved = jax.device_put(
+        [leaves[i] for i in moving], [_placed(snapshots.spec_of(leaves[i]), leaves[i].shape, mesh) for i in moving]
+    )
+    for i, array in zip(moving, moved, strict=True):
+        leaves[i] = array
+    jax.block_until_ready(moved)
+    return jax.tree.unflatten(treedef, leaves)
 
 
 class Elastic:
@@ -322,7 +351,7 @@ class Elastic:
             step = start
             # The state as given: what the run goes back to if it loses a slice
             # before its next snapshot (never an earlier run's).
-            first = last_snap = store.snap(state, snap_name, step, run)
+            first = pending = store.snap(state, snap_name, step, run)
             report.snapshots += 1
             failures, resumed_at = 0, start
             # What the previous attempt left to do first: a recovery or a scale-up.
@@ -345,23 +374,29 @@ class Elastic:
                         self._account.step_end(state)  # goodput
                         step += 1
                         report.steps_executed += 1
-                        # The newest snapshot copies while one step runs, no longer:
-                        # a loss then costs at most snapshot_every + 1 steps, and
-                        # at most one loop snapshot is in flight. A snapshot past
-                        # the last recovery point proves progress (errors of
-                        # asynchronous steps surface late), so failures reset.
-                        copied = _wait_quietly(last_snap)
-                        if copied and last_snap.step > resumed_at:
-                            failures = 0
-                        if last_snap is first:
-                            first = None  # not held longer than the store holds it
-                            if not copied:
-                                # The state was lost before the run could copy it: every
-                                # step since computed on lost data, and nothing is left to go back to.
-                                raise self._nothing_to_restore(lost_at_start=True)
-                        if step % self.snapshot_every == 0 and step < steps:
+                        due = step % self.snapshot_every == 0 and step < steps
+                        # The newest snapshot copies while the steps run; the loop
+                        # waits for it only if it is still copying when the next one
+                        # is due. So at most one loop snapshot is in flight, the
+                        # loop runs at most snapshot_every steps ahead of the device,
+                        # and until the copy is done the one before is the rollback
+                        # point. A snapshot past the last recovery point proves
+                        # progress (errors of asynchronous steps surface late), so
+                        # failures reset.
+                        if pending is not None and (due or pending.done()):
+                            copied = _wait_quietly(pending)
+                            if copied and pending.step > resumed_at:
+                                failures = 0
+                            if pending is first:
+                                first = None  # not held longer than the store holds it
+                                if not copied:
+                                    # The state was lost before the run could copy it: every
+                                    # step since computed on lost data, and nothing is left to go back to.
+                                    raise self._nothing_to_restore(lost_at_start=True)
+                            pending = None
+                        if due:
                             with self._account.spent("snapshot_stall"):  # goodput
-                                last_snap = store.snap(state, snap_name, step, run)
+                                pending = store.snap(state, snap_name, step, run)
                             self._account.snapshot_source(state)  # goodput: its wait starts with the steps' compute
                             report.snapshots += 1
                     self._check_boundary(s, watch, mesh)
@@ -404,18 +439,23 @@ class Elastic:
         if self.prepare is None:
             self.prepared.set()
             return
+        import jax
+
         current = set(_mesh_slices(s, mesh))
         fallbacks = []
         for lost in sorted(current):
             survivors = [sl for sl in s.topology.slices if sl.index in current - {lost}]
             if survivors:
-                fallbacks.append((lost, meshes.build(survivors, self.axes)))
+                fallbacks.append((lost, meshes.build(survivors, self.axes), _default_device_without(s, lost)))
 
         def work() -> None:
-            for lost, fallback in fallbacks:
+            for lost, fallback, default in fallbacks:
                 start = time.perf_counter()
                 try:
-                    self.prepare(fallback)
+                    # JAX's default device is part of what a compiled step is
+                    # cached under: compile under the one the loss will leave.
+                    with jax.default_device(default) if default is not None else contextlib.nullcontext():
+                        self.prepare(fallback)
                 except Exception as error:  # noqa: BLE001  (a failed warm-up only costs a compile later)
                     s.events.emit("compile", detail=f"'{self.name}' prepare for losing slice {lost} failed: {_reason(error)}")
                     continue
@@ -503,7 +543,9 @@ class Elastic:
             snap = store.latest(snap_name, run=report.run)
             if snap is None:
                 raise self._nothing_to_restore(lost_at_start=first is not None and first.done() and not first.ok())
-            state, resumed, how = snapshots.restore(snap, new_mesh), snap.step, f"snapshot of step {snap.step}"
+            placed = [_placed(leaf.spec, leaf.shape, new_mesh) if leaf.on_device else None for leaf in snap.leaves]
+            state = snapshots.restore(snap, new_mesh, shardings=placed)
+            resumed, how = snap.step, f"snapshot of step {snap.step}"
         duration = time.perf_counter() - start
         s.events.emit(
             "reshard", slices_before=before, slices_after=after, bytes=_tree_nbytes(state),
@@ -525,14 +567,15 @@ class Elastic:
 
 def abstract(tree: Any, mesh: Any) -> Any:
     """``tree`` as ``jax.ShapeDtypeStruct``s laid out on ``mesh`` with each
-    leaf's PartitionSpec (as a reshard would place it): for ``prepare``, e.g.
+    leaf's PartitionSpec (as a reshard or restore places it; a leaf on no mesh
+    replicated): for ``prepare``, e.g.
     ``lambda mesh: step.lower(*elastic.abstract(args, mesh)).compile()``."""
     import jax
 
     def leaf(x: Any) -> Any:
         if not isinstance(x, jax.Array):
             return x
-        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=snapshots.sharding_on(snapshots.spec_of(x), x.shape, mesh))
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=_placed(snapshots.spec_of(x), x.shape, mesh))
 
     return jax.tree.map(leaf, tree)
 
@@ -588,8 +631,10 @@ def elastic(
 
     Args:
       snapshot_every: steps between host snapshots: a slice loss costs at
-        most this many steps (one more if it strikes while the newest
-        snapshot is still being copied, which takes at most one step).
+        most this many steps once the newest snapshot is copied. The copy
+        runs while the steps do (the loop waits for it only if it is not
+        done when the next snapshot is due); a loss while it copies goes
+        back to the snapshot before, at most twice this many steps.
       max_retries: consecutive slice losses without progress (a new good
         snapshot) in between before giving up (``None``: never).
       axes: mesh axis names (default ``("data", "model")``: ``data`` across
