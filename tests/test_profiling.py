@@ -248,6 +248,44 @@ def test_a_capture_whose_trace_is_gone_shows_why_instead_of_raising(local_sessio
 
     with profile("gone", logdir=str(tmp_path)) as capture:
         jnp.ones(4).block_until_ready()
+    # A newer capture ends: the older one's summary now comes from its file.
+    with profile("newer", logdir=str(tmp_path)):
+        jnp.ones(4).block_until_ready()
     shutil.rmtree(capture.where)
     assert "no summary: no trace (*.xplane.pb) under" in capture.to_text()
     assert "no summary" in capture._repr_html_()
+
+
+def test_a_capture_writes_only_the_trace_xprof_reads_and_shows_what_that_file_says(local_session, tmp_path):
+    import socket
+
+    import jax
+    import jax.numpy as jnp
+
+    from pathways_kernel.profiling import summary
+    from pathways_kernel.profiling.capture import _read_xspaces, profile
+
+    f = jax.jit(lambda a: jnp.tanh(a @ a))
+    with profile("one-file", logdir=str(tmp_path)) as capture:
+        for _ in range(5):
+            f(jnp.ones((256, 256))).block_until_ready()
+    # No trace.json.gz beside it: XProf converts the XSpace itself.
+    assert os.listdir(capture.where) == [f"{socket.gethostname()}.xplane.pb"]
+    assert capture.size == os.path.getsize(os.path.join(capture.where, os.listdir(capture.where)[0]))
+    shown = capture.summary()  # from the trace in memory
+    slice_of = {i: i // 4 for i in range(8)}
+    assert shown == summary.summarize(_read_xspaces(capture.where), "one-file", slice_of)
+    assert shown.top_ops and all(op.occurrences == 5 for op in shown.top_ops), shown.to_text()
+
+
+def test_a_trace_that_cannot_be_written_is_one_line_under_the_capture(local_session, tmp_path):
+    import jax.numpy as jnp
+
+    from pathways_kernel.profiling.capture import profile
+
+    (tmp_path / "plugins").write_text("not a directory")
+    with profile("unwritable", logdir=str(tmp_path)) as capture:
+        jnp.ones(4).block_until_ready()
+    assert re.fullmatch(
+        r"unwritable  0 B  \S+\n  cannot write the trace to \S+/plugins/profile/\S+-unwritable: .+", capture.to_text()
+    ), capture.to_text()

@@ -4,8 +4,9 @@ One capture at a time per process: XLA's profiler is process-wide, so a
 second capture (nested, or from another thread) is refused, naming the one
 that runs.
 
-- Embedded backend: ``jax.profiler`` writes into this session's directory
-  under the profile root (``$PATHWAYS_PROFILE_DIR``, default
+- Embedded backend: ``jax.profiler`` traces; the trace is summarized from
+  memory and written, as the XSpace file XProf reads, into this session's
+  directory under the profile root (``$PATHWAYS_PROFILE_DIR``, default
   ``~/.cache/pathways-kernel/profiles``). XProf in JupyterLab
   (``xprof_server``, behind jupyter-server-proxy) serves that root, where a
   capture is the run ``<session dir>/<capture>``.
@@ -23,12 +24,14 @@ import dataclasses
 import html
 import os
 import re
+import socket
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from pathways_kernel.core import jaxcompat
 from pathways_kernel.core.display import TextDisplay
 from pathways_kernel.core.errors import PathwaysError, StorageError
 from pathways_kernel.core.eventlog import format_bytes
@@ -70,6 +73,9 @@ class Capture(TextDisplay):
     size: int | None = None
     error: str = ""  # why the body or the summary failed, if it did
     _summary: summary_lib.Summary | None = dataclasses.field(default=None, repr=False)
+    # The trace as it left the profiler, until summarized (or a newer capture ends):
+    # parsing it again from the file would be the slowest part of the summary's wait.
+    _xspace: bytes | None = dataclasses.field(default=None, repr=False)
 
     @property
     def local(self) -> bool:
@@ -79,7 +85,9 @@ class Capture(TextDisplay):
         """Read the trace and summarize it (once)."""
         if self._summary is None:
             slice_of = {d.id: s.index for s in session().topology.slices for d in s.devices}
-            self._summary = summary_lib.summarize(_read_xspaces(self.where), self.name, slice_of)
+            xspaces = [self._xspace] if self._xspace is not None else _read_xspaces(self.where)
+            self._summary = summary_lib.summarize(xspaces, self.name, slice_of)
+            self._xspace = None
         return self._summary
 
     def _shown_summary(self) -> summary_lib.Summary | None:
@@ -182,10 +190,14 @@ class _JaxTracer:
                 "end it with jax.profiler.stop_trace(), then profile again"
             ) from None
 
-    def stop(self) -> None:
+    def stop(self) -> bytes | None:
+        """The trace as a serialized XSpace, or ``None`` where jax.profiler wrote it itself."""
         import jax
 
-        jax.profiler.stop_trace()
+        xspace = jaxcompat.stop_trace_in_memory()
+        if xspace is None:
+            jax.profiler.stop_trace()
+        return xspace
 
 
 class PathwaysTracer:
@@ -210,6 +222,7 @@ class PathwaysTracer:
             ) from None
 
     def stop(self) -> None:
+        """Stop the workers' trace (they write it to the gs:// dir)."""
         from pathwaysutils import profiling
 
         try:
@@ -251,6 +264,22 @@ def tracer_for(backend: Any, logdir: str | None) -> tuple[Any, str, str]:
     if logdir:
         return _JaxTracer(), location.url, ""
     return _JaxTracer(), location.url, _this_session_dir()
+
+
+def _write_xspace(run_dir: str, xspace: bytes) -> None:
+    """Write the trace as jax.profiler names it (``<host>.xplane.pb``, the host XProf shows),
+    through a temporary name, since XProf may list the run while it is written."""
+    path = Path(run_dir) / f"{socket.gethostname()}.xplane.pb"
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            partial.write_bytes(xspace)
+            partial.replace(path)
+        finally:
+            partial.unlink(missing_ok=True)  # what a full disk left of it
+    except OSError as exc:
+        raise ProfileError(f"cannot write the trace to {run_dir}: {exc.strerror or exc}") from None
 
 
 def _read_xspaces(run_dir: str) -> list[bytes]:
@@ -336,7 +365,13 @@ def profile(
     finally:
         capture.wall_s = time.perf_counter() - started
         try:
-            tracer.stop()
+            xspace = tracer.stop()
+            if xspace is not None:
+                capture._xspace = xspace
+                try:
+                    _write_xspace(capture.where, xspace)
+                except ProfileError as exc:  # not raised over what the body raised
+                    capture.error = capture.error or str(exc)
         finally:
             _release()
             _record(capture)
@@ -348,6 +383,8 @@ def _record(capture: Capture) -> None:
     except StorageError as exc:
         capture.error = capture.error or str(exc)
     with _lock:
+        for older in _captures:
+            older._xspace = None  # one trace at a time in memory: the one shown next
         _captures.append(capture)
     session().events.emit(
         "profile", bytes=capture.size, duration_s=capture.wall_s, detail=f"{capture.name} -> {capture.where}"
