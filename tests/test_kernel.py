@@ -122,7 +122,7 @@ def test_connect_before_first_computation_switches_the_backend(fresh_kernel):
 def test_connect_after_computation_says_what_would_be_lost_and_how(fresh_kernel):
     fresh_kernel.run("import jax.numpy as jnp\nx = jnp.ones((1024, 256))")
     line = one_line(fresh_kernel.run("%pathways connect local:1x8"))
-    assert "holds 1 device arrays (1.0 MiB) on local:2x4" in line
+    assert "holds 1 device array (1.0 MiB) on local:2x4" in line
     assert "--force" in line and "restart the kernel" in line
     # still on the old backend, array intact
     assert fresh_kernel.run("print(float(x.sum()))").text.strip() == "262144.0"

@@ -19,6 +19,7 @@ from pathways_kernel.core import meshes
 from pathways_kernel.backends.base import Backend
 from pathways_kernel.core.errors import BackendError, NotSupportedError, PathwaysError
 from pathways_kernel.core.eventlog import EventLog, format_bytes
+from pathways_kernel.core import text
 from pathways_kernel.core.slices import SliceState, Topology
 
 T = TypeVar("T")
@@ -234,10 +235,10 @@ def install(backend: Backend, force: bool = False) -> Session:
         # A wrong address fails here, before the working session is dropped.
         backend.preflight()
         if old is not None and not force:
-            count, nbytes = live_array_summary()
-            if count:
+            arrays, nbytes = live_array_summary()
+            if arrays:
                 raise BackendError(
-                    f"this session holds {count} device arrays ({format_bytes(nbytes)}) on {old.backend.spec}; "
+                    f"this session holds {text.count(arrays, 'device array')} ({format_bytes(nbytes)}) on {old.backend.spec}; "
                     f"switching to {backend.spec} would discard them and every compiled function. "
                     f"Snapshot or checkpoint what you need, then run `%pathways connect {spec} --force` "
                     f"(or pw.connect('{spec}', force=True)), or restart the kernel"

@@ -31,6 +31,7 @@ from typing import Any
 from pathways_kernel.core.display import TextDisplay
 from pathways_kernel.core.errors import PathwaysError
 from pathways_kernel.emulator import faults
+from pathways_kernel.core.text import count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,7 +131,7 @@ class ChaosStatus(TextDisplay):
                 f"~{self.mttr:g} s; at least {self.min_up} slice(s) stay up{down}. %pathways chaos --off to stop"
             )
         error = f" (stopped by an error: {self.error})" if self.error else ""
-        done = f" after {self.applied} transitions" if self.applied else ""
+        done = f" after {count(self.applied, 'transition')}" if self.applied else ""
         return f"chaos off{done}{error}{down}"
 
 

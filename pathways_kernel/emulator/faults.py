@@ -100,6 +100,7 @@ from pathways_kernel.core import jaxcompat
 from pathways_kernel.core.display import TextDisplay
 from pathways_kernel.core.errors import NotSupportedError, PathwaysError
 from pathways_kernel.core.eventlog import format_bytes
+from pathways_kernel.core.text import count
 
 #: Devices of slices that are down now; read lock-free by the dispatch hooks.
 _lost_devices: frozenset = frozenset()
@@ -402,8 +403,8 @@ class FaultReport(TextDisplay):
             if not self.changed:
                 return f"slice {self.slice_index} is already down; live slices {up}"
             return (
-                f"slice {self.slice_index} down: {self.arrays} arrays ({format_bytes(self.nbytes)}) with a shard on it "
-                f"are lost (DATA_LOSS); live slices {up}"
+                f"slice {self.slice_index} down: lost {count(self.arrays, 'array')} ({format_bytes(self.nbytes)}) with a "
+                f"shard on it (DATA_LOSS); live slices {up}"
             )
         if not self.changed:
             return f"slice {self.slice_index} is already up; live slices {up}"
@@ -444,7 +445,7 @@ class FaultInjector:
             self._publish()
             _clear_dispatch_caches()
             self._move_default_device()
-            self.session.set_slice_state(index, "down", detail=f"{detail}: {len(lost)} arrays lost")
+            self.session.set_slice_state(index, "down", detail=f"{detail}: {count(len(lost), 'array')} lost")
             message = lost_array_message(index)
             deadline = time.monotonic() + _READ_WAIT_S
             _make_lost_when_unread(lost, message, deadline)

@@ -20,6 +20,7 @@ from typing import Any
 from pathways_kernel.core.display import TextDisplay
 from pathways_kernel.core.errors import NotSupportedError, PathwaysError, one_line
 from pathways_kernel.state import storage
+from pathways_kernel.core.text import count
 
 #: Environment variable a kernelspec sets to turn the cache on at start.
 ENV = "PATHWAYS_COMPILE_CACHE"
@@ -49,7 +50,7 @@ class CacheStatus(TextDisplay):
             return "persistent compilation cache: off"
         return (
             f"persistent compilation cache: {self.location}  "
-            f"({self.hits} hits, {self.misses} misses, {self.saved_s:.1f} s of compiling saved)"
+            f"({count(self.hits, 'hit')}, {count(self.misses, 'miss')}, {self.saved_s:.1f} s of compiling saved)"
         )
 
     def __repr__(self) -> str:
