@@ -84,7 +84,12 @@ def test_progress_under_the_cell_live_then_saved_and_rendered_by_nbconvert(page,
             page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(timeout=90_000)
             page.evaluate(run_all)
         page.wait_for_timeout(500)
-    live.wait_for(timeout=1_000)
+    try:
+        live.wait_for(timeout=1_000)
+    except Exception:
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "cell-progress-failure.png"))
+        raise
     # The view's updates must not change what JupyterLab says of the kernel: sampled
     # every 250 ms until the static summary replaces the view (the run is over then).
     page.evaluate(
@@ -130,6 +135,14 @@ def test_progress_under_the_cell_live_then_saved_and_rendered_by_nbconvert(page,
     assert all(sample.endswith("| Busy") for sample in samples), sorted(set(samples))
     assert page.locator(f"{PROGRESS} span[title]").count() == 4
     page.locator(CELL).nth(1).screenshot(path=str(ARTIFACTS / "cell-progress-done.png"))
+    # Theme variables only: in the dark theme the summary follows it.
+    page.evaluate("window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Dark'})")
+    page.locator("body[data-jp-theme-light='false']").wait_for(state="attached", timeout=30_000)
+    colors = static.evaluate(
+        "e => [getComputedStyle(e).color, getComputedStyle(e.querySelector('div')).backgroundColor]"
+    )
+    assert colors[0] != "rgb(0, 0, 0)" and colors[1] != "rgb(221, 221, 221)", colors  # not the light fallbacks
+    page.locator(CELL).nth(1).screenshot(path=str(ARTIFACTS / "cell-progress-dark.png"))
 
     # Saved from JupyterLab, the file renders the summary through nbconvert, no kernel involved.
     page.evaluate("window.jupyterapp.commands.execute('docmanager:save')")
