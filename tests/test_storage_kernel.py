@@ -102,7 +102,7 @@ def test_bad_input_is_one_line_and_the_kernel_stays_up(nb):
 
 def test_progress_is_shown_for_a_long_transfer(nb):
     reply = ok(nb, (
-        "import pathways_kernel.core.progress as progress\n"
+        "import pathways_kernel.state.progress as progress\n"
         "progress.THRESHOLD_S, progress.INTERVAL_S = 0.0, 0.05\n"
         "big = jnp.ones((4096, 4096), jnp.float32)\n"
         "t = pw.persist(big, 'gs://notebook/progress', name='big')\n"

@@ -86,7 +86,12 @@ def plan(
     return MeshPlan(axes, dcn, ici)
 
 
-def build(slices: Sequence[Slice], axes=None, dcn=None, ici=None):
+def build(
+    slices: Sequence[Slice],
+    axes: Sequence[str] | None = None,
+    dcn: Sequence[int] | None = None,
+    ici: Sequence[int] | None = None,
+) -> Any:
     """A ``jax.sharding.Mesh`` over ``slices`` (normally the live ones).
 
     Raises:

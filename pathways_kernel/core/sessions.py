@@ -144,7 +144,9 @@ class Session:
             devices=len(topology.devices),
         )
 
-    def mesh(self, axes: Sequence[str] | None = None, dcn: Sequence[int] | None = None, ici: Sequence[int] | None = None):
+    def mesh(
+        self, axes: Sequence[str] | None = None, dcn: Sequence[int] | None = None, ici: Sequence[int] | None = None
+    ) -> Any:
         """A multi-slice ``jax.sharding.Mesh`` over the slices that are up."""
         return meshes.build(self.topology.up_slices, axes, dcn, ici)
 
@@ -165,7 +167,8 @@ class Session:
         with self._lock:
             found = self._components.get(kind)
             if found is None:
-                found = self._components[kind] = (factory or kind)(self)
+                make = factory if factory is not None else cast(Callable[["Session"], T], kind)
+                found = self._components[kind] = make(self)
             return cast(T, found)
 
     def on_close(self, closer: Callable[[], None]) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
-from typing import Any, Iterable, Literal, Sequence
+from typing import Any, Iterable, Literal, Sequence, cast
 
 from pathways_kernel.core.display import TextDisplay
 from pathways_kernel.core.text import count
@@ -117,7 +117,7 @@ class Topology(TextDisplay):
     def _slice_by_device_id(self) -> dict[int, int]:
         # Frozen dataclass: cache the map on the instance.
         try:
-            return self.__dict__["_by_id"]
+            return cast(dict[int, int], self.__dict__["_by_id"])
         except KeyError:
             mapping = {chip.device.id: chip.slice_index for chip in self.chips}
             object.__setattr__(self, "_by_id", mapping)
@@ -164,7 +164,7 @@ def _count(chips: int, devices: int) -> str:
     return count(chips, "chip") if chips == devices else f"{count(chips, 'chip')} ({count(devices, 'device')})"
 
 
-def _chip_order(chip: Chip) -> tuple:
+def _chip_order(chip: Chip) -> tuple[Any, ...]:
     return (tuple(reversed(chip.coords)), chip.core_on_chip, chip.id)
 
 

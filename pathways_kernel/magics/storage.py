@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from pathways_kernel.core import progress
+from pathways_kernel.state import progress
 from pathways_kernel.core.errors import NamespaceError, PathwaysError
 from pathways_kernel.core.namespace import bind, check_bindable, user_namespace
 from pathways_kernel.magics import MAX_INT, Text, integer, name_list, seconds, subcommand
