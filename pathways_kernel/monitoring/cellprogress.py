@@ -36,7 +36,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from pathways_kernel.core.progress import _in_kernel
+from pathways_kernel.state.progress import _in_kernel
 from pathways_kernel.core.text import count
 from pathways_kernel.training import goodput
 
