@@ -36,8 +36,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from pathways_kernel.state.progress import _in_kernel
 from pathways_kernel.core.text import count
+from pathways_kernel.state.progress import _in_kernel
 from pathways_kernel.training import goodput
 
 #: Seconds between refreshes of a live view: at most 4 updates a second.
