@@ -127,12 +127,17 @@ class Cluster:
             "JobAcctGatherType=jobacct_gather/none",
             "SelectType=select/cons_tres",
             "SchedulerType=sched/builtin",
+            # Pending jobs looked at every 2 s, not 60: a requeued job made eligible starts within seconds.
+            "SchedulerParameters=sched_interval=2",
             # 1: a node an admin set DOWN stays down until resumed (2 brings it back when its job is killed).
             "ReturnToService=1",
             "MessageTimeout=3",
             "SlurmdTimeout=6",
             "MinJobAge=600",
             "MpiDefault=none",
+            # A job in the higher-tier partition `urgent` preempts `tpu` jobs, which Slurm requeues.
+            "PreemptType=preempt/partition_prio",
+            "PreemptMode=REQUEUE",
             f"StateSaveLocation={d / 'state'}",
             f"SlurmdSpoolDir={d / 'spool'}/%n",
             f"SlurmctldPidFile={d / 'slurmctld.pid'}",
@@ -147,7 +152,9 @@ class Cluster:
                 f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} CPUs=1 RealMemory=1000"
                 f" Features=slice{self.names.index(name)}"
             )
-        lines.append(f"PartitionName=tpu Nodes={','.join(self.names)} Default=YES MaxTime=INFINITE State=UP")
+        nodes_list = ",".join(self.names)
+        lines.append(f"PartitionName=tpu Nodes={nodes_list} Default=YES MaxTime=INFINITE State=UP PriorityTier=1")
+        lines.append(f"PartitionName=urgent Nodes={nodes_list} MaxTime=INFINITE State=UP PriorityTier=10")
         self.conf.write_text("\n".join(lines) + "\n")
 
     def _daemon(self, argv: list[str], pidfile: Path) -> None:
@@ -229,7 +236,8 @@ class Cluster:
             time.sleep(0.1)
 
     def node_state(self, name: str) -> str:
-        return self.run("sinfo", "-h", "-N", "-n", name, "-o", "%T").stdout.strip()
+        # One line per partition holding the node, all with the node's one state.
+        return self.run("sinfo", "-h", "-N", "-n", name, "-o", "%T").stdout.split("\n")[0].strip()
 
     def wait_nodes(self, state: str, timeout: float = 30, names: list[str] | None = None) -> None:
         deadline = time.monotonic() + timeout

@@ -10,12 +10,14 @@ backend bound to a job (``local:2x4 --slurm JOB``).
 
 from __future__ import annotations
 
+import re
 import socket
 import sys
 import threading
 import time
 from pathlib import Path
 
+import monitor_frontend
 import pytest
 from kernels import Kernel
 from slurm import slurm_cluster  # noqa: F401  (the `slurm` fixture)
@@ -375,3 +377,90 @@ def test_a_submitted_job_is_cancelled_at_kernel_shutdown_and_others_are_not(slur
     assert f"pathways-kernel: cancelled Slurm job {mine} (submitted by this kernel)" in capfd.readouterr().err
     assert slurm.wait_job(mine, "CANCELLED", timeout=10)["JobState"] == "CANCELLED"
     assert slurm.job(other)["JobState"] == "RUNNING"
+
+
+def monitor(kernel):
+    """A monitor comm opened as the panel does (tests/test_monitor_kernel.py), and its first topology's target."""
+    from test_monitor_kernel import Frontend, _is
+
+    frontend = Frontend(kernel)
+    comm = frontend.open()
+    first = frontend.wait_for(lambda m: _is(m, comm, "topology"), timeout=30)
+    assert first is not None, "no topology after comm_open"
+
+    def next_target(than: str, timeout: float = 5) -> tuple[str, int]:
+        """The target of the next topology message whose target differs from ``than``, and its topology_seq."""
+        mark = len(frontend.inbox)
+        msg = frontend.wait_for(
+            lambda m: _is(m, comm, "topology") and m["content"]["data"]["target"] != than, timeout, since=mark
+        )
+        assert msg is not None, f"no topology with a target other than {than!r} within {timeout} s"
+        topology = monitor_frontend.decode_topology(msg["content"]["data"], msg["buffers"])
+        return topology.target, topology.topology_seq
+
+    return first["content"]["data"]["target"], first["content"]["data"]["topology_seq"], next_target
+
+
+def test_the_monitor_topology_target_is_the_job_id_and_its_time_left_resent_when_slurm_changes_it(
+    slurm, kernel, cancel
+):
+    job = slurm.submit(SLEEP, "--nodes=2", "--time=30", "--job-name=pw-panel")
+    cancel.append(job)
+    slurm.wait_job(job, "RUNNING")
+    assert kernel.run(f"%pathways connect local:2x4 --slurm {job} --force").status == "ok"
+    target, seq, next_target = monitor(kernel)
+    left = re.fullmatch(rf"slurm job {job} · (\d+) min left", target)
+    assert left is not None and 25 <= int(left.group(1)) <= 29, target
+
+    # The admin shortens the job: the panel's header follows within one poll and a sample.
+    slurm.run("scontrol", "update", f"jobid={job}", "timelimit=12")
+    shorter, shorter_seq = next_target(target)
+    assert re.fullmatch(rf"slurm job {job} · 1[01] min left", shorter), shorter
+    assert shorter_seq > seq
+    slurm.run("scancel", job)
+    ended, _ = next_target(shorter)
+    if ended == f"slurm job {job} · COMPLETING":
+        ended, _ = next_target(ended)
+    assert ended == f"slurm job {job} · CANCELLED"
+
+
+def test_a_job_preempted_by_a_higher_tier_partition_loses_every_slice_and_gets_them_back_when_it_runs_again(
+    slurm, kernel, cancel
+):
+    job = slurm.submit(SLEEP, "--nodes=2", "--time=10", "--job-name=pw-victim")
+    cancel.append(job)
+    slurm.wait_job(job, "RUNNING")
+    reply = kernel.run(
+        f"%pathways connect local:2x4 --slurm {job} --feature slice --force\n"
+        "import time, jax, jax.numpy as jnp\n"
+        "from jax.sharding import NamedSharding, PartitionSpec as P\n"
+        "x = jax.device_put(jnp.arange(16.0), NamedSharding(pw.mesh(), P('data')))"
+    )
+    assert reply.status == "ok", reply.error
+    # Same nodes, partition `urgent` (PriorityTier 10 over 1, PreemptMode=REQUEUE in tests/slurm.py).
+    urgent = slurm.submit(SLEEP, "--nodes=2", "--time=5", "--partition=urgent", "--job-name=pw-urgent")
+    cancel.append(urgent)
+    gone = kernel.run("while len(pw.topology().down_slices) < 2: time.sleep(0.05)", timeout=20)
+    assert gone.status == "ok", gone.error
+    assert slurm.job(urgent)["JobState"] == "RUNNING"
+    preempted = kernel.run("%pathways events --kind job_preempted --last 1").text
+    assert f"slurm job {job} preempted by job {urgent} (partition urgent) and requeued (PENDING" in preempted
+    assert f"slurm job {job} requeued" not in kernel.run("%pathways events --kind job_requeued").text
+    downs = kernel.run("print(*[e.detail for e in pw.events(kind='slice_down')[-2:]], sep='\\n')").text.splitlines()
+    assert len(downs) == 2 and all(
+        d.startswith(f"slurm job {job} preempted by job {urgent} (partition urgent): ") for d in downs
+    ), downs
+    lost = kernel.run("float(x.sum())")
+    assert lost.status == "error" and "DATA_LOSS" in lost.error
+
+    # The preemptor done and its nodes idle, the requeued job starts again (now, not after Slurm's requeue delay).
+    slurm.run("scancel", urgent)
+    slurm.wait_job(urgent, "CANCELLED")
+    slurm.wait_nodes("idle")
+    slurm.run("scontrol", "update", f"jobid={job}", "starttime=now")
+    back = kernel.run("while pw.topology().down_slices: time.sleep(0.05)", timeout=40)
+    assert back.status == "ok", back.error
+    ups = kernel.run("print(*[e.detail for e in pw.events(kind='slice_up')[-2:]], sep='\\n')").text.splitlines()
+    assert [u.split(":")[0] for u in ups] == [f"slurm job {job} running again on tpu-{i}" for i in (0, 1)], ups
+    fresh = kernel.run("print(float(jax.device_put(jnp.ones(16), NamedSharding(pw.mesh(), P('data'))).sum()))")
+    assert fresh.text.strip() == "16.0", fresh.error

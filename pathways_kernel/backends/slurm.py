@@ -129,6 +129,17 @@ class Job:
                 return value
         return None
 
+    def label(self, now: float | None = None) -> str:
+        """``slurm job 42 · 1 h 23 min left``, or the job's state when no limit runs: the monitor header's target.
+
+        Minutes, not seconds: the monitor re-sends its topology when the
+        label changes, so it changes at most once a minute while the job runs.
+        """
+        left = self.time_left_s(now)
+        if left is not None:
+            return f"slurm job {self.id} · {format_minutes(left)} left"
+        return f"slurm job {self.id} · {self.state}" + (f" ({self.reason})" if self.state == "PENDING" else "")
+
     def describe(self) -> str:
         text = f"slurm job {self.id} ({self.name}): {self.state}"
         if self.state == "PENDING" or (self.reason not in ("None", "") and not self.active):
@@ -168,6 +179,13 @@ def format_duration(seconds: float) -> str:
     seconds = int(seconds)
     hours, rest = divmod(seconds, 3600)
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+def format_minutes(seconds: float) -> str:
+    hours, minutes = divmod(int(seconds) // 60, 60)
+    if hours:
+        return f"{hours} h {minutes:02d} min"
+    return f"{minutes} min" if minutes else "<1 min"
 
 
 def _parse_time(text: str) -> float | None:
@@ -276,6 +294,10 @@ class Slurm:
         out = self.run("scontrol", "show", "node", "-o", ",".join(names))
         found = [Node.from_record(parse_record(line)) for line in out.splitlines() if line.strip()]
         return {n.name: n for n in found}
+
+    def jobs_on(self, nodes: Sequence[str]) -> list[str]:
+        """``"ID PARTITION"`` of each job running (or starting) on any of ``nodes``."""
+        return self.run("squeue", "-h", "-t", "R,CF", "-w", ",".join(nodes), "-o", "%i %P").splitlines()
 
     # -- acting ----------------------------------------------------------------
     def submit(self, script: str, options: Sequence[str] = (), name: str = "") -> str:
@@ -446,8 +468,7 @@ class SlurmBackend(ProxyBackend):
         if self.job is None:
             return f"slurm job {self.job_ref}"
         job = self.watch.job if self.watch is not None else self.job
-        left = job.time_left_s()
-        return f"{self.address.url} (slurm job {job.id}{f', {format_duration(left)} left' if left is not None else ''})"
+        return f"{self.address.url} ({job.label()})"
 
     def preflight(self) -> preflight_lib.Report:
         from pathways_kernel.core.sessions import EVENTS

@@ -8,7 +8,18 @@ slot on the controller). Each poll compares with the last one:
 - a slice with a node DOWN, DRAIN or FAIL goes down, its detail carrying the
   node's state and Slurm's reason; all its nodes back in service bring it up;
 - the job being requeued or preempted, ending, starting again, or coming
-  within ``WARN_MINUTES`` of its time limit becomes a ``job_*`` event.
+  within ``WARN_MINUTES`` of its time limit becomes a ``job_*`` event;
+- a preempted job has lost all its nodes to another job, so every slice goes
+  down (its nodes stay in service, which alone would leave the slices up),
+  and comes back when the job runs again.
+
+Slurm's REQUEUE preemption leaves no mark on the job itself (it is PENDING,
+reason BeginTime, one more restart, as after a node failure), so a requeue
+with the job's nodes all in service and another job now running on them
+counts as a preemption by that job.
+
+``label()`` is the job's id and time left, which the backend reports as its
+target (the monitor panel's header).
 
 What "a slice goes down" does is the sink's business: on the proxy backend
 the session marks the slice (Pathways itself loses the arrays); on the
@@ -114,12 +125,18 @@ class JobWatch:
         # The slices keep the nodes they started on: when a node fails Slurm
         # may take it out of the job (or requeue the job), and it is that
         # node's return that brings the slice back.
+        self.nodes_per_slice, self.feature = nodes_per_slice, feature
         self.groups = group_nodes(nodes, slurm.nodes(nodes), sink.slice_count(), nodes_per_slice, feature)
         self.down: dict[int, str] = {}
+        #: Slices down because the job was preempted: they return with the job, not with their nodes.
+        self.preempted: set[int] = set()
         self._warned = False
         self._last_error = ""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"pathways-slurm-{job.id}", daemon=True)
+
+    def label(self) -> str:
+        return self.job.label()
 
     def describe(self) -> str:
         return ", ".join(f"slice {i} = {','.join(g)}" for i, g in enumerate(self.groups))
@@ -147,13 +164,19 @@ class JobWatch:
 
     def poll(self) -> None:
         """One look at the job and its nodes; emits what changed."""
+        info = self.slurm.nodes([n for g in self.groups for n in g])
         if self.job.active:
             # An ended job has nothing more to say (and is purged later); its nodes still do.
             job = self.slurm.job(self.job.id)
-            self._job_events(self.job, job)
-            self.job = job
-        info = self.slurm.nodes([n for g in self.groups for n in g])
+            # A requeue is judged once the job is off its nodes: while it is
+            # COMPLETING, a job preempting it has not started on them yet.
+            if not (job.state == "COMPLETING" and job.restarts > self.job.restarts):
+                # Set before the events, so that the target they prompt the monitor to re-send is current.
+                old, self.job = self.job, job
+                self._job_events(old, job, info)
         for index, group in enumerate(self.groups):
+            if index in self.preempted:
+                continue
             bad = [info[n] for n in group if n in info and info[n].out_of_service]
             if bad and index not in self.down:
                 detail = "; ".join(f"slurm node {n.name} {n.state}: {n.reason or 'no reason given'}" for n in bad)
@@ -163,23 +186,57 @@ class JobWatch:
                 del self.down[index]
                 self.sink.up(index, f"slurm node{'s' if len(group) > 1 else ''} {','.join(group)} back in service")
 
-    def _job_events(self, old: Job, new: Job) -> None:
+    def _job_events(self, old: Job, new: Job, info: dict[str, Node]) -> None:
         emit, name = self.events.emit, f"slurm job {new.id}"
         if new.restarts > old.restarts or (
             old.state == "RUNNING" and new.state in ("PENDING", "REQUEUED", "REQUEUE_HOLD")
         ):
-            if new.state == "PREEMPTED" or "preempt" in new.reason.lower():
-                emit("job_preempted", detail=f"{name} preempted and requeued ({new.state}, {new.reason})")
+            by = self._preemptor(info)
+            if new.state == "PREEMPTED" or "preempt" in new.reason.lower() or by:
+                emit("job_preempted", detail=f"{name} preempted{by} and requeued ({new.state}, {new.reason})")
+                self._lose_all(f"{name} preempted{by}")
             else:
                 emit("job_requeued", detail=f"{name} requeued ({new.state}, {new.reason}), restart {new.restarts}")
         elif new.state == "PREEMPTED" and old.state != "PREEMPTED":
-            emit("job_preempted", detail=f"{name} preempted ({new.reason})")
+            by = self._preemptor(info)
+            emit("job_preempted", detail=f"{name} preempted{by} ({new.reason})")
+            self._lose_all(f"{name} preempted{by}")
         elif old.active and not new.active:
             emit("job_ended", detail=new.describe())
         if new.state == "RUNNING" and old.state != "RUNNING":
             self._warned = False
             emit("job_running", detail=new.describe())
+            self._rejoin(new)
         self._check_time_limit(new)
+
+    def _preemptor(self, info: dict[str, Node]) -> str:
+        """`` by job 43 (partition urgent)`` if another job now runs on the job's nodes, all in service; else ``""``."""
+        nodes = [n for g in self.groups for n in g]
+        if any(info[n].out_of_service for n in nodes if n in info):
+            return ""
+        for line in self.slurm.jobs_on(nodes):
+            other, _, partition = line.strip().partition(" ")
+            if other and other != self.job.id:
+                return f" by job {other} (partition {partition})"
+        return ""
+
+    def _lose_all(self, detail: str) -> None:
+        for index in range(len(self.groups)):
+            if index not in self.down:
+                self.down[index] = detail
+                self.preempted.add(index)
+                self.sink.down(index, detail)
+
+    def _rejoin(self, job: Job) -> None:
+        """A preempted job running again: its slices come back, on the nodes it runs on now."""
+        if not self.preempted:
+            return
+        nodes = self.slurm.hostnames(job.nodelist)
+        self.groups = group_nodes(nodes, self.slurm.nodes(nodes), len(self.groups), self.nodes_per_slice, self.feature)
+        for index in sorted(self.preempted):
+            self.preempted.discard(index)
+            del self.down[index]
+            self.sink.up(index, f"slurm job {job.id} running again on {','.join(self.groups[index])}")
 
     def _check_time_limit(self, job: Job) -> None:
         left = job.time_left_s()

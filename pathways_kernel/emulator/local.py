@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 from pathways_kernel.backends.base import Backend, Placement
 from pathways_kernel.core import jaxcompat
@@ -51,10 +51,16 @@ class LocalBackend(Backend):
         self.chips_per_slice = chips_per_slice
         #: ``(value before,)`` of ``PJRT_NPROC`` while ours is set.
         self._pool_env_before: tuple[str | None] | None = None
+        #: Set while the slices are bound to a Slurm job (``slurm_binding``): the job's id and time left.
+        self.job_label: Callable[[], str] | None = None
 
     @property
     def spec(self) -> str:
         return f"local:{self.num_slices}x{self.chips_per_slice}"
+
+    @property
+    def target(self) -> str:
+        return self.job_label() if self.job_label is not None else "embedded"
 
     @property
     def num_devices(self) -> int:

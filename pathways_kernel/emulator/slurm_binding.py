@@ -73,6 +73,7 @@ class SlurmBinding:
         self.session.events.emit(
             "job_bound", detail=f"{self.session.backend.spec} on {running.describe()}: {watch.describe()}"
         )
+        self.session.backend.job_label = watch.label
         watch.start()
         return watch
 
@@ -80,6 +81,8 @@ class SlurmBinding:
         if self.watch is not None:
             watch, self.watch = self.watch, None
             watch.stop()
+            if getattr(self.session.backend, "job_label", None) == watch.label:
+                self.session.backend.job_label = None
 
 
 def binding(session: Any) -> SlurmBinding:
