@@ -373,6 +373,7 @@ class TelemetryHub:
         self._thread: threading.Thread | None = None
         self._topology_seq = 1
         self._layout = Layout.of(session.topology)
+        self._target = session.backend.target
         self._source = source or _backend_source(session, self._layout) or ClientSource()
         self._seq = 0
         self._latest: Metrics | None = None
@@ -497,8 +498,7 @@ class TelemetryHub:
                 events = list(self._events)
                 self._events.clear()
                 subs = list(self._subs)
-            if events:
-                self._deliver_events(events, subs)
+            self._deliver_events(events, subs)
             now = time.monotonic()
             if now >= next_sample:
                 started, cpu_started = time.perf_counter(), time.thread_time()
@@ -536,8 +536,11 @@ class TelemetryHub:
         history.record(metrics)
 
     def _deliver_events(self, events: list[Event], subs: list[Subscription]) -> None:
-        if any(e.kind in ("slice_up", "slice_down") for e in events):
+        # The topology message carries the target, which can change with no event (a Slurm job's time left).
+        target = self.session.backend.target
+        if target != self._target or any(e.kind in ("slice_up", "slice_down") for e in events):
             with self._lock:
+                self._target = target
                 self._layout = Layout.of(self.session.topology)
                 self._topology_seq += 1
                 topology, seq = self._layout.topology, self._topology_seq
