@@ -18,7 +18,8 @@ import re
 import sys
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any
+from types import FrameType
+from typing import Any, cast
 
 #: The jax/jaxlib range these shims were written and tested against.
 TESTED_JAX_MIN = "0.10.1"
@@ -32,7 +33,7 @@ def installed_versions() -> tuple[str, str]:
     import jax
     import jaxlib
 
-    return jax.__version__, jaxlib.__version__
+    return jax.__version__, str(getattr(jaxlib, "__version__"))
 
 
 def _release(version: str) -> tuple[int, ...]:
@@ -76,13 +77,13 @@ def concrete_array_type() -> type:
     """The class of arrays backed by buffers (``jaxlib._jax.ArrayImpl``): no tracers."""
     from jaxlib import _jax
 
-    return _jax.ArrayImpl
+    return cast(type, _jax.ArrayImpl)
 
 
 def devices_of(array: Any) -> Iterable[Any]:
     """The devices of ``array``'s sharding, in order (``Sharding._internal_device_list``,
     cached; the public ``device_set`` builds a new set on each call)."""
-    return array.sharding._internal_device_list
+    return cast(Iterable[Any], array.sharding._internal_device_list)
 
 
 def make_error_like(array: Any, message: str) -> Any:
@@ -113,13 +114,14 @@ def arrays_being_read() -> set[int]:
     per-device arrays it reads through (``_arrays``, the cached
     fully-replicated shard) are busy.
     """
-    array_type = concrete_array_type()
+    array_type: Any = concrete_array_type()
     busy: set[int] = set()
     me = threading.get_ident()
-    for ident, frame in sys._current_frames().items():
+    for ident, top in sys._current_frames().items():
+        frame: FrameType | None = top
         while frame is not None and ident != me:
             if frame.f_code.co_filename.endswith(_ARRAY_MODULE):
-                owner = frame.f_locals.get("self")
+                owner: Any = frame.f_locals.get("self")
                 if isinstance(owner, array_type):
                     busy.add(id(owner))
                     if not owner.is_deleted():
@@ -183,7 +185,7 @@ _hooks_installed = False
 def install_dispatch_hooks(
     on_execute: Callable[[Any, str, Iterable[Any]], None],
     skip_fastpath: Callable[[Iterable[Any]], bool],
-    before_device_put: Callable[[tuple], None],
+    before_device_put: Callable[[tuple[Any, ...]], None],
     after_device_put: Callable[[Any], None],
 ) -> None:
     """Wrap JAX's Python dispatch paths (once per process).
@@ -207,7 +209,7 @@ def install_dispatch_hooks(
         execute = pxla.ExecuteReplicated.__call__
 
         @functools.wraps(execute)
-        def execute_replicated(self, *args):
+        def execute_replicated(self: Any, *args: Any) -> Any:
             results = execute(self, *args)
             on_execute(results, self.name, self._local_devices)
             return results
@@ -215,7 +217,7 @@ def install_dispatch_hooks(
         fastpath = pjit._get_fastpath_data
 
         @functools.wraps(fastpath)
-        def get_fastpath_data(executable, *args, **kwargs):
+        def get_fastpath_data(executable: Any, *args: Any, **kwargs: Any) -> Any:
             if executable is not None:
                 call = getattr(executable, "unsafe_call", None)
                 if skip_fastpath(getattr(call, "_local_devices", ())):
@@ -225,13 +227,13 @@ def install_dispatch_hooks(
         device_put = dispatch._batched_device_put_impl
 
         @functools.wraps(device_put)
-        def batched_device_put(*xs, **params):
+        def batched_device_put(*xs: Any, **params: Any) -> Any:
             before_device_put(xs)
             results = device_put(*xs, **params)
             after_device_put(results)
             return results
 
-        pxla.ExecuteReplicated.__call__ = execute_replicated
+        setattr(pxla.ExecuteReplicated, "__call__", execute_replicated)
         pjit._get_fastpath_data = get_fastpath_data
         dispatch._batched_device_put_impl = batched_device_put
         _hooks_installed = True
