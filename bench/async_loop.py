@@ -29,7 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.extend import backend as jax_backend
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from pathways_kernel.emulator.local import _client_threads
 
@@ -69,9 +70,14 @@ def timed_loop(mesh: Mesh, steps: int, every: int, reps: int) -> list[float]:
     x = jax.device_put(rng.random((512, 64), np.float32), batch)
     y = jax.device_put(rng.random((512, 1), np.float32), batch)
     keys = jax.random.split(jax.random.key(0), 3)
-    p = jax.device_put({"w1": jax.random.normal(keys[0], (64, 256)) * 0.1,
-                        "w2": jax.random.normal(keys[1], (256, 256)) * 0.1,
-                        "w3": jax.random.normal(keys[2], (256, 1)) * 0.1}, replicated)
+    p = jax.device_put(
+        {
+            "w1": jax.random.normal(keys[0], (64, 256)) * 0.1,
+            "w2": jax.random.normal(keys[1], (256, 256)) * 0.1,
+            "w3": jax.random.normal(keys[2], (256, 1)) * 0.1,
+        },
+        replicated,
+    )
     s = opt.init(p)
 
     def run(n: int) -> float:
@@ -108,17 +114,23 @@ def main() -> None:
     def ms(xs: list[float]) -> str:
         return f"median {statistics.median(xs) * 1e3:.2f} (min {min(xs) * 1e3:.2f}, max {max(xs) * 1e3:.2f})"
 
-    print(f"cores {len(os.sched_getaffinity(0))}, devices {DEVICES}, remedied pools {threads} threads; load average "
-          f"{os.getloadavg()[0]:.1f} at the end")
-    print(f"stock pools, loss read every {args.every}     {ms(stock)} ms/step ({len(stock)} reps of {args.steps} steps)")
+    print(
+        f"cores {len(os.sched_getaffinity(0))}, devices {DEVICES}, remedied pools {threads} threads; load average "
+        f"{os.getloadavg()[0]:.1f} at the end"
+    )
+    print(
+        f"stock pools, loss read every {args.every}     {ms(stock)} ms/step ({len(stock)} reps of {args.steps} steps)"
+    )
     print(f"remedied pools, loss read every {args.every}  {ms(remedied)} ms/step")
     print(f"remedied pools, never blocked      {ms(unblocked)} ms/step (stock aborts this loop)")
     # On a shared machine the medians carry the others' load; the fastest
     # repetitions are the closest to a quiet machine.
     best = min(remedied) / min(stock)
     ratio = statistics.median(remedied) / statistics.median(stock)
-    print(f"remedied/stock time per step       median {ratio:.3f}, fastest reps {best:.3f}  "
-          f"(same loop, alternating clients; goal <= 1.05)")
+    print(
+        f"remedied/stock time per step       median {ratio:.3f}, fastest reps {best:.3f}  "
+        f"(same loop, alternating clients; goal <= 1.05)"
+    )
 
 
 if __name__ == "__main__":

@@ -136,15 +136,21 @@ def main() -> None:
     baseline = rss_at_10[0] if rss_at_10 else float("nan")
     print(f"state                {state_mib:.1f} MiB in {len(host)} arrays on local:2x4, snapshot_every=2")
     print(f"run                  {report.summary()}")
-    print(f"cycles               {len(per_cycle)} fail/restore in {soak_s:.1f} s ({per_cycle.mean() * 1000:.0f} ms each)")
+    print(
+        f"cycles               {len(per_cycle)} fail/restore in {soak_s:.1f} s ({per_cycle.mean() * 1000:.0f} ms each)"
+    )
     print(f"monitor              {received['metrics']} metrics updates, {received['events']} events received")
-    print(f"kept buffers         {kept_end} at the end; live arrays {live_end} once released, {live_collected} after gc.collect()")
+    print(
+        f"kept buffers         {kept_end} at the end; live arrays {live_end} once released, {live_collected} after gc.collect()"
+    )
     print(
         f"RSS                  {baseline:.0f} MB at cycle 10, {rss_end:.0f} MB at the end, {rss_settled:.0f} MB once kept "
         f"buffers are released, {rss_collected:.0f} MB after gc.collect()"
     )
     print(f"final state          equals the fault-free run: {same}")
-    print(f"RSS growth           {rss_end - baseline:.0f} MB at the end, {rss_settled - baseline:.0f} MB settled  (goal <= 100)")
+    print(
+        f"RSS growth           {rss_end - baseline:.0f} MB at the end, {rss_settled - baseline:.0f} MB settled  (goal <= 100)"
+    )
     print(f"per-cycle time, last {window}/first {window}    {last / first:.2f}  (goal <= 1.2)")
 
 

@@ -44,10 +44,14 @@ def child(url: str) -> None:
     def loss(params, x):
         for p in params:  # unrolled on purpose: that is what makes compiling slow
             x = block(x, p)
-        return jnp.mean(x ** 2)
+        return jnp.mean(x**2)
 
     params = [
-        {"g": jnp.ones(WIDTH), "w1": jnp.full((WIDTH, 4 * WIDTH), 0.01 * (i + 1)), "w2": jnp.full((4 * WIDTH, WIDTH), 0.01)}
+        {
+            "g": jnp.ones(WIDTH),
+            "w1": jnp.full((WIDTH, 4 * WIDTH), 0.01 * (i + 1)),
+            "w2": jnp.full((4 * WIDTH, WIDTH), 0.01),
+        }
         for i in range(LAYERS)
     ]
     x = jnp.ones((32, WIDTH))
@@ -60,12 +64,22 @@ def child(url: str) -> None:
     value, _ = compiled(params, x)
     float(value)
     status = compile_cache.status()
-    print(json.dumps({"lower_s": lowered_at - start, "compile_s": compiled_at - lowered_at,
-                      "hits": status.hits, "misses": status.misses}))
+    print(
+        json.dumps(
+            {
+                "lower_s": lowered_at - start,
+                "compile_s": compiled_at - lowered_at,
+                "hits": status.hits,
+                "misses": status.misses,
+            }
+        )
+    )
 
 
 def run_child(url: str, env: dict[str, str]) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", url], env=env, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", url], env=env, capture_output=True, text=True, timeout=600
+    )
     if out.returncode != 0:
         raise SystemExit(f"child failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -95,9 +109,13 @@ def main() -> None:
                 warm = run_child(url, env)
                 assert cold["misses"] >= 1 and warm["hits"] >= 1, (cold, warm)
                 ratios.append(warm["compile_s"] / cold["compile_s"])
-                print(f"round {r}: cold compile {cold['compile_s']:.2f} s ({cold['misses']} misses), "
-                      f"warm {warm['compile_s']:.2f} s ({warm['hits']} hits); lowering {cold['lower_s']:.2f} / {warm['lower_s']:.2f} s")
-            print(f"model: {LAYERS} residual MLP blocks of width {WIDTH}, forward + backward; cache at {server.url} (fake-gcs-server)")
+                print(
+                    f"round {r}: cold compile {cold['compile_s']:.2f} s ({cold['misses']} misses), "
+                    f"warm {warm['compile_s']:.2f} s ({warm['hits']} hits); lowering {cold['lower_s']:.2f} / {warm['lower_s']:.2f} s"
+                )
+            print(
+                f"model: {LAYERS} residual MLP blocks of width {WIDTH}, forward + backward; cache at {server.url} (fake-gcs-server)"
+            )
             print(f"warm/cold compile time: {statistics.median(ratios):.2f} (goal <= 0.2)")
         finally:
             server.stop()

@@ -101,7 +101,9 @@ def main(seconds: float = 20.0) -> None:
         return
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        labtools.notebook(root / "bench.ipynb", ["# dashboard_scale benchmark: a synthetic 64 x 1024 hub with 15 min of history"])
+        labtools.notebook(
+            root / "bench.ipynb", ["# dashboard_scale benchmark: a synthetic 64 x 1024 hub with 15 min of history"]
+        )
         server = labtools.Lab(root)
         try:
             kernel_id = base.start_kernel(server, "bench.ipynb")
@@ -128,13 +130,17 @@ def main(seconds: float = 20.0) -> None:
                 page.goto(server.url("bench.ipynb"))
                 page.locator("#pathways-monitor[data-state='live']").wait_for(state="attached")
                 page.wait_for_timeout(2000)  # the panel's own comm and history settle first
-                page.evaluate("() => { window.openedAt = performance.now();"
-                              " window.jupyterapp.commands.execute('pathways:open-dashboard'); }")
+                page.evaluate(
+                    "() => { window.openedAt = performance.now();"
+                    " window.jupyterapp.commands.execute('pathways:open-dashboard'); }"
+                )
                 page.wait_for_function(
                     "() => { const a = [...window.jupyterapp.shell.widgets('main')].find(w => w.id === 'pathways-dashboard-area');"
                     " if (!a || a.content.data.utilization().data[0].length < 1700) return false;"
                     " window.loadedAt = performance.now(); return true; }",
-                    polling="raf", timeout=30_000)
+                    polling="raf",
+                    timeout=30_000,
+                )
                 loaded_ms = page.evaluate("window.loadedAt - window.openedAt")
                 page.evaluate(TIME_RENDERS)
                 points = page.evaluate("window.dashboardPoints()")
@@ -156,24 +162,34 @@ def main(seconds: float = 20.0) -> None:
     per_frame = statistics.median(slices["frames"] + chips["frames"]) / CHIPS
     for name, m in (("all slices", slices), ("with slice 0's 1,024 chips", chips)):
         t = m["times"]
-        print(f"{name}: {len(m['frames'])} metrics frames in {m['elapsed']:.1f} s, {len(t)} renders; render ms "
-              f"median {statistics.median(t):.2f}, p90 {sorted(t)[int(0.9 * (len(t) - 1))]:.2f}, max {max(t):.2f}")
-    print(f"history in the kernel: {memory['points']} slice points, chips kept: {memory['keeps_chips']}; "
-          f"{memory['nbytes'] / 2**20:.1f} MiB held, formula {memory['bound'] / 2**20:.1f} MiB, "
-          f"bound {memory['max'] / 2**20:.0f} MiB")
+        print(
+            f"{name}: {len(m['frames'])} metrics frames in {m['elapsed']:.1f} s, {len(t)} renders; render ms "
+            f"median {statistics.median(t):.2f}, p90 {sorted(t)[int(0.9 * (len(t) - 1))]:.2f}, max {max(t):.2f}"
+        )
+    print(
+        f"history in the kernel: {memory['points']} slice points, chips kept: {memory['keeps_chips']}; "
+        f"{memory['nbytes'] / 2**20:.1f} MiB held, formula {memory['bound'] / 2**20:.1f} MiB, "
+        f"bound {memory['max'] / 2**20:.0f} MiB"
+    )
     delivered = "no history message seen" if delivered_ms is None else f"{delivered_ms:.0f} ms"
     if delivered_ms is not None:
-        print(f"history on subscribe, in the page: command run -> comm_open sent {opened_ms:.0f} ms (kernel_info, "
-              f"comm subshell), comm_open -> history arrived {delivered_ms:.0f} ms (kernel, websocket), "
-              f"arrived -> in the dashboard's series {processed_ms:.0f} ms (decode, models)")
-    print(f"dashboard: {points} points per slice series loaded; comm_open -> history message {delivered}; "
-          f"command run -> full history in the dashboard's series {loaded_ms:.0f} ms")
-    print(f"median render per update: {statistics.median(slices['times']):.2f} ms all slices, "
-          f"{statistics.median(chips['times']):.2f} ms with 1,024 chips (goal <= 16); "
-          f"history delivered on subscribe: {delivered} (goal <= 250); "
-          f"kernel memory for history: {memory['nbytes'] / 2**20:.1f} MiB of {memory['max'] / 2**20:.0f} MiB "
-          f"({memory['nbytes'] / memory['max']:.2f} of the bound); "
-          f"bytes per chip per update: {per_frame:.2f} on the wire (goal <= 3)")
+        print(
+            f"history on subscribe, in the page: command run -> comm_open sent {opened_ms:.0f} ms (kernel_info, "
+            f"comm subshell), comm_open -> history arrived {delivered_ms:.0f} ms (kernel, websocket), "
+            f"arrived -> in the dashboard's series {processed_ms:.0f} ms (decode, models)"
+        )
+    print(
+        f"dashboard: {points} points per slice series loaded; comm_open -> history message {delivered}; "
+        f"command run -> full history in the dashboard's series {loaded_ms:.0f} ms"
+    )
+    print(
+        f"median render per update: {statistics.median(slices['times']):.2f} ms all slices, "
+        f"{statistics.median(chips['times']):.2f} ms with 1,024 chips (goal <= 16); "
+        f"history delivered on subscribe: {delivered} (goal <= 250); "
+        f"kernel memory for history: {memory['nbytes'] / 2**20:.1f} MiB of {memory['max'] / 2**20:.0f} MiB "
+        f"({memory['nbytes'] / memory['max']:.2f} of the bound); "
+        f"bytes per chip per update: {per_frame:.2f} on the wire (goal <= 3)"
+    )
 
 
 def measure(page, frames: list[int], seconds: float) -> dict:

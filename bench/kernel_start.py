@@ -27,7 +27,9 @@ def time_to_devices(kernel_name: str, env: dict[str, str]) -> float:
         kc.wait_for_ready(timeout=120)
         out: list[str] = []
         kc.execute_interactive(
-            CELL, timeout=120, output_hook=lambda m: out.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None
+            CELL,
+            timeout=120,
+            output_hook=lambda m: out.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None,
         )
         elapsed = time.perf_counter() - start
         assert "".join(out).strip() == "8", out
@@ -51,9 +53,11 @@ def main() -> None:
         ours.append(time_to_devices("pathways", base))
         stock.append(time_to_devices("python3", stock_env))
         print(f"run {run}: pathways {ours[-1]:.2f} s   stock ipykernel {stock[-1]:.2f} s")
-    ratios = [a / b for a, b in zip(ours, stock)]
+    ratios = [a / b for a, b in zip(ours, stock, strict=True)]
     print(f"median pathways {statistics.median(ours):.2f} s, stock {statistics.median(stock):.2f} s")
-    print(f"kernel_start ratio (pathways/stock, median of {args.runs}): {statistics.median(ratios):.2f}  (goal <= 1.25)")
+    print(
+        f"kernel_start ratio (pathways/stock, median of {args.runs}): {statistics.median(ratios):.2f}  (goal <= 1.25)"
+    )
 
 
 if __name__ == "__main__":

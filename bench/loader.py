@@ -38,7 +38,9 @@ def main() -> None:
     parser.add_argument("--features", type=int, default=512)
     parser.add_argument("--hidden", type=int, default=4096)
     parser.add_argument("--prefetch", type=int, default=2)
-    parser.add_argument("--producer", choices=("read", "synth"), default="read", help="what make_batches does (see the code)")
+    parser.add_argument(
+        "--producer", choices=("read", "synth"), default="read", help="what make_batches does (see the code)"
+    )
     args = parser.parse_args()
 
     import jax
@@ -106,7 +108,10 @@ def main() -> None:
         alone = (time.perf_counter() - began) / args.steps
 
     total = args.steps * args.rounds
-    host = [{k: np.concatenate([make_batches(s, 0, 2)[k], make_batches(s, 1, 2)[k]]) for k in ("x", "y")} for s in range(args.steps)]
+    host = [
+        {k: np.concatenate([make_batches(s, 0, 2)[k], make_batches(s, 1, 2)[k]]) for k in ("x", "y")}
+        for s in range(args.steps)
+    ]
     floor_batches = [jax.device_put(b, data) for b in host]
     jax.block_until_ready(floor_batches)
     loader = pw.loader(make_batches, mesh=mesh, spec=P("data"), prefetch=args.prefetch, name="bench")
@@ -121,10 +126,14 @@ def main() -> None:
     loader.close()
 
     fed_s, floor_s = statistics.median(fed), statistics.median(floor)
-    print(f"producer '{args.producer}' alone: {producer * 1e3:.2f} ms per global batch ({2 * args.steps} sidecar blocks timed)")
+    print(
+        f"producer '{args.producer}' alone: {producer * 1e3:.2f} ms per global batch ({2 * args.steps} sidecar blocks timed)"
+    )
     print(f"loader alone, no prefetch: {alone * 1e3:.2f} ms per global batch (two sidecars + placement + join)")
     print(f"step fed by precomputed on-device batches (floor): {floor_s * 1e3:.2f} ms")
-    print(f"step fed by pw.loader (prefetch {args.prefetch}): {fed_s * 1e3:.2f} ms; waited on {state['waits']} of {state['batches']} batches")
+    print(
+        f"step fed by pw.loader (prefetch {args.prefetch}): {fed_s * 1e3:.2f} ms; waited on {state['waits']} of {state['batches']} batches"
+    )
     print(f"loader/floor step time ratio (median step of {len(fed)}, goal <= 1.10): {fed_s / floor_s:.3f}")
 
 

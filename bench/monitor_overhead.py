@@ -54,7 +54,8 @@ def main() -> None:
 
     import jax
     import jax.numpy as jnp
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     import pathways_kernel as pw
     from pathways_kernel.monitoring import telemetry
@@ -109,13 +110,15 @@ def main() -> None:
 
     med_on, med_off = statistics.median(on), statistics.median(off)
     # Each monitored block against the unmonitored block right after it: load drift cancels.
-    ratios = sorted(a / b for a, b in zip(on, off))
+    ratios = sorted(a / b for a, b in zip(on, off, strict=True))
     q1, q3 = ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4]
     print(f"blocks per mode        {args.blocks} x {args.steps} steps")
     print(f"step time, hub off     {med_off * 1000:.2f} ms (median of blocks; 1 Hz history sampling only)")
     print(f"step time, hub on      {med_on * 1000:.2f} ms (4 Hz sampling, subscribed comm)")
     print(f"hub's last sample took {hub.last_sample_s * 1000:.2f} ms")
-    print(f"hub sampling CPU       {(hub.sample_cpu_s - cpu_before) / (time.perf_counter() - wall_before):.2%} of one core over the run")
+    print(
+        f"hub sampling CPU       {(hub.sample_cpu_s - cpu_before) / (time.perf_counter() - wall_before):.2%} of one core over the run"
+    )
     print(f"frames sent            {comm.messages} ({comm.bytes} buffer bytes)")
     print(f"ratio of medians       {med_on / med_off:.3f}")
     print(f"paired ratios IQR      {q1:.3f} .. {q3:.3f} (noise of this machine)")

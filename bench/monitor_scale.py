@@ -20,11 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pathways_kernel.monitoring import telemetry
 from pathways_kernel.backends.base import Placement
-from pathways_kernel.monitoring import comm
-from pathways_kernel.monitoring import protocol
 from pathways_kernel.core.slices import Topology
+from pathways_kernel.monitoring import comm, protocol, telemetry
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import monitor_frontend  # noqa: E402  (the panel's decoding, in Python)
@@ -40,8 +38,10 @@ def main() -> None:
     side = int(np.sqrt(args.chips))
     n = args.slices * args.chips
     devices = [types.SimpleNamespace(id=i, platform="tpu") for i in range(n)]
-    placements = [Placement(i // args.chips, ((i % args.chips) % side, (i % args.chips) // side, 0), 0, "TPU v5p")
-                  for i in range(n)]
+    placements = [
+        Placement(i // args.chips, ((i % args.chips) % side, (i % args.chips) // side, 0), 0, "TPU v5p")
+        for i in range(n)
+    ]
     started = time.perf_counter()
     topology = Topology.from_placements(devices, placements, "tpu").with_slice_state(3, "down")
     layout = telemetry.Layout.of(topology)
@@ -63,7 +63,9 @@ def main() -> None:
 
     per_update = statistics.median(costs)
     print(f"chips                          {n} ({args.slices} slices x {args.chips})")
-    print(f"topology frame (once)          {sum(len(b) for b in t_buffers) / n:.1f} B/chip, built in {topology_s * 1000:.0f} ms")
+    print(
+        f"topology frame (once)          {sum(len(b) for b in t_buffers) / n:.1f} B/chip, built in {topology_s * 1000:.0f} ms"
+    )
     print(f"metrics frame                  {statistics.median(sizes) / n:.2f} B/chip per update")
     print(f"kernel cost per update         {per_update * 1000:.2f} ms (median of {args.updates})")
     print(f"share of the 2 Hz period       {per_update / 0.5:.4f}")

@@ -19,13 +19,13 @@ Run: .venv/bin/python bench/panel_scale.py [seconds]
 
 from __future__ import annotations
 
+import json
 import re
 import statistics
 import sys
 import tempfile
 import time
 import urllib.request
-import json
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -84,8 +84,9 @@ print(json.dumps({"json": len(json.dumps(_data)), "buffers": sum(memoryview(b).n
 
 def start_kernel(server: labtools.Lab, path: str) -> str:
     body = json.dumps({"path": path, "name": path, "type": "notebook", "kernel": {"name": "pathways"}}).encode()
-    req = urllib.request.Request(server.api("sessions"), data=body, method="POST",
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        server.api("sessions"), data=body, method="POST", headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=60) as r:
         return json.loads(r.read())["kernel"]["id"]
 
@@ -163,14 +164,20 @@ def main(seconds: float = 30.0) -> None:
     mode = {"true": "one block per slice", "false": "one cell per chip"}
     for name, m in (("default sidebar", narrow), ("widened sidebar", wide)):
         t = m["times"]
-        print(f"{name}: canvas {m['width']} CSS px, {mode[m['aggregated']]}; "
-              f"{len(m['frames'])} metrics frames in {m['elapsed']:.1f} s, {len(t)} renders; "
-              f"render ms median {statistics.median(t):.2f}, p90 {sorted(t)[int(0.9 * (len(t) - 1))]:.2f}, max {max(t):.2f}")
-    print(f"bytes/chip/update: buffers {sizes['buffers'] / CHIPS:.3f}, comm message (buffers + JSON "
-          f"{sizes['json']} B) {(sizes['buffers'] + sizes['json']) / CHIPS:.3f}, websocket frame {wire / CHIPS:.3f}")
-    print(f"median render per update: {statistics.median(narrow['times']):.2f} ms ({mode[narrow['aggregated']]}), "
-          f"{statistics.median(wide['times']):.2f} ms ({mode[wide['aggregated']]}) (goal <= 16); bytes per chip per update: "
-          f"{wire / CHIPS:.2f} on the wire, {sizes['buffers'] / CHIPS:.2f} in buffers (goal <= 3)")
+        print(
+            f"{name}: canvas {m['width']} CSS px, {mode[m['aggregated']]}; "
+            f"{len(m['frames'])} metrics frames in {m['elapsed']:.1f} s, {len(t)} renders; "
+            f"render ms median {statistics.median(t):.2f}, p90 {sorted(t)[int(0.9 * (len(t) - 1))]:.2f}, max {max(t):.2f}"
+        )
+    print(
+        f"bytes/chip/update: buffers {sizes['buffers'] / CHIPS:.3f}, comm message (buffers + JSON "
+        f"{sizes['json']} B) {(sizes['buffers'] + sizes['json']) / CHIPS:.3f}, websocket frame {wire / CHIPS:.3f}"
+    )
+    print(
+        f"median render per update: {statistics.median(narrow['times']):.2f} ms ({mode[narrow['aggregated']]}), "
+        f"{statistics.median(wide['times']):.2f} ms ({mode[wide['aggregated']]}) (goal <= 16); bytes per chip per update: "
+        f"{wire / CHIPS:.2f} on the wire, {sizes['buffers'] / CHIPS:.2f} in buffers (goal <= 3)"
+    )
 
 
 # Wrap the panel widget's per-frame draw (found through JupyterLab's shell) to time it.

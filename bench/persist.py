@@ -48,8 +48,10 @@ def ticker_until(done, tick_s: float = 0.001) -> float:
 def raw_upload(chunks: list[bytes], bucket: str, prefix: str) -> tuple[float, float]:
     import tensorstore as ts
 
-    kv = ts.KvStore.open({"driver": "gcs", "bucket": bucket, "path": prefix + "/"},
-                         context=ts.Context({"gcs_request_concurrency": {"limit": 16}})).result()
+    kv = ts.KvStore.open(
+        {"driver": "gcs", "bucket": bucket, "path": prefix + "/"},
+        context=ts.Context({"gcs_request_concurrency": {"limit": 16}}),
+    ).result()
     start = time.perf_counter()
     futures = [kv.write(f"{i:04d}", chunk) for i, chunk in enumerate(chunks)]
     stall = ticker_until(lambda: all(f.done() for f in futures))
@@ -69,7 +71,9 @@ def gcs_threads_upload(chunks: list[bytes], bucket: str, prefix: str, threads: i
     target = client.bucket(bucket)
     start = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-        futures = [pool.submit(target.blob(f"{prefix}/{i:04d}").upload_from_string, chunk) for i, chunk in enumerate(chunks)]
+        futures = [
+            pool.submit(target.blob(f"{prefix}/{i:04d}").upload_from_string, chunk) for i, chunk in enumerate(chunks)
+        ]
         stall = ticker_until(lambda: all(f.done() for f in futures))
         for f in futures:
             f.result()
@@ -77,8 +81,8 @@ def gcs_threads_upload(chunks: list[bytes], bucket: str, prefix: str, threads: i
 
 
 def persist(snap, url: str, snapshot_id: str) -> tuple[float, float]:
-    from pathways_kernel.state import storage
     from pathways_kernel.core.eventlog import EventLog
+    from pathways_kernel.state import storage
 
     start = time.perf_counter()
     last = time.perf_counter()
@@ -93,7 +97,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--gcs-threads", action="store_true", help="also time google-cloud-storage upload threads (why tensorstore)")
+    parser.add_argument(
+        "--gcs-threads", action="store_true", help="also time google-cloud-storage upload threads (why tensorstore)"
+    )
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="bench-gcs-") as tmp:
@@ -112,32 +118,40 @@ def main() -> None:
             tree = {f"layer{i}": rng.standard_normal(n, dtype=np.float32) for i in range(leaves)}
             snap = Snapshot.from_host(tree, None, (), "bench")
             flat = np.concatenate([a.view(np.uint8) for a in tree.values()])
-            chunks = [flat[i:i + storage.CHUNK_BYTES].tobytes() for i in range(0, flat.size, storage.CHUNK_BYTES)]
+            chunks = [flat[i : i + storage.CHUNK_BYTES].tobytes() for i in range(0, flat.size, storage.CHUNK_BYTES)]
             nbytes = flat.size
             del flat
 
             raw_s, persist_s, raw_stall, persist_stall, idle_stall = [], [], [], [], []
             for r in range(args.rounds):
                 until = time.perf_counter() + 2.0
-                idle_stall.append(ticker_until(lambda: time.perf_counter() > until))
+                idle_stall.append(ticker_until(lambda until=until: time.perf_counter() > until))
                 t, s = raw_upload(chunks, "bench", f"raw/{r}")
                 raw_s.append(t)
                 raw_stall.append(s)
                 t, s = persist(snap, "gs://bench/snaps", f"round{r}")
                 persist_s.append(t)
                 persist_stall.append(s)
-                print(f"round {r}: idle ticker worst gap {idle_stall[-1] * 1000:.0f} ms; raw {nbytes / MIB / raw_s[-1]:.0f} MiB/s (stall {raw_stall[-1] * 1000:.0f} ms), "
-                      f"persist {nbytes / MIB / persist_s[-1]:.0f} MiB/s (stall {persist_stall[-1] * 1000:.0f} ms)")
+                print(
+                    f"round {r}: idle ticker worst gap {idle_stall[-1] * 1000:.0f} ms; raw {nbytes / MIB / raw_s[-1]:.0f} MiB/s (stall {raw_stall[-1] * 1000:.0f} ms), "
+                    f"persist {nbytes / MIB / persist_s[-1]:.0f} MiB/s (stall {persist_stall[-1] * 1000:.0f} ms)"
+                )
             if args.gcs_threads:
                 t, s = gcs_threads_upload(chunks, "bench", "gcs-threads")
-                print(f"google-cloud-storage, 8 upload threads: {nbytes / MIB / t:.0f} MiB/s, main-thread stall {s * 1000:.0f} ms")
+                print(
+                    f"google-cloud-storage, 8 upload threads: {nbytes / MIB / t:.0f} MiB/s, main-thread stall {s * 1000:.0f} ms"
+                )
             raw_tp = nbytes / MIB / statistics.median(raw_s)
             persist_tp = nbytes / MIB / statistics.median(persist_s)
-            print(f"snapshot: {args.mib} MiB in {len(chunks)} objects of {storage.CHUNK_BYTES // MIB} MiB; server {server.url}")
+            print(
+                f"snapshot: {args.mib} MiB in {len(chunks)} objects of {storage.CHUNK_BYTES // MIB} MiB; server {server.url}"
+            )
             print(f"raw tensorstore upload: {raw_tp:.0f} MiB/s (median of {args.rounds})")
             print(f"pw.persist:             {persist_tp:.0f} MiB/s (median of {args.rounds})")
-            print(f"worst gap of an idle ticker (this machine's noise floor): {max(idle_stall) * 1000:.1f} ms; "
-                  f"during the raw upload: {max(raw_stall) * 1000:.1f} ms")
+            print(
+                f"worst gap of an idle ticker (this machine's noise floor): {max(idle_stall) * 1000:.1f} ms; "
+                f"during the raw upload: {max(raw_stall) * 1000:.1f} ms"
+            )
             print(f"worst main-thread stall during pw.persist: {max(persist_stall) * 1000:.1f} ms (goal <= 50 ms)")
             print(f"persist/raw throughput: {persist_tp / raw_tp:.2f} (goal >= 0.8)")
         finally:

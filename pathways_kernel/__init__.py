@@ -26,31 +26,31 @@ from pathways_kernel.api import (
 )
 from pathways_kernel.backends.connection import connect_shared_service, reconnect
 from pathways_kernel.backends.slurm import connect as connect_slurm
+
+# Sidecars and data loading; the in-notebook monitor.
+from pathways_kernel.colocated.data_loader import Loader, loader
+from pathways_kernel.colocated.sidecars import Sidecar, SidecarError, SidecarTimeout, run_sidecar, sidecar
 from pathways_kernel.core.errors import PathwaysError
+from pathways_kernel.monitoring.widget import monitor
+
+# Profiling: a trace of one block, summarized inline, opened in XProf.
+from pathways_kernel.profiling.capture import ProfileError, profile, profiles
 
 # State: host snapshots, elastic execution, durable storage.
 from pathways_kernel.state.autosnapshots import autosnapshot
-from pathways_kernel.training.elastic_loop import ElasticError, elastic, on_restore
-from pathways_kernel.training.goodput import flops, goodput
-from pathways_kernel.training.metrics import log
-from pathways_kernel.training.steps import steps
+from pathways_kernel.state.checkpoints import listing as checkpoints_list
+from pathways_kernel.state.checkpoints import restore as checkpoint_restore
+from pathways_kernel.state.checkpoints import save as checkpoint_save
+from pathways_kernel.state.compile_cache import cache
 from pathways_kernel.state.snapshots import Snapshot, SnapshotStore, snapshot, snapshot_variables
 from pathways_kernel.state.snapshots import restore as restore_snapshot
 from pathways_kernel.state.snapshots import store as snapshot_store
 from pathways_kernel.state.storage import list_snapshots as snapshots_list
 from pathways_kernel.state.storage import persist, restore
-from pathways_kernel.state.checkpoints import listing as checkpoints_list
-from pathways_kernel.state.checkpoints import restore as checkpoint_restore
-from pathways_kernel.state.checkpoints import save as checkpoint_save
-from pathways_kernel.state.compile_cache import cache
-
-# Sidecars and data loading; the in-notebook monitor.
-from pathways_kernel.colocated.data_loader import Loader, loader
-from pathways_kernel.colocated.sidecars import Sidecar, SidecarError, SidecarTimeout, run_sidecar, sidecar
-from pathways_kernel.monitoring.widget import monitor
-
-# Profiling: a trace of one block, summarized inline, opened in XProf.
-from pathways_kernel.profiling.capture import ProfileError, profile, profiles
+from pathways_kernel.training.elastic_loop import ElasticError, elastic, on_restore
+from pathways_kernel.training.goodput import flops, goodput
+from pathways_kernel.training.metrics import log
+from pathways_kernel.training.steps import steps
 
 __version__ = "0.1.0"
 

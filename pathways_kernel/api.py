@@ -5,7 +5,8 @@ Re-exported from ``pathways_kernel``; magics call these and only render.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from pathways_kernel.core import namespace
 from pathways_kernel.core.eventlog import Event, EventTable

@@ -33,7 +33,9 @@ class PathwaysKernel(IPythonKernel):
             from pathways_kernel.backends.connection import NOTICE
 
             self.log.error(one_line(exc))
-            NOTICE.post(f"The kernel started without a backend. {one_line(exc)}. `%pathways connect local:2x4` gives the embedded one.")
+            NOTICE.post(
+                f"The kernel started without a backend. {one_line(exc)}. `%pathways connect local:2x4` gives the embedded one."
+            )
         from pathways_kernel.state import compile_cache
 
         compile_cache.from_env()  # the kernelspec's --compile-cache, if any

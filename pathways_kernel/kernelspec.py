@@ -14,8 +14,8 @@ from pathlib import Path
 
 from pathways_kernel import backends
 from pathways_kernel.backends import BACKEND_ENV
-from pathways_kernel.state.compile_cache import ENV as CACHE_ENV
 from pathways_kernel.core.errors import PathwaysError, one_line
+from pathways_kernel.state.compile_cache import ENV as CACHE_ENV
 
 
 def kernel_json(display_name: str, backend: str | None, compile_cache: str | None = None) -> dict:
@@ -65,7 +65,9 @@ def install(
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pathways_kernel install", description="Install a Pathways kernelspec.")
+    parser = argparse.ArgumentParser(
+        prog="python -m pathways_kernel install", description="Install a Pathways kernelspec."
+    )
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--user", action="store_true", help="install for the current user")
     where.add_argument("--sys-prefix", action="store_true", help="install into sys.prefix (e.g. the venv)")

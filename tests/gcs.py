@@ -44,7 +44,7 @@ class GcsServer:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen | None = None
-        self._log = open(root / "server.log", "ab")
+        self._log = open(root / "server.log", "ab")  # noqa: SIM115 - the server writes it until stop()
 
     @property
     def env(self) -> dict[str, str]:
@@ -71,13 +71,20 @@ class GcsServer:
         self.process = subprocess.Popen(
             [
                 str(binary()),
-                "-scheme", "http",
-                "-host", "127.0.0.1",
-                "-port", str(self.port),
-                "-external-url", self.url,
-                "-backend", "filesystem",
-                "-filesystem-root", str(self.root / "data"),
-                "-log-level", "warn",
+                "-scheme",
+                "http",
+                "-host",
+                "127.0.0.1",
+                "-port",
+                str(self.port),
+                "-external-url",
+                self.url,
+                "-backend",
+                "filesystem",
+                "-filesystem-root",
+                str(self.root / "data"),
+                "-log-level",
+                "warn",
             ],
             stdout=self._log,
             stderr=self._log,
@@ -85,7 +92,9 @@ class GcsServer:
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"fake-gcs-server exited with {self.process.returncode}; see {self.root / 'server.log'}")
+                raise RuntimeError(
+                    f"fake-gcs-server exited with {self.process.returncode}; see {self.root / 'server.log'}"
+                )
             try:
                 with urllib.request.urlopen(f"{self.url}/storage/v1/b", timeout=1) as resp:
                     if resp.status == 200:

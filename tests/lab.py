@@ -18,8 +18,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -82,7 +83,9 @@ class Lab:
         settings.mkdir(parents=True, exist_ok=True)
         # The news toast covers the panel; the flag alone does not stop the check.
         (settings / "overrides.json").write_text(
-            json.dumps({"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": False}})
+            json.dumps(
+                {"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": False}}
+            )
         )
         venv = Path(sys.prefix)
         self.env = {
@@ -96,7 +99,9 @@ class Lab:
             **(env or {}),
         }
         argv = [
-            sys.executable, "-m", "jupyterlab",
+            sys.executable,
+            "-m",
+            "jupyterlab",
             "--no-browser",
             "--ServerApp.ip=127.0.0.1",
             f"--ServerApp.port={self.port}",
@@ -110,7 +115,7 @@ class Lab:
         ]
         if os.geteuid() == 0:
             argv.append("--allow-root")
-        self.log = open(state / "server.log", "wb")
+        self.log = open(state / "server.log", "wb")  # noqa: SIM115 - the server writes it until stop()
         self.proc = subprocess.Popen(argv, cwd=root, env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
         self._wait_ready(timeout=60)
 

@@ -12,7 +12,6 @@ import queue
 import time
 
 import pytest
-
 from kernels import Kernel
 
 pytestmark = pytest.mark.kernel

@@ -54,7 +54,9 @@ def test_default_spec_honours_kernelspec_then_pathways_env(monkeypatch):
     assert backends.default_spec() == "local:4x2"
 
 
-@pytest.mark.parametrize("chips, shape", [(4, (2, 2, 1)), (8, (4, 2, 1)), (6, (3, 2, 1)), (7, (7, 1, 1)), (16, (4, 4, 1))])
+@pytest.mark.parametrize(
+    "chips, shape", [(4, (2, 2, 1)), (8, (4, 2, 1)), (6, (3, 2, 1)), (7, (7, 1, 1)), (16, (4, 4, 1))]
+)
 def test_local_slices_are_near_square_grids(chips, shape):
     assert grid_shape(chips) == shape
 

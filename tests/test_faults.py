@@ -82,7 +82,10 @@ def test_displaying_a_lost_array_in_a_cell_shows_data_loss(lost):
 def test_new_work_placed_on_the_lost_slice_fails_the_same_way(lost):
     assert probe(lost, "np.asarray(jax.device_put(np.ones(4), slice1[2]))") == "DATA_LOSS"
     assert probe(lost, "float(zeros_on1().sum())") == "DATA_LOSS"  # jit with out_shardings on it
-    assert probe(lost, "float(jax.jit(lambda a: a + 1, out_shardings=NamedSharding(mesh, P()))(np.float32(1)))") == "DATA_LOSS"  # spans both slices
+    assert (
+        probe(lost, "float(jax.jit(lambda a: a + 1, out_shardings=NamedSharding(mesh, P()))(np.float32(1)))")
+        == "DATA_LOSS"
+    )  # spans both slices
 
 
 def test_arrays_on_surviving_slices_are_untouched(lost):
@@ -311,7 +314,9 @@ def test_fail_and_restore_answer_while_a_long_step_is_read(local_session):
         return x
 
     everywhere = NamedSharding(local_session.mesh(), P())
-    step = jax.jit(lambda w: jax.pure_callback(slow, jax.ShapeDtypeStruct(w.shape, w.dtype), w).sum(), out_shardings=everywhere)
+    step = jax.jit(
+        lambda w: jax.pure_callback(slow, jax.ShapeDtypeStruct(w.shape, w.dtype), w).sum(), out_shardings=everywhere
+    )
     w = jax.device_put(np.ones((8, 8), np.float32), NamedSharding(local_session.mesh(), P("data", "model")))
     loss = step(w)
     took = {}
@@ -349,14 +354,18 @@ def test_fault_injection_is_off_outside_the_tested_jax(local_session, monkeypatc
         assert "installed: jax 0.11.0, jaxlib 0.11.0" in str(refused.value)
         assert jaxcompat.TESTED_JAX in str(refused.value)
     # Everything else on the embedded backend keeps working.
-    x = jax.device_put(np.arange(8.0), jax.sharding.NamedSharding(local_session.mesh(), jax.sharding.PartitionSpec(("data", "model"))))
+    x = jax.device_put(
+        np.arange(8.0), jax.sharding.NamedSharding(local_session.mesh(), jax.sharding.PartitionSpec(("data", "model")))
+    )
     assert float(x.sum()) == 28.0
     assert len(local_session.topology.up_slices) == 2
 
 
 def test_fault_magics_name_the_jax_versions_when_outside_the_tested_range(fresh_kernel):
     assert fresh_kernel.run("import jax; jax.numpy.ones(3)").status == "ok"
-    fresh_kernel.run("from pathways_kernel.core import jaxcompat; jaxcompat.installed_versions = lambda: ('0.9.0', '0.9.0')")
+    fresh_kernel.run(
+        "from pathways_kernel.core import jaxcompat; jaxcompat.installed_versions = lambda: ('0.9.0', '0.9.0')"
+    )
     reply = fresh_kernel.run("%pathways fail 1")
     assert reply.status == "error"
     assert reply.error.strip() == (
@@ -374,5 +383,8 @@ def test_fault_injection_is_refused_on_a_pathways_backend():
         lambda: faults.injector(proxy).restore(0),
         lambda: chaosmonkey.Chaos(proxy).start(1.0, 1.0, seed=0),
     ):
-        with pytest.raises(NotSupportedError, match=r"only for the embedded local backend; this session runs proxy:grpc://127\.0\.0\.1:9"):
+        with pytest.raises(
+            NotSupportedError,
+            match=r"only for the embedded local backend; this session runs proxy:grpc://127\.0\.0\.1:9",
+        ):
             attempt()

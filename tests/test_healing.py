@@ -62,7 +62,9 @@ def test_a_slice_lost_between_cells_heals_before_the_next_cell(notebook):
     assert "autosnapshot on" in notebook.run("%pathways autosnapshot on").text
     assert notebook.run("v = jax.device_put(np.arange(8.0), NamedSharding(pw.mesh(), P('data')))").status == "ok"
     # A loss from another thread (as chaos does) while no cell runs.
-    notebook.run("import threading, time as _t\nthreading.Thread(target=lambda: (_t.sleep(0.3), pw.fail_slice(1))).start()")
+    notebook.run(
+        "import threading, time as _t\nthreading.Thread(target=lambda: (_t.sleep(0.3), pw.fail_slice(1))).start()"
+    )
     time.sleep(1.5)
     reply = notebook.run("print(float(v.sum()))")
     assert reply.status == "ok", reply.error
@@ -118,7 +120,7 @@ def test_interrupting_an_elastic_cell_right_after_a_loss_heals_from_the_runs_new
         "slice lost",
     )
     assert "KeyboardInterrupt" in shown
-    block = shown[shown.index("slice 1 lost"):]
+    block = shown[shown.index("slice 1 lost") :]
     assert "no snapshot" not in block and "unusable" not in block and len(block.strip().splitlines()) == 3, block
     # Both state variables go back to the same step, the one still intact too.
     assert "params (" in block and "opt (" in block and block.count("step 50 of elastic 'params,opt'") == 2, block

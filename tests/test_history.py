@@ -15,8 +15,13 @@ from pathways_kernel.monitoring.quantize import quantize_utilization
 
 def frame(t: float, util: np.ndarray, memory: np.ndarray, states: tuple[str, ...], per_slice: int):
     slices = tuple(
-        telemetry.SliceMetrics(i, state, float(util[i * per_slice:(i + 1) * per_slice].mean()),
-                               int(memory[i * per_slice:(i + 1) * per_slice].sum()), None)
+        telemetry.SliceMetrics(
+            i,
+            state,
+            float(util[i * per_slice : (i + 1) * per_slice].mean()),
+            int(memory[i * per_slice : (i + 1) * per_slice].sum()),
+            None,
+        )
         for i, state in enumerate(states)
     )
     return telemetry.Metrics(int(t * 10), t, 1, "test", 2.0, util, memory, None, slices, float(util.mean()))

@@ -147,9 +147,21 @@ def test_load_ext_in_a_stock_ipython_kernel():
 
 def test_install_adds_a_kernelspec_with_its_backend(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "pathways_kernel", "install", "--prefix", str(tmp_path), "--name", "pathways-4x2",
-         "--backend", "local:4x2"],
-        capture_output=True, text=True, check=True,
+        [
+            sys.executable,
+            "-m",
+            "pathways_kernel",
+            "install",
+            "--prefix",
+            str(tmp_path),
+            "--name",
+            "pathways-4x2",
+            "--backend",
+            "local:4x2",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert "Installed kernelspec pathways-4x2" in result.stdout
     spec = json.loads((tmp_path / "share/jupyter/kernels/pathways-4x2/kernel.json").read_text())
@@ -161,7 +173,8 @@ def test_install_adds_a_kernelspec_with_its_backend(tmp_path):
 def test_install_refuses_a_bad_backend_in_one_line(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "pathways_kernel", "install", "--prefix", str(tmp_path), "--backend", "local:0x1"],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 2
     assert result.stderr.strip().startswith("SpecError: bad local spec")
@@ -170,8 +183,20 @@ def test_install_refuses_a_bad_backend_in_one_line(tmp_path):
 
 def test_installed_kernel_runs_on_its_backend(tmp_path):
     subprocess.run(
-        [sys.executable, "-m", "pathways_kernel", "install", "--prefix", str(tmp_path), "--name", "pw42",
-         "--backend", "local:4x2"], check=True, capture_output=True,
+        [
+            sys.executable,
+            "-m",
+            "pathways_kernel",
+            "install",
+            "--prefix",
+            str(tmp_path),
+            "--name",
+            "pw42",
+            "--backend",
+            "local:4x2",
+        ],
+        check=True,
+        capture_output=True,
     )
     k = Kernel("pw42", jupyter_path=str(tmp_path / "share/jupyter"))
     try:

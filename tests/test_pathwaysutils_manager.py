@@ -19,7 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import pathways_kernel as pw
 
@@ -29,7 +30,8 @@ BATCH = 64
 
 def run_elastic_training(on_step=lambda step, manager: None):
     """The user's program. Returns (final params, active slices of each attempt)."""
-    from pathwaysutils.elastic import elastic, manager as elastic_manager
+    from pathwaysutils.elastic import elastic
+    from pathwaysutils.elastic import manager as elastic_manager
 
     manager = elastic_manager.Manager()
     attempts: list[frozenset[int]] = []
@@ -72,7 +74,8 @@ def run_elastic_training(on_step=lambda step, manager: None):
 
 
 def test_manager_sees_the_embedded_slices(local_session):
-    from pathwaysutils.elastic import elastic, manager as elastic_manager
+    from pathwaysutils.elastic import elastic
+    from pathwaysutils.elastic import manager as elastic_manager
 
     manager = elastic_manager.Manager()
     assert {i: [d.id for d in ds] for i, ds in manager.slice_to_devices.items()} == {0: [0, 1, 2, 3], 1: [4, 5, 6, 7]}

@@ -11,6 +11,7 @@ kernel usable (``local:2x4`` works right after); the kernel must then exit 0.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import socket
 import subprocess
@@ -20,7 +21,6 @@ from concurrent import futures
 
 import grpc
 import pytest
-
 from kernels import Kernel
 
 pytestmark = pytest.mark.kernel
@@ -72,10 +72,8 @@ def servers(tmp_path_factory):
     for _ in range(4):
         filler = socket.socket()
         filler.setblocking(False)
-        try:
+        with contextlib.suppress(BlockingIOError):
             filler.connect(full.getsockname())
-        except BlockingIOError:
-            pass
         fillers.append(filler)
     closers += [full.close, *[f.close for f in fillers]]
 
@@ -119,9 +117,25 @@ def servers(tmp_path_factory):
     if shutil.which("openssl"):
         key, cert = tmp_path_factory.mktemp("tls") / "key.pem", tmp_path_factory.getbasetemp() / "cert.pem"
         subprocess.run(
-            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
-             "-keyout", str(key), "-out", str(cert)],
-            check=True, capture_output=True, timeout=60,
+            [
+                "openssl",
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "1",
+                "-subj",
+                "/CN=localhost",
+                "-keyout",
+                str(key),
+                "-out",
+                str(cert),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
         )
         tls = grpc.server(futures.ThreadPoolExecutor(2))
         credentials = grpc.ssl_server_credentials([(key.read_bytes(), cert.read_bytes())])
@@ -147,11 +161,31 @@ CASES = [
     ("no scheme", "127.0.0.1:{refused}", ["scheme", "grpc://127.0.0.1:"], 1.0),
     ("dns failure", "grpc://no-such-proxy.invalid:29000", ["dns failed", "does not resolve"], 5.0 + 1.0),
     ("refused", "grpc://127.0.0.1:{refused} --insecure", ["connect failed", "refused", "kubectl port-forward"], 1.0),
-    ("unreachable", f"grpc://127.0.0.1:{{unreachable}} --insecure --timeout {TIMEOUT}", ["connect failed", "unreachable"], TIMEOUT + 1.0),
-    ("not gRPC (silent TCP)", f"grpc://127.0.0.1:{{silent}} --insecure --timeout {TIMEOUT}", ["handshake failed", "not a gRPC server"], TIMEOUT + 1.0),
-    ("gRPC, not a proxy", "grpc://127.0.0.1:{grpc} --insecure", ["proxy failed", "not a Pathways IFRT proxy"], 5.0 + 1.0),
+    (
+        "unreachable",
+        f"grpc://127.0.0.1:{{unreachable}} --insecure --timeout {TIMEOUT}",
+        ["connect failed", "unreachable"],
+        TIMEOUT + 1.0,
+    ),
+    (
+        "not gRPC (silent TCP)",
+        f"grpc://127.0.0.1:{{silent}} --insecure --timeout {TIMEOUT}",
+        ["handshake failed", "not a gRPC server"],
+        TIMEOUT + 1.0,
+    ),
+    (
+        "gRPC, not a proxy",
+        "grpc://127.0.0.1:{grpc} --insecure",
+        ["proxy failed", "not a Pathways IFRT proxy"],
+        5.0 + 1.0,
+    ),
     ("credentials (ALTS vs plaintext)", "grpc://127.0.0.1:{grpc}", ["credentials failed", "--insecure"], 5.0 + 1.0),
-    ("credentials (plaintext vs TLS)", "grpc://127.0.0.1:{tls} --insecure", ["credentials failed", "expects TLS"], 5.0 + 1.0),
+    (
+        "credentials (plaintext vs TLS)",
+        "grpc://127.0.0.1:{tls} --insecure",
+        ["credentials failed", "expects TLS"],
+        5.0 + 1.0,
+    ),
 ]
 
 
@@ -165,7 +199,7 @@ def test_wrong_target_fails_fast_in_one_line_and_local_still_works(kernel, serve
     round_trip = time.monotonic() - start
     elapsed = TIMES[case] = kernel_seconds(reply)
     assert reply.status == "error"
-    lines = [l for l in reply.error.splitlines() if l.strip()]
+    lines = [line for line in reply.error.splitlines() if line.strip()]
     assert len(lines) == 1, reply.error
     for word in words:
         assert word in lines[0], lines[0]
@@ -219,7 +253,7 @@ def test_sps_without_extras_or_tools_says_what_to_install(kernel):
     full = "%pathways connect sps --cluster c --project p --region r --service head:29001 --tpu tpuv6e:2x2 --count 2 --bucket gs://b"
     no_tools = kernel.run(
         "import os; _path = os.environ['PATH']; os.environ['PATH'] = '/nonexistent'\n"
-        f"try:\n    get_ipython().run_line_magic('pathways', {full[len('%pathways '):]!r})\n"
+        f"try:\n    get_ipython().run_line_magic('pathways', {full[len('%pathways ') :]!r})\n"
         "finally:\n    os.environ['PATH'] = _path"
     )
     assert "gcloud and kubectl" in no_tools.error
@@ -265,16 +299,39 @@ def test_install_a_kernelspec_for_the_proxy_without_connecting(tmp_path):
     import sys
 
     done = subprocess.run(
-        [sys.executable, "-m", "pathways_kernel", "install", "--name", "pathways-gke",
-         "--backend", "proxy:grpc://localhost:29000", "--prefix", str(tmp_path)],
-        capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "pathways_kernel",
+            "install",
+            "--name",
+            "pathways-gke",
+            "--backend",
+            "proxy:grpc://localhost:29000",
+            "--prefix",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 0, done.stderr
     spec = json.loads((tmp_path / "share/jupyter/kernels/pathways-gke/kernel.json").read_text())
     assert spec["env"]["PATHWAYS_BACKEND"] == "proxy:grpc://localhost:29000"
     bad = subprocess.run(
-        [sys.executable, "-m", "pathways_kernel", "install", "--backend", "http://localhost:29000", "--prefix", str(tmp_path)],
-        capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "pathways_kernel",
+            "install",
+            "--backend",
+            "http://localhost:29000",
+            "--prefix",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert bad.returncode == 2 and "grpc://localhost:29000" in bad.stderr
 
@@ -306,7 +363,8 @@ def test_python_exits_cleanly_right_after_a_failed_client_connect():
     import sys
 
     for _ in range(2):  # without the guard, 2 of 3 runs aborted here
-        done = subprocess.run([sys.executable, "-c", EXIT_RIGHT_AFTER_FAILED_CONNECT], capture_output=True, text=True,
-                              timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-c", EXIT_RIGHT_AFTER_FAILED_CONNECT], capture_output=True, text=True, timeout=120
+        )
         assert "the Pathways client failed after pre-flight passed" in done.stdout
         assert done.returncode == 0, done.stderr[-2000:]

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import pathways_kernel as pw
-from pathways_kernel.emulator.faults import fail_slice, restore_slice
-from pathways_kernel.colocated.sidecars import stats
 from notebooks import code_cells, execute, outputs_text
+from pathways_kernel.colocated.sidecars import stats
+from pathways_kernel.emulator.faults import fail_slice, restore_slice
 
 
 def test_runs_on_every_slice_and_returns_arrays_on_that_slice(local_session):

@@ -32,7 +32,7 @@ def test_snapshot_is_a_real_copy_that_outlives_the_device_array(mesh):
     x = sharded(mesh, (16, 8), P("data", "model"))
     y = jax.device_put(np.ones(5, np.float32), jax.devices()[0])  # single device: np.asarray is a view there
     snap = pw.snapshot({"x": x, "y": y}, name="copy").wait()
-    hx, hy = (leaf.host for leaf in sorted(snap.leaves, key=lambda l: l.path))
+    hx, hy = (leaf.host for leaf in sorted(snap.leaves, key=lambda leaf: leaf.path))
     np.testing.assert_array_equal(hx, np.asarray(x))
     assert hx.flags.owndata and hx.flags.writeable and hy.flags.owndata
     assert not np.shares_memory(hy, np.asarray(y))
@@ -177,7 +177,9 @@ def test_snapshot_magics_in_the_kernel(kernel):
     reply = kernel.run("%pathways snapshot")
     assert "snapshot 'w'" in reply.text and "'Out'" not in reply.text, reply.text
     reply = kernel.run("%pathways snapshot nosuchvar")
-    assert reply.status == "error" and reply.error.strip().splitlines()[-1].startswith("NamespaceError: no variable 'nosuchvar'")
+    assert reply.status == "error" and reply.error.strip().splitlines()[-1].startswith(
+        "NamespaceError: no variable 'nosuchvar'"
+    )
 
 
 def test_autosnapshot_snapshots_changed_variables_after_each_cell(kernel):

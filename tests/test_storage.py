@@ -32,7 +32,10 @@ def host_snapshot(seed: int, name: str = "state", step: int | None = None, mib: 
     rng = np.random.default_rng(seed)
     n = int(mib * (1 << 20) / 4)
     tree = {
-        "params": {"w": rng.standard_normal((n // 256, 256), dtype=np.float32), "b": rng.integers(-9, 9, 256, dtype=np.int8)},
+        "params": {
+            "w": rng.standard_normal((n // 256, 256), dtype=np.float32),
+            "b": rng.integers(-9, 9, 256, dtype=np.int8),
+        },
         "opt": [rng.standard_normal(1000).astype(ml_dtypes.bfloat16), np.float32(seed)],
     }
     specs = {"params": {"w": P("data", "model"), "b": None}, "opt": [P("model"), None]}
@@ -43,9 +46,15 @@ def same(a: Snapshot, b: Snapshot) -> bool:
     """Bit-exact leaves, dtypes, shapes and specs (in leaf order)."""
     if len(a.leaves) != len(b.leaves):
         return False
-    for x, y in zip(a.leaves, b.leaves):
+    for x, y in zip(a.leaves, b.leaves, strict=True):
         hx, hy = np.asarray(x.host), np.asarray(y.host)
-        if hx.dtype != hy.dtype or hx.shape != hy.shape or hx.tobytes() != hy.tobytes() or x.spec != y.spec or x.path != y.path:
+        if (
+            hx.dtype != hy.dtype
+            or hx.shape != hy.shape
+            or hx.tobytes() != hy.tobytes()
+            or x.spec != y.spec
+            or x.path != y.path
+        ):
             return False
     return True
 
@@ -59,21 +68,24 @@ def load(url: str) -> Snapshot:
 
 
 # -- URLs and plain input -------------------------------------------------------
-@pytest.mark.parametrize("url, says", [
-    ("s3://bucket/x", "unsupported storage URL"),
-    ("gs://", "not a bucket name"),
-    ("gs://Upper_Case/x", "not a bucket name"),
-    ("gs://ab/x", "not a bucket name"),
-    ("gs://bucket/a//b", "empty or relative"),
-    ("http:/weird", "malformed storage URL"),
-    ("", "no storage URL"),
-    ("gs://bucket/" + "p" * 2000, "prefix of 2000 bytes"),
-    ("gs://bucket/a\x00b", "control characters"),
-    ("gs://bucket/a\nb", "control characters"),
-    ("/tmp/a\x00b", "control characters"),
-    ("/tmp/" + "d" * 300, "too long"),
-    ("/tmp/" + "d/" * 2100, "too long"),
-])
+@pytest.mark.parametrize(
+    "url, says",
+    [
+        ("s3://bucket/x", "unsupported storage URL"),
+        ("gs://", "not a bucket name"),
+        ("gs://Upper_Case/x", "not a bucket name"),
+        ("gs://ab/x", "not a bucket name"),
+        ("gs://bucket/a//b", "empty or relative"),
+        ("http:/weird", "malformed storage URL"),
+        ("", "no storage URL"),
+        ("gs://bucket/" + "p" * 2000, "prefix of 2000 bytes"),
+        ("gs://bucket/a\x00b", "control characters"),
+        ("gs://bucket/a\nb", "control characters"),
+        ("/tmp/a\x00b", "control characters"),
+        ("/tmp/" + "d" * 300, "too long"),
+        ("/tmp/" + "d/" * 2100, "too long"),
+    ],
+)
 def test_malformed_urls_are_one_clear_line(url, says):
     with pytest.raises(StorageError) as info:
         storage.parse_url(url)
@@ -95,8 +107,9 @@ def test_dot_dot_in_a_local_path_names_the_normalised_directory(tmp_path):
 
 def test_a_leaf_of_zeros_persists_and_restores(tmp_path):
     """Tensorstore skips chunks equal to the fill value unless told; optimizer state starts at zero."""
-    snap = Snapshot.from_host({"mu": np.zeros((512, 256), np.float32), "b": np.ones(4, np.int8)},
-                              {"mu": None, "b": None}, (), "opt")
+    snap = Snapshot.from_host(
+        {"mu": np.zeros((512, 256), np.float32), "b": np.ones(4, np.int8)}, {"mu": None, "b": None}, (), "opt"
+    )
     persist(snap, str(tmp_path))
     assert same(snap, load(str(tmp_path)))
 
@@ -231,8 +244,15 @@ class _Forbidden(http.server.BaseHTTPRequestHandler):
     """Answers every request the way GCS answers a caller without access."""
 
     def _deny(self):
-        body = json.dumps({"error": {"code": 403, "message": "caller does not have storage.objects.get access",
-                                     "errors": [{"reason": "forbidden"}]}}).encode()
+        body = json.dumps(
+            {
+                "error": {
+                    "code": 403,
+                    "message": "caller does not have storage.objects.get access",
+                    "errors": [{"reason": "forbidden"}],
+                }
+            }
+        ).encode()
         self.send_response(403)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -315,13 +335,16 @@ def test_compile_cache_refuses_a_minimum_compile_time_that_is_not_a_time(tmp_pat
     assert compile_cache.status().location is None
 
 
-@pytest.mark.parametrize("tamper, says", [
-    (lambda m: m["leaves"][0].update(array="../../../../etc"), "is damaged: its manifest names data outside"),
-    (lambda m: m["leaves"][0].update(dtype="object"), "is damaged: its manifest names data outside"),
-    (lambda m: m["leaves"][0].update(shape=[3, 3]), "is damaged: its manifest names data outside"),
-    (lambda m: m["leaves"][0].update(keys=[["seq", 10**12]]), "is damaged: its manifest names data outside"),
-    (lambda m: [leaf.update(keys=[["dict", "same"]]) for leaf in m["leaves"]], "key paths do not form one tree"),
-])
+@pytest.mark.parametrize(
+    "tamper, says",
+    [
+        (lambda m: m["leaves"][0].update(array="../../../../etc"), "is damaged: its manifest names data outside"),
+        (lambda m: m["leaves"][0].update(dtype="object"), "is damaged: its manifest names data outside"),
+        (lambda m: m["leaves"][0].update(shape=[3, 3]), "is damaged: its manifest names data outside"),
+        (lambda m: m["leaves"][0].update(keys=[["seq", 10**12]]), "is damaged: its manifest names data outside"),
+        (lambda m: [leaf.update(keys=[["dict", "same"]]) for leaf in m["leaves"]], "key paths do not form one tree"),
+    ],
+)
 def test_a_tampered_manifest_is_refused_not_followed(tmp_path, tamper, says):
     """A bucket others can write may hold any manifest: it must not steer reads outside the snapshot,
     view raw bytes as Python objects, or build a list of 10**12 items."""
@@ -423,7 +446,9 @@ def test_compile_cache_on_the_proxy_backend_says_pathways_keeps_its_own(monkeypa
 def test_kernelspec_compile_cache_option_sets_the_env(tmp_path):
     from pathways_kernel import kernelspec
 
-    path = kernelspec.install("pw-cache-test", backend="local:2x2", compile_cache="gs://my-cache/jax", prefix=str(tmp_path))
+    path = kernelspec.install(
+        "pw-cache-test", backend="local:2x2", compile_cache="gs://my-cache/jax", prefix=str(tmp_path)
+    )
     spec = json.loads((Path(path) / "kernel.json").read_text())
     assert spec["env"] == {"PATHWAYS_BACKEND": "local:2x2", compile_cache.ENV: "gs://my-cache/jax"}
     with pytest.raises(StorageError, match="not a bucket name"):

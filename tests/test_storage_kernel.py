@@ -86,7 +86,9 @@ def test_snapshot_to_bucket_then_list_and_restore_on_fewer_slices(nb):
         ok(nb, "pw.restore_slice(1)")
 
     # The Python twins.
-    reply = ok(nb, "print([i.id for i in pw.snapshots_list('gs://notebook/run')], same(pw.restore('gs://notebook/run')))")
+    reply = ok(
+        nb, "print([i.id for i in pw.snapshots_list('gs://notebook/run')], same(pw.restore('gs://notebook/run')))"
+    )
     assert reply.text.strip() == "['state-step1'] True"
 
 
@@ -94,22 +96,26 @@ def test_bad_input_is_one_line_and_the_kernel_stays_up(nb):
     assert "unsupported storage URL 's3://x/y'" in one_line_error(nb, "%pathways snapshots list s3://x/y")
     assert "not a bucket name" in one_line_error(nb, "%pathways snapshots list gs://UPPER/x")
     assert "bucket 'no-such-bucket-here' does not exist" in one_line_error(
-        nb, "%pathways snapshot state --to gs://no-such-bucket-here/p")
+        nb, "%pathways snapshot state --to gs://no-such-bucket-here/p"
+    )
     ok(nb, "pw.persist(state, 'gs://notebook/dupe', name='state').wait()")
     assert "already exists" in one_line_error(nb, "%pathways snapshot state --to gs://notebook/dupe")
     assert "no committed snapshot" in one_line_error(nb, "pw.restore('gs://notebook/nothing-here')")
 
 
 def test_progress_is_shown_for_a_long_transfer(nb):
-    reply = ok(nb, (
-        "import pathways_kernel.state.progress as progress\n"
-        "progress.THRESHOLD_S, progress.INTERVAL_S = 0.0, 0.05\n"
-        "big = jnp.ones((4096, 4096), jnp.float32)\n"
-        "t = pw.persist(big, 'gs://notebook/progress', name='big')\n"
-        "t.wait()\n"
-        "import time; time.sleep(0.3)\n"
-        "progress.THRESHOLD_S, progress.INTERVAL_S = 1.0, 0.25"
-    ))
+    reply = ok(
+        nb,
+        (
+            "import pathways_kernel.state.progress as progress\n"
+            "progress.THRESHOLD_S, progress.INTERVAL_S = 0.0, 0.05\n"
+            "big = jnp.ones((4096, 4096), jnp.float32)\n"
+            "t = pw.persist(big, 'gs://notebook/progress', name='big')\n"
+            "t.wait()\n"
+            "import time; time.sleep(0.3)\n"
+            "progress.THRESHOLD_S, progress.INTERVAL_S = 1.0, 0.25"
+        ),
+    )
     updates = [m["content"]["data"] for m in reply.messages if m["header"]["msg_type"] == "update_display_data"]
     assert updates, [m["header"]["msg_type"] for m in reply.messages]
     assert "done, 64.0 MiB" in updates[-1]["text/plain"]
@@ -151,7 +157,8 @@ def test_checkpoint_save_list_restore_onto_a_smaller_mesh(nb):
     assert ok(nb, "print(pw.checkpoints_list('gs://notebook/ckpt'))").text.strip().endswith("(latest 3)")
     assert "no checkpoint step 9" in one_line_error(nb, "%pathways checkpoint restore gs://notebook/ckpt --step 9")
     assert "bucket 'no-such-ckpt-bucket' does not exist" in one_line_error(
-        nb, "%pathways checkpoint save gs://no-such-ckpt-bucket/x --step 1 --vars state")
+        nb, "%pathways checkpoint save gs://no-such-ckpt-bucket/x --step 1 --vars state"
+    )
 
 
 def test_compile_cache_in_bucket_is_warm_in_a_fresh_kernel(gcs_server):
@@ -181,8 +188,11 @@ def test_compile_cache_in_bucket_is_warm_in_a_fresh_kernel(gcs_server):
 # -- refusals: full disks, read-only stores, lost data, hostile input ----------------------
 def test_full_disk_persist_and_checkpoint_are_one_line_and_leave_nothing(nb, full_disk):
     # 8 MiB that do not compress, in 8 sharded arrays: many writes in flight when the disk fills up.
-    ok(nb, "noise = {str(i): jax.device_put(jax.random.normal(jax.random.key(i), (512, 512)), "
-           "NamedSharding(m, P('data', 'model'))) for i in range(8)}")
+    ok(
+        nb,
+        "noise = {str(i): jax.device_put(jax.random.normal(jax.random.key(i), (512, 512)), "
+        "NamedSharding(m, P('data', 'model'))) for i in range(8)}",
+    )
     line = one_line_error(nb, f"pw.persist(noise, '{full_disk}/snaps', name='noise').wait()")
     assert "StorageError" in line and "no space left" in line, line
     # orbax fails in several background threads, and tensorstore then completes writes into its closed
@@ -195,23 +205,28 @@ def test_full_disk_persist_and_checkpoint_are_one_line_and_leave_nothing(nb, ful
 
 
 def test_checkpoint_of_a_variable_lost_with_a_slice_names_it(nb, tmp_path):
-    ok(nb, "onslice = jax.device_put(jnp.ones((8, 8)), NamedSharding(m, P('data', 'model')))\n"
-           "pw.fail_slice(1)")
+    ok(nb, "onslice = jax.device_put(jnp.ones((8, 8)), NamedSharding(m, P('data', 'model')))\npw.fail_slice(1)")
     try:
         line = one_line_error(nb, f"%pathways checkpoint save {tmp_path}/ckpt --step 1 --vars onslice --wait")
         assert "cannot checkpoint onslice: its data was lost with a slice (DATA_LOSS)" in line, line
         assert "restore it from a snapshot or recompute it" in line
     finally:
         # state had a shard on slice 1 too: rebuild it rather than rely on healing.
-        ok(nb, "pw.restore_slice(1)\ndel onslice\nm = pw.mesh()\n"
-               "state = {'w': jax.device_put(jnp.asarray(ref['w']), NamedSharding(m, P('data', 'model'))), "
-               "'b': jnp.asarray(ref['b'])}")
+        ok(
+            nb,
+            "pw.restore_slice(1)\ndel onslice\nm = pw.mesh()\n"
+            "state = {'w': jax.device_put(jnp.asarray(ref['w']), NamedSharding(m, P('data', 'model'))), "
+            "'b': jnp.asarray(ref['b'])}",
+        )
     assert not (tmp_path / "ckpt").exists()
 
 
 def test_read_only_store_lists_and_restores(nb, read_only):
-    ok(nb, f"pw.persist(state, '{read_only.source}/snaps', name='state').wait()\n"
-           f"%pathways checkpoint save {read_only.source}/ckpt --step 2 --vars state --wait")
+    ok(
+        nb,
+        f"pw.persist(state, '{read_only.source}/snaps', name='state').wait()\n"
+        f"%pathways checkpoint save {read_only.source}/ckpt --step 2 --vars state --wait",
+    )
     assert "state" in ok(nb, f"%pathways snapshots list {read_only.path}/snaps").text
     reply = ok(nb, f"%pathways snapshots restore {read_only.path}/snaps --name from_ro\nprint(same(from_ro))")
     assert reply.text.strip().endswith("True"), reply.text
@@ -224,19 +239,25 @@ def test_read_only_store_lists_and_restores(nb, read_only):
     assert "StorageError" in line and "read-only file system; choose a writable directory" in line, line
 
 
-@pytest.mark.parametrize("code, says", [
-    ("%pathways checkpoint save {d}/c --step=-1 --vars state", "argument --step: must be at least 0, got -1"),
-    ("%pathways checkpoint save {d}/c --step nan --vars state", "argument --step: expected a whole number"),
-    ("%pathways checkpoint save {d}/c --step 99999999999999999999 --vars state", "argument --step: must be at most"),
-    ("%pathways checkpoint save {d}/c --step 1 --keep 0 --vars state", "argument --keep: must be at least 1"),
-    ("%pathways checkpoint save {d}/c --step 1 --vars state,,b", "argument --vars: an empty name"),
-    ("%pathways checkpoint restore {d}/c --step=-2", "argument --step: must be at least 0"),
-    ("%pathways cache {d}/cc --min-compile-s nan", "argument --min-compile-s: expected a finite number"),
-    ("%pathways cache {d}/cc --min-compile-s=-1", "argument --min-compile-s: must be at least 0 s"),
-    ("pw.checkpoint_save(state, '{d}/c', -1)", "bad checkpoint step -1"),
-    ("%pathways snapshots list {d}/a\x00b", "control characters"),
-    ("%pathways snapshots list gs://notebook/" + "p" * 2000, "prefix of 2000 bytes"),
-])
+@pytest.mark.parametrize(
+    "code, says",
+    [
+        ("%pathways checkpoint save {d}/c --step=-1 --vars state", "argument --step: must be at least 0, got -1"),
+        ("%pathways checkpoint save {d}/c --step nan --vars state", "argument --step: expected a whole number"),
+        (
+            "%pathways checkpoint save {d}/c --step 99999999999999999999 --vars state",
+            "argument --step: must be at most",
+        ),
+        ("%pathways checkpoint save {d}/c --step 1 --keep 0 --vars state", "argument --keep: must be at least 1"),
+        ("%pathways checkpoint save {d}/c --step 1 --vars state,,b", "argument --vars: an empty name"),
+        ("%pathways checkpoint restore {d}/c --step=-2", "argument --step: must be at least 0"),
+        ("%pathways cache {d}/cc --min-compile-s nan", "argument --min-compile-s: expected a finite number"),
+        ("%pathways cache {d}/cc --min-compile-s=-1", "argument --min-compile-s: must be at least 0 s"),
+        ("pw.checkpoint_save(state, '{d}/c', -1)", "bad checkpoint step -1"),
+        ("%pathways snapshots list {d}/a\x00b", "control characters"),
+        ("%pathways snapshots list gs://notebook/" + "p" * 2000, "prefix of 2000 bytes"),
+    ],
+)
 def test_numbers_and_names_that_make_no_sense_are_refused(nb, tmp_path, code, says):
     line = one_line_error(nb, code.format(d=tmp_path))
     assert says in line and len(line) < 300, line
@@ -245,9 +266,13 @@ def test_numbers_and_names_that_make_no_sense_are_refused(nb, tmp_path, code, sa
 
 def test_restore_never_rebinds_the_notebooks_own_names(nb, tmp_path):
     ok(nb, f"pw.persist(state, '{tmp_path}/snaps', name='state').wait()")
-    for name, says in [("pw", "'pw' is the module pathways_kernel"), ("In", "'In' belongs to IPython"),
-                       ("class", "not a valid Python name"), ("len", "would shadow the Python builtin len"),
-                       ("''", "'' is not a valid Python name")]:
+    for name, says in [
+        ("pw", "'pw' is the module pathways_kernel"),
+        ("In", "'In' belongs to IPython"),
+        ("class", "not a valid Python name"),
+        ("len", "would shadow the Python builtin len"),
+        ("''", "'' is not a valid Python name"),
+    ]:
         line = one_line_error(nb, f"%pathways snapshots restore {tmp_path}/snaps --name {name}")
         assert says in line, line
     # A checkpoint whose variable names clash binds none of them.

@@ -6,14 +6,14 @@ import contextvars
 import threading
 import time
 
+import monitor_frontend
 import numpy as np
 import pytest
 
 import pathways_kernel as pw
-from pathways_kernel.monitoring import telemetry
-import monitor_frontend
-from pathways_kernel.monitoring.comm import Connection, MonitorServer
 from pathways_kernel.core.sessions import session as current_session
+from pathways_kernel.monitoring import telemetry
+from pathways_kernel.monitoring.comm import Connection, MonitorServer
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,8 @@ def _slice_mesh(session, index):
 def test_memory_is_counted_per_chip_and_per_slice(session):
     import jax
     import jax.numpy as jnp
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     hub = telemetry.hub(session)
     c = Collector()
@@ -92,7 +93,8 @@ def test_memory_is_counted_per_chip_and_per_slice(session):
 def test_utilization_follows_work_in_flight(session):
     import jax
     import jax.numpy as jnp
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     hub = telemetry.hub(session)
     hub.configure(sample_hz=20, window_s=0.5)
@@ -108,7 +110,7 @@ def test_utilization_follows_work_in_flight(session):
             for _ in range(40):
                 y = f(y)
             n = len(c.metrics)
-            c.wait(lambda: len(c.metrics) > n + 3 or y.is_ready(), timeout=30)
+            c.wait(lambda n=n, y=y: len(c.metrics) > n + 3 or y.is_ready(), timeout=30)
             busy_seen.append(max(m.slices[0].utilization for m in c.metrics[n:]) if len(c.metrics) > n else 0.0)
             y.block_until_ready()
             if max(busy_seen) > 0.5:

@@ -63,7 +63,7 @@ def test_default_mesh_puts_slices_on_dcn_and_chips_on_ici(session):
     assert mesh.axis_names == ("data", "model")
     assert dict(mesh.shape) == {"data": 2, "model": 4}
     topo = pw.topology()
-    for row, s in zip(mesh.devices, topo.slices):
+    for row, s in zip(mesh.devices, topo.slices, strict=True):
         assert {d.id for d in row} == {d.id for d in s.devices}
 
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import re
 
 import pytest
+from tpu_devices import tpu_devices
 
 from pathways_kernel.backends.proxy import device_placements
 from pathways_kernel.core.slices import DeviceTable, Topology
-from tpu_devices import tpu_devices
 
 SHAPES = [
     # type, topology, slices, kind, chips per slice, devices per slice, grid
@@ -81,6 +81,6 @@ def test_mesh_puts_slices_on_the_dcn_axis(tpu, shape, slices, kind, chips, devic
     topology = topology_of(tpu_devices(tpu, shape, slices))
     mesh = meshes.build(topology.up_slices, None, None, None)
     assert dict(mesh.shape) == {"data": slices, "model": devices}
-    for row, s in zip(mesh.devices, topology.slices):
+    for row, s in zip(mesh.devices, topology.slices, strict=True):
         assert {d.slice_index for d in row} == {s.index}
         assert sorted(d.id for d in row) == sorted(d.id for d in s.devices)

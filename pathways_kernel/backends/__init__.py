@@ -11,8 +11,8 @@ import os
 import re
 
 from pathways_kernel.backends.base import Backend, Placement
-from pathways_kernel.emulator.local import LocalBackend
 from pathways_kernel.core.errors import SpecError
+from pathways_kernel.emulator.local import LocalBackend
 
 DEFAULT_SPEC = "local:2x4"
 #: Environment variable a kernelspec sets to choose the kernel's backend.

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, ClassVar, Sequence
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,12 +74,12 @@ class Backend(abc.ABC):
     def placements(self, devices: Sequence[Any]) -> list[Placement]:
         """Where each of ``devices`` sits, in the same order."""
 
-    def check(self) -> None:
+    def check(self) -> None:  # noqa: B027 - optional hook, deliberately a no-op by default
         """Raise ``BackendError`` if JAX no longer has the devices this backend set up."""
 
     def ici_shape(self) -> tuple[int, ...] | None:
         """Physical chip grid of one slice, when the backend knows it."""
         return None
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, deliberately a no-op by default
         """Release what ``activate`` acquired; the default holds nothing."""

@@ -10,8 +10,8 @@ do next.
 from __future__ import annotations
 
 from pathways_kernel.core.errors import BackendError
-from pathways_kernel.core.sessions import EVENTS, Session, install, live_array_summary, session
 from pathways_kernel.core.eventlog import Event, EventLog, format_bytes
+from pathways_kernel.core.sessions import EVENTS, Session, install, live_array_summary, session
 
 
 def reconnect(timeout: float | None = None) -> Session:

@@ -29,7 +29,8 @@ import re
 import socket
 import threading
 import time
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from pathways_kernel.core.errors import BackendError, SpecError
 
@@ -192,7 +193,9 @@ def _resolve(target: Target, seconds: float, fail) -> list[tuple]:
         infos = _within(seconds, lambda: socket.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM))
     except TimeoutError:
         raise fail(
-            "dns", f"resolving '{target.host}' took longer than the timeout", "Check the host name and DNS, or raise --timeout"
+            "dns",
+            f"resolving '{target.host}' took longer than the timeout",
+            "Check the host name and DNS, or raise --timeout",
         ) from None
     except socket.gaierror as exc:
         raise fail(
@@ -217,7 +220,7 @@ def _connect(target: Target, addresses: list[tuple], deadline: float, fail) -> t
             return sock, f"{address[0]}:{address[1]}"
         except ConnectionRefusedError:
             refused = address
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             unreachable = "timed out"
         except OSError as exc:
             unreachable = exc.strerror or str(exc)
@@ -245,7 +248,7 @@ def _handshake(target: Target, sock: socket.socket, seconds: float, fail) -> str
     try:
         sock.sendall(_H2_PREFACE + _H2_EMPTY_SETTINGS)
         reply = sock.recv(9)
-    except (TimeoutError, socket.timeout):
+    except TimeoutError:
         raise fail(
             "handshake",
             f"{target.authority} accepted TCP but sent no HTTP/2 reply: not a gRPC server",
@@ -278,9 +281,11 @@ def _speaks_tls(target: Target, address: str, seconds: float) -> bool:
     context.verify_mode = ssl.CERT_NONE
     host, _, port = address.rpartition(":")
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=seconds) as raw:
-            with context.wrap_socket(raw, server_hostname=target.host):
-                return True
+        with (
+            socket.create_connection((host.strip("[]"), int(port)), timeout=seconds) as raw,
+            context.wrap_socket(raw, server_hostname=target.host),
+        ):
+            return True
     except ssl.SSLError:
         return True  # a TLS alert is still TLS
     except OSError:

@@ -30,12 +30,13 @@ import atexit
 import os
 import threading
 import time
-from typing import Any, ClassVar, Sequence
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 from pathways_kernel.backends import preflight as preflight_lib
 from pathways_kernel.backends.base import Backend, Placement
-from pathways_kernel.emulator.local import grid_shape
 from pathways_kernel.core.errors import BackendError, SpecError
+from pathways_kernel.emulator.local import grid_shape
 
 #: The client reads this to choose plaintext gRPC over ALTS.
 INSECURE_ENV = "IFRT_PROXY_USE_INSECURE_GRPC_CREDENTIALS"
@@ -77,7 +78,7 @@ class ProxyBackend(Backend):
         self._previous: tuple[Any, Any, str | None] | None = None
 
     @classmethod
-    def from_spec(cls, spec: str, timeout: float | None = None, insecure: bool | None = None) -> "ProxyBackend":
+    def from_spec(cls, spec: str, timeout: float | None = None, insecure: bool | None = None) -> ProxyBackend:
         return cls(parse_spec(spec), timeout, insecure)
 
     @property

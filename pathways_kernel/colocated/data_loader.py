@@ -27,17 +27,15 @@ fault-free run: none skipped, none doubled.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
-from typing import Any, Callable
+from typing import Any
 
-from pathways_kernel.core.errors import MeshError, PathwaysError
-from pathways_kernel.core.eventlog import format_bytes
-from pathways_kernel.core.text import count
-from pathways_kernel.training import goodput
 from pathways_kernel.colocated.sidecars import (
     DEFAULT_TIMEOUT_S,
     SidecarError,
@@ -50,6 +48,10 @@ from pathways_kernel.colocated.sidecars import (
     slice_lost,
     timed_out,
 )
+from pathways_kernel.core.errors import MeshError, PathwaysError
+from pathways_kernel.core.eventlog import format_bytes
+from pathways_kernel.core.text import count
+from pathways_kernel.training import goodput
 
 #: Seconds between the loader's periodic ``sidecar`` summary events.
 SUMMARY_EVERY_S = 5.0
@@ -92,7 +94,7 @@ class Layout:
         meshes = {}
         for index in sorted({int(i) for i in owner.flat}):
             where = np.argwhere(owner == index)
-            box = tuple(slice(lo, hi + 1) for lo, hi in zip(where.min(0), where.max(0)))
+            box = tuple(slice(lo, hi + 1) for lo, hi in zip(where.min(0), where.max(0), strict=True))
             if (owner[box] != index).any():
                 raise MeshError(
                     f"slice {index}'s devices are not one block of the mesh; build the mesh with pw.mesh() "
@@ -105,10 +107,15 @@ class Layout:
                         f"spec {spec} splits a non-batch dimension over axis '{axis}', which spans slices; "
                         f"only the batch dimension (first) may be split across slices"
                     )
-            spans = {(rows[d][0].start or 0, parts_total if rows[d][0].stop is None else rows[d][0].stop) for d in local.devices.flat}
+            spans = {
+                (rows[d][0].start or 0, parts_total if rows[d][0].stop is None else rows[d][0].stop)
+                for d in local.devices.flat
+            }
             lo, hi = min(s for s, _ in spans), max(e for _, e in spans)
             if {u for start, stop in spans for u in range(start, stop)} != set(range(lo, hi)):
-                raise MeshError(f"spec {spec} gives slice {index} rows that are not one block of the batch on this mesh")
+                raise MeshError(
+                    f"spec {spec} gives slice {index} rows that are not one block of the batch on this mesh"
+                )
             blocks[index] = (lo, hi)
             meshes[index] = local
         widths = {hi - lo for lo, hi in blocks.values()}
@@ -143,7 +150,9 @@ class Layout:
             shape = (leaf0.shape[0] * self.num_shards,) + tuple(leaf0.shape[1:]) if leaf0.ndim else ()
             if not leaf0.ndim:
                 raise SidecarError("make_batches must return arrays with a batch dimension, got a scalar")
-            by_device = {s.device: s.data for _index, (leaves, _) in flat.items() for s in leaves[position].addressable_shards}
+            by_device = {
+                s.device: s.data for _index, (leaves, _) in flat.items() for s in leaves[position].addressable_shards
+            }
             out.append(jax.make_array_from_single_device_arrays(shape, self.sharding, [by_device[d] for d in order]))
         return jax.tree.unflatten(treedef0, out)
 
@@ -193,10 +202,9 @@ class Pending:
         self._settle(self.joined.set_result, (batch, sizes))
 
     def _settle(self, setter: Callable[[Any], None], value: Any) -> None:
-        try:
+        # Cancelled meanwhile by a reset: nobody wants this step any more.
+        with contextlib.suppress(InvalidStateError):
             setter(value)
-        except InvalidStateError:
-            pass  # cancelled meanwhile by a reset: nobody wants this step any more
 
 
 def _axes(entry: Any) -> tuple[str, ...]:
@@ -267,7 +275,9 @@ class Loader:
         from pathways_kernel.core.sessions import session
 
         if not callable(make_batches):
-            raise PathwaysError(f"pw.loader needs make_batches(step, shard, num_shards), got {type(make_batches).__name__}")
+            raise PathwaysError(
+                f"pw.loader needs make_batches(step, shard, num_shards), got {type(make_batches).__name__}"
+            )
         if prefetch < 0:
             raise PathwaysError(f"prefetch must be >= 0 steps, got {prefetch}")
         if timeout <= 0:
@@ -305,7 +315,7 @@ class Loader:
     def mesh(self) -> Any:
         return self._layout.mesh
 
-    def __iter__(self) -> "Loader":
+    def __iter__(self) -> Loader:
         return self
 
     def __next__(self) -> Any:
@@ -399,7 +409,7 @@ class Loader:
         if not getattr(self, "_closed", True):
             self.close()
 
-    def __enter__(self) -> "Loader":
+    def __enter__(self) -> Loader:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -433,7 +443,10 @@ class Loader:
             self._pending.pop(stale).cancel()
         for s in wanted:
             if s not in self._pending:
-                blocks = {part.slice_index: self._worker(part.slice_index).submit(self._job(s, part)) for part in self._layout.parts}
+                blocks = {
+                    part.slice_index: self._worker(part.slice_index).submit(self._job(s, part))
+                    for part in self._layout.parts
+                }
                 self._pending[s] = Pending(blocks, self._layout, self.name)
 
     def _job(self, step: int, part: Part) -> Callable[[], Any]:
@@ -503,7 +516,7 @@ class Loader:
         self._summary = {"time": now, "batches": c["batches"], "bytes": c["bytes"], "busy_s": 0.0}
 
 
-def _state_of(ref: "weakref.ref[Loader]") -> dict[str, Any]:
+def _state_of(ref: weakref.ref[Loader]) -> dict[str, Any]:
     target = ref()
     return target.state() if target is not None else {}
 
@@ -557,5 +570,12 @@ def loader(
       MeshError: the mesh/spec does not split batches into per-slice blocks.
     """
     return Loader(
-        make_batches, mesh, spec, prefetch, start, DEFAULT_TIMEOUT_S if timeout is None else timeout, name, follow_elastic
+        make_batches,
+        mesh,
+        spec,
+        prefetch,
+        start,
+        DEFAULT_TIMEOUT_S if timeout is None else timeout,
+        name,
+        follow_elastic,
     )

@@ -37,8 +37,9 @@ import queue
 import threading
 import time
 import weakref
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 from pathways_kernel.core.errors import PathwaysError, one_line
 from pathways_kernel.core.eventlog import format_bytes
@@ -76,7 +77,9 @@ class Activity:
         self._slices: dict[int, SliceActivity] = {}
         self._queues: dict[str, Callable[[], dict[str, Any]]] = {}
 
-    def record(self, slice_index: int, nbytes: int = 0, busy_s: float = 0.0, error: bool = False, timeout: bool = False) -> None:
+    def record(
+        self, slice_index: int, nbytes: int = 0, busy_s: float = 0.0, error: bool = False, timeout: bool = False
+    ) -> None:
         with self._lock:
             s = self._slices.setdefault(slice_index, SliceActivity())
             s.calls += 1
@@ -110,7 +113,9 @@ class Activity:
             slices = {i: dataclasses.asdict(s) for i, s in sorted(self._slices.items())}
             probes = dict(self._queues)
         loaders = {name: probe() for name, probe in probes.items()}
-        totals = {key: sum(s[key] for s in slices.values()) for key in ("calls", "bytes", "busy_s", "errors", "timeouts")}
+        totals = {
+            key: sum(s[key] for s in slices.values()) for key in ("calls", "bytes", "busy_s", "errors", "timeouts")
+        }
         totals["queue_depth"] = sum(state.get("queue_depth", 0) for state in loaders.values())
         return {**totals, "slices": slices, "loaders": loaders}
 
@@ -261,7 +266,7 @@ class Worker:
                 future.set_exception(exc)
 
 
-_WORKERS: "weakref.WeakSet[Worker]" = weakref.WeakSet()
+_WORKERS: weakref.WeakSet[Worker] = weakref.WeakSet()
 
 #: Seconds the interpreter waits at exit for workers to finish the job in hand.
 EXIT_GRACE_S = 5.0
@@ -411,13 +416,14 @@ class SidecarResults(dict):
         p.text(repr(self))
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class _Defaults:
     slices: tuple[int, ...] | None = None
     timeout: float = DEFAULT_TIMEOUT_S
 
 
-_defaults: contextvars.ContextVar[_Defaults] = contextvars.ContextVar("sidecar_defaults", default=_Defaults())
+_NO_DEFAULTS = _Defaults()
+_defaults: contextvars.ContextVar[_Defaults] = contextvars.ContextVar("sidecar_defaults", default=_NO_DEFAULTS)
 
 
 @contextlib.contextmanager
@@ -501,7 +507,11 @@ class Sidecar:
                 else:
                     tree, busy = future.result()
                     log.record(index, nbytes(tree), busy)
-            session().events.emit("sidecar", duration_s=time.perf_counter() - started, detail=one_line(exc) if slice_lost(exc) else str(exc))
+            session().events.emit(
+                "sidecar",
+                duration_s=time.perf_counter() - started,
+                detail=one_line(exc) if slice_lost(exc) else str(exc),
+            )
             raise
         total = 0
         for index, (tree, busy) in results.items():
@@ -527,7 +537,11 @@ class Sidecar:
             mesh = slice_mesh(s)
             # On Pathways the result lives on the sidecar's CPU devices; move it to the slice's chips.
             tree = jax.tree.map(
-                lambda leaf: leaf if set(leaf.devices()) == set(s.devices) else jax.device_put(leaf, NamedSharding(mesh, PartitionSpec())),
+                lambda leaf: (
+                    leaf
+                    if set(leaf.devices()) == set(s.devices)
+                    else jax.device_put(leaf, NamedSharding(mesh, PartitionSpec()))
+                ),
                 tree,
             )
             jax.block_until_ready(tree)
@@ -550,7 +564,9 @@ class Sidecar:
             self._colocated = None
 
 
-def sidecar(fn: Callable[..., Any] | None = None, *, slices: str | Sequence[int] | None = None, timeout: float | None = None):
+def sidecar(
+    fn: Callable[..., Any] | None = None, *, slices: str | Sequence[int] | None = None, timeout: float | None = None
+):
     """Bind ``fn`` to run colocated with slices; usable bare (``@pw.sidecar``) or with options.
 
     Args:
@@ -570,13 +586,21 @@ def sidecar(fn: Callable[..., Any] | None = None, *, slices: str | Sequence[int]
     return Sidecar(fn, chosen, limit)
 
 
-def run_sidecar(fn: Callable[..., Any], *args: Any, slices: str | Sequence[int] | None = None, timeout: float | None = None, **kwargs: Any) -> SidecarResults:
+def run_sidecar(
+    fn: Callable[..., Any],
+    *args: Any,
+    slices: str | Sequence[int] | None = None,
+    timeout: float | None = None,
+    **kwargs: Any,
+) -> SidecarResults:
     """Run ``fn(*args, **kwargs)`` once colocated with each chosen slice; ``{slice: arrays}``."""
     target = fn if isinstance(fn, Sidecar) else sidecar(fn, slices=slices, timeout=timeout)
     return target(*args, **kwargs)
 
 
-def define(source: str, namespace: dict[str, Any], slices: str | Sequence[int] | None = None, timeout: float | None = None) -> list[Sidecar]:
+def define(
+    source: str, namespace: dict[str, Any], slices: str | Sequence[int] | None = None, timeout: float | None = None
+) -> list[Sidecar]:
     """Run ``source`` (a cell) in ``namespace`` with ``@pw.sidecar`` defaulting to ``slices``/``timeout``.
 
     Returns the ``Sidecar``s the cell bound, in the order of their names.

@@ -14,7 +14,8 @@ import dataclasses
 import html
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 #: Events kept in memory; older ones drop off.
 MAX_EVENTS = 10_000
@@ -145,7 +146,11 @@ class EventTable:
 
 
 def _row(e: Event) -> list[str]:
-    slices = "" if e.slices_before is None and e.slices_after is None else f"{_slices(e.slices_before)} → {_slices(e.slices_after)}"
+    slices = (
+        ""
+        if e.slices_before is None and e.slices_after is None
+        else f"{_slices(e.slices_before)} → {_slices(e.slices_after)}"
+    )
     return [
         time.strftime("%H:%M:%S", time.localtime(e.time)),
         e.kind,

@@ -33,7 +33,7 @@ def installed_versions() -> tuple[str, str]:
     import jax
     import jaxlib
 
-    return jax.__version__, str(getattr(jaxlib, "__version__"))
+    return jax.__version__, str(jaxlib.__version__)
 
 
 def _release(version: str) -> tuple[int, ...]:
@@ -233,7 +233,7 @@ def install_dispatch_hooks(
             after_device_put(results)
             return results
 
-        setattr(pxla.ExecuteReplicated, "__call__", execute_replicated)
+        pxla.ExecuteReplicated.__call__ = execute_replicated
         pjit._get_fastpath_data = get_fastpath_data
         dispatch._batched_device_put_impl = batched_device_put
         _hooks_installed = True

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -43,7 +44,7 @@ class MeshPlan:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(d * i for d, i in zip(self.dcn, self.ici))
+        return tuple(d * i for d, i in zip(self.dcn, self.ici, strict=True))
 
 
 def plan(
@@ -128,7 +129,11 @@ def parse_shape(text: str) -> tuple[int, ...]:
 
 def describe(mesh: Any) -> str:
     """One line: axis names and sizes."""
-    return "Mesh(" + ", ".join(f"{name}={size}" for name, size in mesh.shape.items()) + f") over {count(mesh.size, 'device')}"
+    return (
+        "Mesh("
+        + ", ".join(f"{name}={size}" for name, size in mesh.shape.items())
+        + f") over {count(mesh.size, 'device')}"
+    )
 
 
 def _fmt(shape: Sequence[int]) -> str:

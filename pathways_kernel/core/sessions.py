@@ -11,15 +11,15 @@ from __future__ import annotations
 import dataclasses
 import html
 import threading
-from typing import Any, Callable, Sequence, TypeVar, cast
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar, cast
 
-from pathways_kernel.core.display import TextDisplay
 from pathways_kernel import backends
-from pathways_kernel.core import meshes
 from pathways_kernel.backends.base import Backend
+from pathways_kernel.core import meshes, text
+from pathways_kernel.core.display import TextDisplay
 from pathways_kernel.core.errors import BackendError, NotSupportedError, PathwaysError
 from pathways_kernel.core.eventlog import EventLog, format_bytes
-from pathways_kernel.core import text
 from pathways_kernel.core.slices import SliceState, Topology
 
 T = TypeVar("T")
@@ -125,7 +125,9 @@ class Session:
             before = tuple(s.index for s in topology.up_slices)
             self._states[index] = state
             after = tuple(s.index for s in self.topology.up_slices)
-        self.events.emit("slice_up" if state == "up" else "slice_down", slices_before=before, slices_after=after, detail=detail)
+        self.events.emit(
+            "slice_up" if state == "up" else "slice_down", slices_before=before, slices_after=after, detail=detail
+        )
         return True
 
     # -- what users ask for ---------------------------------------------------
@@ -157,7 +159,7 @@ class Session:
             )
 
     # -- lifecycle ------------------------------------------------------------
-    def component(self, kind: type[T], factory: Callable[["Session"], T] | None = None) -> T:
+    def component(self, kind: type[T], factory: Callable[[Session], T] | None = None) -> T:
         """The session's one ``kind`` (telemetry hub, snapshot store, fault injector, ...).
 
         Made on first use by ``factory(session)`` (default ``kind(session)``)

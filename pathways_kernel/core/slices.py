@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import html
-from typing import Any, Iterable, Literal, Sequence, cast
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal, cast
 
+from pathways_kernel.backends.base import Placement
 from pathways_kernel.core.display import TextDisplay
 from pathways_kernel.core.text import count
-from pathways_kernel.backends.base import Placement
 
 SliceState = Literal["up", "down"]
 
@@ -74,7 +75,7 @@ class Topology(TextDisplay):
     platform: str = ""
 
     @classmethod
-    def from_placements(cls, devices: Sequence[Any], placements: Sequence[Placement], platform: str = "") -> "Topology":
+    def from_placements(cls, devices: Sequence[Any], placements: Sequence[Placement], platform: str = "") -> Topology:
         """Group devices into slices by their placement."""
         by_slice: dict[int, list[Chip]] = {}
         kinds: dict[int, str] = {}
@@ -123,7 +124,7 @@ class Topology(TextDisplay):
             object.__setattr__(self, "_by_id", mapping)
             return mapping
 
-    def with_slice_state(self, index: int, state: SliceState) -> "Topology":
+    def with_slice_state(self, index: int, state: SliceState) -> Topology:
         """A copy with slice ``index`` (and its chips) in ``state``."""
         slices = tuple(
             dataclasses.replace(s, state=state, chips=tuple(dataclasses.replace(c, state=state) for c in s.chips))
@@ -141,7 +142,10 @@ class Topology(TextDisplay):
             kind = f" {s.kind}" if s.kind else ""
             lines.append(f"  slice {s.index}: {s.state:<4} {_count(s.physical_chips, len(s.chips))}{kind} grid {shape}")
             cores = s.cores_per_chip > 1
-            lines.append("    " + " ".join(f"{c.id}@{_coords(c.coords)}{f'/c{c.core_on_chip}' if cores else ''}" for c in s.chips[:32]))
+            lines.append(
+                "    "
+                + " ".join(f"{c.id}@{_coords(c.coords)}{f'/c{c.core_on_chip}' if cores else ''}" for c in s.chips[:32])
+            )
             if len(s.chips) > 32:
                 lines[-1] += f" ... (+{len(s.chips) - 32})"
         return "\n".join(lines)
@@ -207,8 +211,15 @@ class DeviceTable:
 
     def rows(self) -> list[tuple[str, ...]]:
         return [
-            (str(c.id), str(c.slice_index), _coords(c.coords), str(c.core_on_chip), str(c.device.platform),
-             str(getattr(c.device, "device_kind", "")), c.state)
+            (
+                str(c.id),
+                str(c.slice_index),
+                _coords(c.coords),
+                str(c.core_on_chip),
+                str(c.device.platform),
+                str(getattr(c.device, "device_kind", "")),
+                c.state,
+            )
             for c in self.topology.chips
         ]
 
@@ -217,7 +228,7 @@ class DeviceTable:
     def __repr__(self) -> str:
         rows = [self._HEAD, *self.rows()]
         widths = [max(len(r[i]) for r in rows) for i in range(len(self._HEAD))]
-        return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows)
+        return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         p.text(repr(self))

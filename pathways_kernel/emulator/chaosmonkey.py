@@ -30,8 +30,8 @@ from typing import Any
 
 from pathways_kernel.core.display import TextDisplay
 from pathways_kernel.core.errors import PathwaysError
-from pathways_kernel.emulator import faults
 from pathways_kernel.core.text import count
+from pathways_kernel.emulator import faults
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,13 +84,17 @@ def _is_int(value: Any) -> bool:
 
 def _check_seconds(flag: str, value: Any) -> None:
     if (
-        not isinstance(value, numbers.Real) or isinstance(value, bool)
-        or not math.isfinite(value) or not MIN_SECONDS <= float(value) <= MAX_SECONDS
+        not isinstance(value, numbers.Real)
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or not MIN_SECONDS <= float(value) <= MAX_SECONDS
     ):
         raise PathwaysError(f"chaos {flag} must be seconds from {MIN_SECONDS:g} to {MAX_SECONDS:g}, got {value!r}")
 
 
-def _schedule(slices: list[int], mtbf: float, mttr: float, seed: int, down: set[int], min_up: int) -> Iterator[ChaosEvent]:
+def _schedule(
+    slices: list[int], mtbf: float, mttr: float, seed: int, down: set[int], min_up: int
+) -> Iterator[ChaosEvent]:
     rng = random.Random(seed)
     up = {i: i not in down for i in slices}
     next_at = {i: rng.expovariate(1 / (mtbf if up[i] else mttr)) for i in slices}
@@ -164,8 +168,12 @@ class Chaos:
         faults.require_fault_injection(self.session, "chaos")
         topology = self.session.topology
         events = schedule(
-            [s.index for s in topology.slices], mtbf, mttr, seed,
-            down=[s.index for s in topology.slices if not s.up], min_up=min_up,
+            [s.index for s in topology.slices],
+            mtbf,
+            mttr,
+            seed,
+            down=[s.index for s in topology.slices if not s.up],
+            min_up=min_up,
         )
         self.stop()
         with self._lock:
@@ -192,7 +200,11 @@ class Chaos:
     def status(self) -> ChaosStatus:
         running = self._thread is not None and self._thread.is_alive()
         down = tuple(s.index for s in self.session.topology.slices if not s.up)
-        return ChaosStatus(running, **self._params, applied=len(self.applied), down=down, error=self.error) if self._params else ChaosStatus(False, down=down)
+        return (
+            ChaosStatus(running, **self._params, applied=len(self.applied), down=down, error=self.error)
+            if self._params
+            else ChaosStatus(False, down=down)
+        )
 
     def _run(self, events: Iterator[ChaosEvent], stop: threading.Event, seed: int) -> None:
         start = time.monotonic()

@@ -182,7 +182,11 @@ def _bury(array: Any, positions: dict[int, tuple[int, int, int]]) -> None:
 
 
 def _still_needed(
-    when: float, keeper: Any, positions: dict[int, tuple[int, int, int]], now: float, current: dict[int, tuple[int, int, int]]
+    when: float,
+    keeper: Any,
+    positions: dict[int, tuple[int, int, int]],
+    now: float,
+    current: dict[int, tuple[int, int, int]],
 ) -> bool:
     if not keeper.is_ready():
         return True  # a reader may be waiting for these very buffers
@@ -335,8 +339,11 @@ def _arrays_on(devices: frozenset) -> list[Any]:
 
     skip = _kept | _deferred_ids
     return [
-        array for array in jax.live_arrays()
-        if id(array) not in skip and not array.is_deleted() and not devices.isdisjoint(jaxcompat.devices_of(array))
+        array
+        for array in jax.live_arrays()
+        if id(array) not in skip
+        and not array.is_deleted()
+        and not devices.isdisjoint(jaxcompat.devices_of(array))
         and not is_lost(array, wait=False)
     ]
 

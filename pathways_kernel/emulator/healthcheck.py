@@ -39,7 +39,9 @@ class Health(TextDisplay):
 
     def to_text(self) -> str:
         lines = [f"slice {i}: {reported}" + (f"  ({note})" if note else "") for i, reported, note in self.rows()]
-        lines.append(f"{len(self.healthy)}/{len(self.states)} slices healthy (checked in {self.duration_s * 1000:.0f} ms)")
+        lines.append(
+            f"{len(self.healthy)}/{len(self.states)} slices healthy (checked in {self.duration_s * 1000:.0f} ms)"
+        )
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
@@ -62,4 +64,6 @@ def health() -> Health:
     topology = session().topology
     start = time.perf_counter()
     healthy = elastic.get_active_slice_indices({s.index: s.devices for s in topology.slices})
-    return Health(tuple(sorted(healthy)), tuple((s.index, s.state) for s in topology.slices), time.perf_counter() - start)
+    return Health(
+        tuple(sorted(healthy)), tuple((s.index, s.state) for s in topology.slices), time.perf_counter() - start
+    )

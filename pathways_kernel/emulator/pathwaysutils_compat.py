@@ -27,7 +27,8 @@ import importlib.abc
 import importlib.machinery
 import sys
 import threading
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 _MODULE = "pathwaysutils.elastic.elastic"
 _lock = threading.Lock()

@@ -14,7 +14,8 @@ import dataclasses
 import math
 import re
 import shlex
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
@@ -117,7 +118,9 @@ def seconds(minimum: float, maximum: float, allow_minimum: bool = True) -> Calla
         if not math.isfinite(value):
             raise argparse.ArgumentTypeError(f"expected a finite number of seconds, got {_shown(text)}")
         if value < minimum or (value == minimum and not allow_minimum):
-            raise argparse.ArgumentTypeError(f"must be {'at least' if allow_minimum else 'more than'} {minimum:g} s, got {value:g}")
+            raise argparse.ArgumentTypeError(
+                f"must be {'at least' if allow_minimum else 'more than'} {minimum:g} s, got {value:g}"
+            )
         if value > maximum:
             raise argparse.ArgumentTypeError(f"must be at most {maximum:g} s, got {value:g}")
         return value
@@ -200,16 +203,18 @@ def _show_one_line(shell: Any, etype: type, value: BaseException, tb: Any, tb_of
 
 def register(shell: Any) -> None:
     """Install the magics and the one-line handler for ``PathwaysError``."""
+    from pathways_kernel.magics import (
+        connection,
+        core,  # noqa: F401  (registers subcommands)
+        elastic,  # noqa: F401
+        faults,  # noqa: F401
+        goodput,
+        monitor,  # noqa: F401
+        profiling,  # noqa: F401
+        sidecar,  # noqa: F401
+        storage,  # noqa: F401
+    )
     from pathways_kernel.state import healing
-    from pathways_kernel.magics import core  # noqa: F401  (registers subcommands)
-    from pathways_kernel.magics import connection
-    from pathways_kernel.magics import elastic  # noqa: F401
-    from pathways_kernel.magics import monitor  # noqa: F401
-    from pathways_kernel.magics import faults  # noqa: F401
-    from pathways_kernel.magics import sidecar  # noqa: F401
-    from pathways_kernel.magics import storage  # noqa: F401
-    from pathways_kernel.magics import profiling  # noqa: F401
-    from pathways_kernel.magics import goodput
 
     PathwaysMagics.pathways.__doc__ = top_level_help()
     shell.register_magics(PathwaysMagics)

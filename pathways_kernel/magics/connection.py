@@ -15,8 +15,12 @@ from pathways_kernel.magics import preflight_seconds, subcommand
 
 @subcommand("reconnect")
 @magic_arguments(name="pathways reconnect")
-@argument("--timeout", type=preflight_seconds, default=None,
-          help="proxy: seconds for the pre-flight check (default: as before)")
+@argument(
+    "--timeout",
+    type=preflight_seconds,
+    default=None,
+    help="proxy: seconds for the pre-flight check (default: as before)",
+)
 def reconnect(shell: Any, args: Any, cell: str | None):
     """Clear JAX's backends and caches and connect again to the same backend (after a disconnect)."""
     connection.reconnect(timeout=args.timeout)

@@ -41,7 +41,9 @@ def devices(shell: Any, args: Any, cell: str | None):
 @magic_arguments(name="pathways mesh")
 @argument("--axes", type=name_list, default=None, help="comma-separated axis names (default: data,model)")
 @argument("--dcn", type=non_empty, default=None, help="sizes across slices per axis, e.g. 2,1 (product = live slices)")
-@argument("--ici", type=non_empty, default=None, help="sizes within a slice per axis, e.g. 1,4 (product = chips per slice)")
+@argument(
+    "--ici", type=non_empty, default=None, help="sizes within a slice per axis, e.g. 1,4 (product = chips per slice)"
+)
 @argument("--name", type=non_empty, default="mesh", help="bind the mesh to this name in the namespace (default: mesh)")
 @argument("--no-bind", action="store_true", help="do not bind the mesh into the namespace")
 @argument("--overwrite", action="store_true", help="let --name replace a value of another type")
@@ -60,12 +62,17 @@ def mesh(shell: Any, args: Any, cell: str | None):
 
 @subcommand("connect")
 @magic_arguments(name="pathways connect")
-@argument("spec", help="local:SxC (embedded, e.g. local:2x4), grpc://HOST:PORT (Pathways proxy) or sps (shared service)")
+@argument(
+    "spec", help="local:SxC (embedded, e.g. local:2x4), grpc://HOST:PORT (Pathways proxy) or sps (shared service)"
+)
 @argument("--force", action="store_true", help="switch even if device arrays would be discarded")
-@argument("--timeout", type=preflight_seconds, default=None,
-          help="proxy: seconds for the pre-flight check (default 5)")
-@argument("--insecure", action="store_true", default=None,
-          help="proxy: plaintext gRPC, as kubectl port-forward gives (default: ALTS, or $IFRT_PROXY_USE_INSECURE_GRPC_CREDENTIALS)")
+@argument("--timeout", type=preflight_seconds, default=None, help="proxy: seconds for the pre-flight check (default 5)")
+@argument(
+    "--insecure",
+    action="store_true",
+    default=None,
+    help="proxy: plaintext gRPC, as kubectl port-forward gives (default: ALTS, or $IFRT_PROXY_USE_INSECURE_GRPC_CREDENTIALS)",
+)
 @argument("--cluster", default="", help="sps: GKE cluster name")
 @argument("--project", default="", help="sps: Google Cloud project")
 @argument("--region", default="", help="sps: cluster location")
@@ -78,9 +85,17 @@ def connect(shell: Any, args: Any, cell: str | None):
     """Switch the session's backend (before the first computation, or with --force)."""
     if args.spec == "sps":
         connection.connect_shared_service(
-            cluster=args.cluster, project=args.project, region=args.region, service=args.service, tpu=args.tpu,
-            count=args.count, bucket=args.bucket, proxy_image=args.proxy_image, insecure=bool(args.insecure),
-            timeout=args.timeout, force=args.force,
+            cluster=args.cluster,
+            project=args.project,
+            region=args.region,
+            service=args.service,
+            tpu=args.tpu,
+            count=args.count,
+            bucket=args.bucket,
+            proxy_image=args.proxy_image,
+            insecure=bool(args.insecure),
+            timeout=args.timeout,
+            force=args.force,
         )
     else:
         api.connect(args.spec, force=args.force, timeout=args.timeout, insecure=args.insecure)

@@ -47,7 +47,9 @@ def snapshot(shell: Any, args: Any, cell: str | None):
 @subcommand("snapshots")
 @magic_arguments(name="pathways snapshots")
 @argument("action", nargs="?", choices=("list", "restore"), default="list", help="list (default) or restore")
-@argument("url", nargs="?", default=None, help="gs://BUCKET/PREFIX or a directory: persisted snapshots instead of host ones")
+@argument(
+    "url", nargs="?", default=None, help="gs://BUCKET/PREFIX or a directory: persisted snapshots instead of host ones"
+)
 @argument("--name", default=None, help="restore: bind to this variable (default: the snapshot's name)")
 def snapshots_(shell: Any, args: Any, cell: str | None):
     """The host snapshots kept in this session, or those persisted under a URL (list/restore)."""
@@ -60,7 +62,9 @@ def snapshots_(shell: Any, args: Any, cell: str | None):
 
 @subcommand("autosnapshot")
 @magic_arguments(name="pathways autosnapshot")
-@argument("state", nargs="?", choices=("on", "off"), help="turn snapshot-after-each-cell on or off (default: show status)")
+@argument(
+    "state", nargs="?", choices=("on", "off"), help="turn snapshot-after-each-cell on or off (default: show status)"
+)
 @argument("--max-bytes", type=int, default=None, help="host bytes autosnapshots may hold in all")
 def autosnapshot(shell: Any, args: Any, cell: str | None):
     """After each cell, snapshot the jax variables that changed (for healing after a slice loss)."""
@@ -71,7 +75,12 @@ def autosnapshot(shell: Any, args: Any, cell: str | None):
 
 @subcommand("elastic", cell=True)
 @magic_arguments(name="pathways elastic")
-@argument("--steps", type=int, required=True, help="steps of the whole run: the cell runs once for each of steps --start..--steps-1")
+@argument(
+    "--steps",
+    type=int,
+    required=True,
+    help="steps of the whole run: the cell runs once for each of steps --start..--steps-1",
+)
 @argument("--state", required=True, help="comma-separated variables that are the training state")
 @argument("--start", type=int, default=0, help="first step (default 0), e.g. the step a snapshot is from")
 @argument("--snapshot-every", type=int, default=DEFAULT_SNAPSHOT_EVERY, help="steps between host snapshots")
@@ -81,17 +90,23 @@ def autosnapshot(shell: Any, args: Any, cell: str | None):
 def elastic(shell: Any, args: Any, cell: str | None):
     """Run the cell as an elastic training step: survives slice loss, scales back up."""
     if cell is None or not cell.strip():
-        raise PathwaysError("%%pathways elastic needs a cell body: the training step, using `step`, `mesh` and the --state variables")
+        raise PathwaysError(
+            "%%pathways elastic needs a cell body: the training step, using `step`, `mesh` and the --state variables"
+        )
     steps, start = check_steps(args.steps, args.start, ("--steps", "--start"))
     snapshot_every = check_count(args.snapshot_every, "--snapshot-every", 1)
     max_retries = check_count(args.max_retries, "--max-retries", 1)
     names = [n.strip() for n in args.state.split(",") if n.strip()]
     if not names:
-        raise PathwaysError("--state names no variable; give the training state's variables, e.g. --state params,opt_state")
+        raise PathwaysError(
+            "--state names no variable; give the training state's variables, e.g. --state params,opt_state"
+        )
     ns = shell.user_ns
     missing = [n for n in names if n not in ns]
     if missing:
-        raise NamespaceError(f"--state {', '.join(missing)} is not defined; create the initial state in an earlier cell")
+        raise NamespaceError(
+            f"--state {', '.join(missing)} is not defined; create the initial state in an earlier cell"
+        )
     code = compile(cell, "<%%pathways elastic>", "exec")
 
     def body(state: dict[str, Any], step: int, mesh: Any) -> dict[str, Any]:

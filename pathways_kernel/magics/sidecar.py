@@ -6,8 +6,8 @@ from typing import Any
 
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from pathways_kernel.magics import Text, subcommand
 from pathways_kernel.colocated.sidecars import ActivityTable, define, stats
+from pathways_kernel.magics import Text, subcommand
 
 
 @subcommand("sidecar", cell=True)

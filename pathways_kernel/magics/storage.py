@@ -7,15 +7,15 @@ URL`` live with the other snapshot subcommands (magics/elastic.py) and call
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from pathways_kernel.state import progress
 from pathways_kernel.core.errors import NamespaceError, PathwaysError
 from pathways_kernel.core.namespace import bind, check_bindable, user_namespace
 from pathways_kernel.magics import MAX_INT, Text, integer, name_list, seconds, subcommand
-from pathways_kernel.state import checkpoints, compile_cache, snapshots, storage
+from pathways_kernel.state import checkpoints, compile_cache, progress, snapshots, storage
 
 progress.install()
 
@@ -23,7 +23,9 @@ progress.install()
 def persist_taken(taken: Sequence[snapshots.Snapshot], url: str, snapshot_id: str | None = None) -> Text:
     """Start uploading freshly taken snapshots; one line each."""
     if snapshot_id and len(taken) > 1:
-        raise PathwaysError("--id names one snapshot; give one variable, or leave --id out (ids are NAME or NAME-stepN)")
+        raise PathwaysError(
+            "--id names one snapshot; give one variable, or leave --id out (ids are NAME or NAME-stepN)"
+        )
     lines = []
     for snap in taken:
         storage.persist(snap, url, snapshot_id)
@@ -51,11 +53,24 @@ def remote_snapshots(action: str, url: str | None, name: str | None) -> Any:
 @magic_arguments(name="pathways checkpoint")
 @argument("action", choices=("save", "restore", "list"), help="save variables, restore them, or list saved steps")
 @argument("url", help="gs://BUCKET/PREFIX or a local directory (one orbax checkpoint directory)")
-@argument("--step", type=integer(0, checkpoints.MAX_STEP), default=None,
-          help="the step to save (required) or restore (default: latest)")
-@argument("--vars", type=name_list, default=None,
-          help="comma-separated variables to save (default: every variable holding jax arrays)")
-@argument("--keep", type=integer(1, MAX_INT), default=checkpoints.DEFAULT_KEEP, help="checkpoints kept in the directory (default 3)")
+@argument(
+    "--step",
+    type=integer(0, checkpoints.MAX_STEP),
+    default=None,
+    help="the step to save (required) or restore (default: latest)",
+)
+@argument(
+    "--vars",
+    type=name_list,
+    default=None,
+    help="comma-separated variables to save (default: every variable holding jax arrays)",
+)
+@argument(
+    "--keep",
+    type=integer(1, MAX_INT),
+    default=checkpoints.DEFAULT_KEEP,
+    help="checkpoints kept in the directory (default 3)",
+)
 @argument("--wait", action="store_true", help="block until the save is committed")
 def checkpoint(shell: Any, args: Any, cell: str | None):
     """Orbax checkpoints of notebook variables: async save, restore onto the live slices, list."""
@@ -64,19 +79,25 @@ def checkpoint(shell: Any, args: Any, cell: str | None):
     if args.action == "restore":
         restored = checkpoints.restore(args.url, args.step)
         if not isinstance(restored, dict) or not all(isinstance(k, str) and k.isidentifier() for k in restored):
-            raise PathwaysError(f"checkpoint in {args.url} was not saved from notebook variables; use pw.checkpoint_restore() instead")
+            raise PathwaysError(
+                f"checkpoint in {args.url} was not saved from notebook variables; use pw.checkpoint_restore() instead"
+            )
         # All or none: a checkpoint naming one of the notebook's own names binds nothing.
         for var, value in restored.items():
             check_bindable(var, value, overwrite=True)
         for var, value in restored.items():
             bind(var, value, overwrite=True)
         step = "latest step" if args.step is None else f"step {args.step}"
-        return Text(f"restored {', '.join(restored)} ({step}) from {storage.parse_url(args.url).url} onto the live slices")
+        return Text(
+            f"restored {', '.join(restored)} ({step}) from {storage.parse_url(args.url).url} onto the live slices"
+        )
     if args.step is None:
         raise PathwaysError("%pathways checkpoint save needs --step N (the training step this state belongs to)")
     ns = user_namespace()
     if ns is None:
-        raise NamespaceError("checkpointing variables needs a notebook; call pw.checkpoint_save(tree, url, step) instead")
+        raise NamespaceError(
+            "checkpointing variables needs a notebook; call pw.checkpoint_save(tree, url, step) instead"
+        )
     for var in args.vars or ():
         if var not in ns:
             raise NamespaceError(f"no variable '{var}' in the notebook; define it or check the spelling")
@@ -87,14 +108,20 @@ def checkpoint(shell: Any, args: Any, cell: str | None):
     if args.wait:
         transfer.wait()
         return Text(transfer.summary())
-    return Text(f"saving {', '.join(values)} as step {args.step} to {storage.parse_url(args.url).url} in the background")
+    return Text(
+        f"saving {', '.join(values)} as step {args.step} to {storage.parse_url(args.url).url} in the background"
+    )
 
 
 @subcommand("cache")
 @magic_arguments(name="pathways cache")
 @argument("location", nargs="?", default=None, help="gs://BUCKET/PREFIX, a directory, or off (default: show status)")
-@argument("--min-compile-s", type=seconds(0.0, 86400.0), default=compile_cache.DEFAULT_MIN_COMPILE_S,
-          help="cache only programs that take at least this long to compile (default 0.2)")
+@argument(
+    "--min-compile-s",
+    type=seconds(0.0, 86400.0),
+    default=compile_cache.DEFAULT_MIN_COMPILE_S,
+    help="cache only programs that take at least this long to compile (default 0.2)",
+)
 def cache(shell: Any, args: Any, cell: str | None):
     """JAX's persistent compilation cache in Cloud Storage or a directory; hits and misses become events."""
     return compile_cache.cache(args.location, args.min_compile_s)

@@ -83,14 +83,21 @@ class History:
         self._lock = threading.Lock()
         self._slice = _Ring(
             max(1, math.ceil(SLICE_HISTORY_S * max(publish_hz, 1 / CHIP_PERIOD_S))),
-            {"time": ((), np.float64), "util": ((slices,), np.float32), "bytes": ((slices,), np.float64),
-             "up": ((slices,), np.bool_)},
+            {
+                "time": ((), np.float64),
+                "util": ((slices,), np.float32),
+                "bytes": ((slices,), np.float64),
+                "up": ((slices,), np.bool_),
+            },
         )
         self.keeps_chips = bytes_for(slices, chips, publish_hz) <= MAX_BYTES
         self._chip = (
-            _Ring(math.ceil(CHIP_HISTORY_S / CHIP_PERIOD_S),
-                  {"time": ((), np.float64), "util": ((chips,), np.uint8), "memory": ((chips,), np.uint8)})
-            if self.keeps_chips else None
+            _Ring(
+                math.ceil(CHIP_HISTORY_S / CHIP_PERIOD_S),
+                {"time": ((), np.float64), "util": ((chips,), np.uint8), "memory": ((chips,), np.uint8)},
+            )
+            if self.keeps_chips
+            else None
         )
         #: Bytes per step of per-chip memory; fixed for the history so old points stay comparable.
         self.memory_unit = memory_unit_for(memory_hint)
@@ -108,8 +115,11 @@ class History:
             if self._chip is not None and metrics.time - self._last_chip_time >= CHIP_PERIOD_S * 0.95:
                 if self.memory_unit == 1 and len(metrics.memory):
                     self.memory_unit = memory_unit_for(int(np.max(metrics.memory)))
-                self._chip.append(time=metrics.time, util=quantize_utilization(metrics.utilization),
-                                  memory=quantize_memory(metrics.memory, self.memory_unit))
+                self._chip.append(
+                    time=metrics.time,
+                    util=quantize_utilization(metrics.utilization),
+                    memory=quantize_memory(metrics.memory, self.memory_unit),
+                )
                 self._last_chip_time = metrics.time
 
     def slice_series(self, since: float | None = None) -> dict[str, np.ndarray]:
@@ -123,9 +133,11 @@ class History:
             if self._chip is None:
                 return {"time": np.zeros(0), "util": np.zeros((0, 0), np.uint8), "memory": np.zeros((0, 0), np.uint8)}
             times = self._chip.ordered("time", since).copy()
-            return {"time": times,
-                    "util": self._chip.ordered("util", since)[:, start:stop].copy(),
-                    "memory": self._chip.ordered("memory", since)[:, start:stop].copy()}
+            return {
+                "time": times,
+                "util": self._chip.ordered("util", since)[:, start:stop].copy(),
+                "memory": self._chip.ordered("memory", since)[:, start:stop].copy(),
+            }
 
     @property
     def nbytes(self) -> int:

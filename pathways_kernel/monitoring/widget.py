@@ -23,17 +23,17 @@ import threading
 import time
 from typing import Any
 
-from pathways_kernel.monitoring import telemetry
 from pathways_kernel.core.errors import PathwaysError
 from pathways_kernel.core.eventlog import Event, format_bytes
 from pathways_kernel.core.slices import Topology
 from pathways_kernel.core.text import count
+from pathways_kernel.monitoring import telemetry
 
 MAX_DASHBOARDS = 4
 #: Slices drawn one row each; beyond this the dashboard shows totals only.
 MAX_SLICE_ROWS = 64
 
-_live: collections.deque["Dashboard"] = collections.deque()
+_live: collections.deque[Dashboard] = collections.deque()
 _live_lock = threading.Lock()
 
 
@@ -46,7 +46,9 @@ class Dashboard:
         self.hub = hub
         self._w = w
         self._lock = threading.Lock()
-        self._events: collections.deque[Event] = collections.deque(hub.session.events.last(events), maxlen=max(1, events))
+        self._events: collections.deque[Event] = collections.deque(
+            hub.session.events.last(events), maxlen=max(1, events)
+        )
         self.header = w.HTML()
         self.rows = w.VBox()
         self.event_list = w.HTML()
@@ -69,8 +71,14 @@ class Dashboard:
         rows, self._bars = [], {}
         for s in topology.slices[:MAX_SLICE_ROWS]:
             state = w.HTML(_state_html(s.up))
-            bar = w.FloatProgress(value=0.0, min=0.0, max=1.0, description=f"slice {s.index}",
-                                  bar_style="" if s.up else "danger", layout=w.Layout(width="320px"))
+            bar = w.FloatProgress(
+                value=0.0,
+                min=0.0,
+                max=1.0,
+                description=f"slice {s.index}",
+                bar_style="" if s.up else "danger",
+                layout=w.Layout(width="320px"),
+            )
             label = w.Label("-")
             self._bars[s.index] = (state, bar, label)
             rows.append(w.HBox([bar, state, label]))
@@ -99,7 +107,9 @@ class Dashboard:
             self.event_list.value = "<i>no events yet</i>"
             return
         lines = "".join(f"<div>{html.escape(e.to_text())}</div>" for e in reversed(events))
-        self.event_list.value = f"<div style='font-family:var(--jp-code-font-family,monospace);font-size:11px'>{lines}</div>"
+        self.event_list.value = (
+            f"<div style='font-family:var(--jp-code-font-family,monospace);font-size:11px'>{lines}</div>"
+        )
 
     # -- hub callbacks (hub thread) ------------------------------------------------
     def _on_metrics(self, m: telemetry.Metrics) -> None:

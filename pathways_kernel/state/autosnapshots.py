@@ -15,10 +15,10 @@ import dataclasses
 from typing import Any
 
 from pathways_kernel.core.display import TextDisplay
-from pathways_kernel.state import snapshots
 from pathways_kernel.core.errors import PathwaysError
 from pathways_kernel.core.eventlog import format_bytes
 from pathways_kernel.core.text import count
+from pathways_kernel.state import snapshots
 
 
 @dataclasses.dataclass
@@ -101,7 +101,9 @@ class AutoSnapshot:
     def status(self) -> AutoStatus:
         store = snapshots.store()
         held = [s for s in store.list() if s.name in self._seen]
-        return AutoStatus(self.on, self.max_bytes, sorted({s.name for s in held}), list(self.skipped), sum(s.nbytes for s in held))
+        return AutoStatus(
+            self.on, self.max_bytes, sorted({s.name for s in held}), list(self.skipped), sum(s.nbytes for s in held)
+        )
 
 
 def _lost(array: Any) -> bool:

@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from pathways_kernel.state import storage
 from pathways_kernel.core.errors import StorageError
+from pathways_kernel.state import storage
 from pathways_kernel.state.transfers import Transfer
 from pathways_kernel.training import goodput
 
@@ -58,7 +58,9 @@ class Checkpoints:
                 if location.url not in self._readers:
                     # Not read_only=True: orbax warns on every start of such a manager.
                     options = ocp.CheckpointManagerOptions(create=False, enable_async_checkpointing=False)
-                    self._readers[location.url] = ocp.CheckpointManager(_path(location), options=options, item_names=("state", "layout"))
+                    self._readers[location.url] = ocp.CheckpointManager(
+                        _path(location), options=options, item_names=("state", "layout")
+                    )
                 return self._readers[location.url]
             if existing is not None:  # another --keep: orbax reads max_to_keep only when it starts
                 _close(existing[0])
@@ -173,13 +175,15 @@ def _layout(tree: Any) -> dict[str, Any]:
     for path, value in jax.tree_util.tree_flatten_with_path(tree)[0]:
         sharding = getattr(value, "sharding", None)
         named = isinstance(sharding, NamedSharding)
-        leaves.append({
-            "keys": storage._keys_to_json(path),
-            "shape": list(np.shape(value)),
-            "dtype": np.dtype(value.dtype).name if hasattr(value, "dtype") else np.asarray(value).dtype.name,
-            "spec": storage._spec_to_json(sharding.spec) if named else None,
-            "mesh_axes": [[str(k), int(v)] for k, v in sharding.mesh.shape.items()] if named else [],
-        })
+        leaves.append(
+            {
+                "keys": storage._keys_to_json(path),
+                "shape": list(np.shape(value)),
+                "dtype": np.dtype(value.dtype).name if hasattr(value, "dtype") else np.asarray(value).dtype.name,
+                "spec": storage._spec_to_json(sharding.spec) if named else None,
+                "mesh_axes": [[str(k), int(v)] for k, v in sharding.mesh.shape.items()] if named else [],
+            }
+        )
     return {"format": "pathways-checkpoint-layout/1", "leaves": leaves}
 
 
@@ -249,7 +253,6 @@ def save(tree: Any, url: str, step: int, *, keep: int | None = DEFAULT_KEEP, for
         blocking part.
     """
     import jax
-
     import orbax.checkpoint as ocp
 
     location = storage.parse_url(url)
@@ -264,8 +267,11 @@ def save(tree: Any, url: str, step: int, *, keep: int | None = DEFAULT_KEEP, for
     with storage.errors_as("checkpoint save", location):
         manager = registry.manager(location, keep)
         if step in manager.all_steps() and not force:
-            raise StorageError(f"checkpoint step {step} already exists in {location.url}; checkpoints are never overwritten: use another --step")
+            raise StorageError(
+                f"checkpoint step {step} already exists in {location.url}; checkpoints are never overwritten: use another --step"
+            )
         args = ocp.args.Composite(state=ocp.args.StandardSave(tree), layout=ocp.args.JsonSave(_layout(tree)))
+
     def failed() -> None:
         with contextlib.suppress(Exception):  # the save's own failure is what the user needs to see
             _discard_step(manager, location, step)
@@ -326,8 +332,8 @@ def restore(url: str, step: int | None = None, mesh: Any = None) -> Any:
     import orbax.checkpoint as ocp
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from pathways_kernel.state import snapshots
     from pathways_kernel.core.sessions import session
+    from pathways_kernel.state import snapshots
 
     location = storage.parse_url(url)
     if step is not None:
@@ -337,11 +343,15 @@ def restore(url: str, step: int | None = None, mesh: Any = None) -> Any:
         manager.reload()
         available = manager.all_steps()
     if not available:
-        raise StorageError(f"no checkpoint in {location.url}: save one first (%pathways checkpoint save VAR {location.url} --step N)")
+        raise StorageError(
+            f"no checkpoint in {location.url}: save one first (%pathways checkpoint save VAR {location.url} --step N)"
+        )
     if step is None:
         step = max(available)
     elif step not in available:
-        raise StorageError(f"no checkpoint step {step} in {location.url}; steps there: {', '.join(map(str, sorted(available)))}")
+        raise StorageError(
+            f"no checkpoint step {step} in {location.url}; steps there: {', '.join(map(str, sorted(available)))}"
+        )
     with storage.errors_as("checkpoint restore", location):
         leaves = manager.restore(step, args=ocp.args.Composite(layout=ocp.args.JsonRestore()))["layout"]["leaves"]
     if not _valid_layout(leaves):
@@ -363,7 +373,9 @@ def restore(url: str, step: int | None = None, mesh: Any = None) -> Any:
         else:
             sharding = NamedSharding(mesh, snapshots.fit_spec(spec, shape, mesh) if shape else PartitionSpec())
         abstract.append(jax.ShapeDtypeStruct(shape, dtype, sharding=sharding))
-    target = storage.tree_from_stored_keys([e["keys"] for e in leaves], abstract, f"checkpoint step {step} in {location.url}")
+    target = storage.tree_from_stored_keys(
+        [e["keys"] for e in leaves], abstract, f"checkpoint step {step} in {location.url}"
+    )
     nbytes = sum(int(np.prod(a.shape, dtype=np.int64)) * a.dtype.itemsize for a in abstract)
 
     def job(transfer: Transfer) -> Any:
@@ -376,7 +388,9 @@ def restore(url: str, step: int | None = None, mesh: Any = None) -> Any:
 
     from pathways_kernel.state import transfers
 
-    return transfers.run_sync("checkpoint restore", f"step {step} <- {location.url}", job, session().events, total=nbytes)
+    return transfers.run_sync(
+        "checkpoint restore", f"step {step} <- {location.url}", job, session().events, total=nbytes
+    )
 
 
 def _valid_layout(leaves: Any) -> bool:
@@ -385,9 +399,12 @@ def _valid_layout(leaves: Any) -> bool:
         return False
     try:
         return all(
-            storage.valid_keys(e["keys"], len(leaves)) and storage.valid_dtype(e["dtype"]) is not None
-            and isinstance(e["shape"], list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in e["shape"])
-            and storage.valid_spec(e["spec"]) and storage.valid_mesh_axes(e["mesh_axes"])
+            storage.valid_keys(e["keys"], len(leaves))
+            and storage.valid_dtype(e["dtype"]) is not None
+            and isinstance(e["shape"], list)
+            and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in e["shape"])
+            and storage.valid_spec(e["spec"])
+            and storage.valid_mesh_axes(e["mesh_axes"])
             for e in leaves
         )
     except (KeyError, TypeError):
@@ -418,4 +435,3 @@ class CheckpointList(list):
 
 def listing(url: str) -> CheckpointList:
     return CheckpointList(storage.parse_url(url).url, steps(url))
-

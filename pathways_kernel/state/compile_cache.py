@@ -19,8 +19,8 @@ from typing import Any
 
 from pathways_kernel.core.display import TextDisplay
 from pathways_kernel.core.errors import NotSupportedError, PathwaysError, one_line
-from pathways_kernel.state import storage
 from pathways_kernel.core.text import count
+from pathways_kernel.state import storage
 
 #: Environment variable a kernelspec sets to turn the cache on at start.
 ENV = "PATHWAYS_COMPILE_CACHE"

@@ -92,7 +92,9 @@ def _age(seconds: float) -> str:
     return f"{seconds / 60:.0f} min"
 
 
-def heal(namespace: dict[str, Any], lost_slices: tuple[int, ...] = (), hidden: frozenset[str] = frozenset()) -> HealingReport:
+def heal(
+    namespace: dict[str, Any], lost_slices: tuple[int, ...] = (), hidden: frozenset[str] = frozenset()
+) -> HealingReport:
     """Restore every variable of ``namespace`` that holds lost data; see the module doc."""
     import jax
 
@@ -162,12 +164,23 @@ class Healer:
         if not new:
             return None
         self._seen = new[-1].seq
-        lost = tuple(sorted({i for e in new if e.kind == "slice_down" for i in set(e.slices_before or ()) - set(e.slices_after or ())}))
+        lost = tuple(
+            sorted(
+                {
+                    i
+                    for e in new
+                    if e.kind == "slice_down"
+                    for i in set(e.slices_before or ()) - set(e.slices_after or ())
+                }
+            )
+        )
         if not lost:
             return None
         hidden = frozenset(getattr(self.shell, "user_ns_hidden", {}))
         report = heal(self.shell.user_ns, lost, hidden)
-        report = dataclasses.replace(report, unusable=tuple(n for n in report.unusable if not self._already_reported(n)))
+        report = dataclasses.replace(
+            report, unusable=tuple(n for n in report.unusable if not self._already_reported(n))
+        )
         if report:
             from IPython.display import display
 

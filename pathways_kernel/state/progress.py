@@ -16,8 +16,8 @@ import threading
 import time
 from typing import Any
 
-from pathways_kernel.state import transfers
 from pathways_kernel.core.eventlog import format_bytes
+from pathways_kernel.state import transfers
 
 THRESHOLD_S = 1.0
 INTERVAL_S = 0.25
@@ -50,7 +50,9 @@ def _watch(transfer: transfers.Transfer) -> None:
     handle = display({"text/plain": ""}, raw=True, display_id=True)
     # The cell's context goes with the thread, so updates carry that cell as their parent.
     context = contextvars.copy_context()
-    threading.Thread(target=context.run, args=(_follow, transfer, handle), name="pathways-progress", daemon=True).start()
+    threading.Thread(
+        target=context.run, args=(_follow, transfer, handle), name="pathways-progress", daemon=True
+    ).start()
 
 
 def _follow(transfer: transfers.Transfer, handle: Any) -> None:
@@ -66,7 +68,10 @@ def render(transfer: transfers.Transfer) -> dict[str, str]:
     text = transfer.summary()
     if transfer.done():
         color = "var(--jp-error-color1, #c00)" if transfer.exception() is not None else "inherit"
-        return {"text/plain": text, "text/html": f'<div class="pathways-transfer" style="color:{color}">{html.escape(text)}</div>'}
+        return {
+            "text/plain": text,
+            "text/html": f'<div class="pathways-transfer" style="color:{color}">{html.escape(text)}</div>',
+        }
     fraction = transfer.done_bytes / transfer.total if transfer.total else 0.0
     bar = (
         f'<div class="pathways-transfer"><progress max="1" value="{fraction:.3f}" style="width:18em"></progress> '

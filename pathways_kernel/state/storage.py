@@ -42,8 +42,9 @@ import shutil
 import socket
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -89,7 +90,7 @@ class Location:
             return f"gs://{self.bucket}/{self.path}" if self.path else f"gs://{self.bucket}"
         return self.path
 
-    def child(self, name: str) -> "Location":
+    def child(self, name: str) -> Location:
         joined = f"{self.path}/{name}" if self.path else name
         return dataclasses.replace(self, path=joined)
 
@@ -126,7 +127,9 @@ def parse_url(url: str) -> Location:
     if scheme == "file":
         return _local(rest, url)
     if scheme != "gs":
-        raise StorageError(f"unsupported storage URL {_shown(url)}: use gs://BUCKET/PREFIX (Cloud Storage) or a local directory")
+        raise StorageError(
+            f"unsupported storage URL {_shown(url)}: use gs://BUCKET/PREFIX (Cloud Storage) or a local directory"
+        )
     bucket, _, prefix = rest.partition("/")
     if not _BUCKET.match(bucket) or ".." in bucket:
         raise StorageError(
@@ -218,13 +221,17 @@ def storage_error(exc: BaseException, what: str, where: Location | str) -> Stora
     if not bucket and (local := _local_failure(exc, text)):
         return StorageError(f"{what} {where} failed: {local}")
     if isinstance(exc, gexc.TooManyRequests) or (bucket and "RESOURCE_EXHAUSTED" in text):
-        return StorageError(f"{what} {where} failed: Cloud Storage refused it (rate limit or quota exceeded); retry later")
+        return StorageError(
+            f"{what} {where} failed: Cloud Storage refused it (rate limit or quota exceeded); retry later"
+        )
     if isinstance(exc, aexc.DefaultCredentialsError):
         return StorageError(
             f"{what} {where} failed: no Google Cloud credentials; run `gcloud auth application-default login` "
             "(or set STORAGE_EMULATOR_HOST to use an emulator)"
         )
-    if isinstance(exc, (gexc.Forbidden, gexc.Unauthorized)) or re.search(r"PERMISSION_DENIED|UNAUTHENTICATED|http_response_code='40[13]'", text):
+    if isinstance(exc, (gexc.Forbidden, gexc.Unauthorized)) or re.search(
+        r"PERMISSION_DENIED|UNAUTHENTICATED|http_response_code='40[13]'", text
+    ):
         return StorageError(
             f"{what} {where} failed: permission denied; give the credentials in use "
             f"(application default credentials) storage.objects access on gs://{bucket or '...'}"
@@ -280,7 +287,9 @@ def errors_as(what: str, where: Location | str) -> Iterator[None]:
 def _is_connection_error(exc: BaseException) -> bool:
     import requests
 
-    return isinstance(exc, (requests.exceptions.ConnectionError, requests.exceptions.Timeout, ConnectionError, socket.timeout))
+    return isinstance(
+        exc, (requests.exceptions.ConnectionError, requests.exceptions.Timeout, ConnectionError, socket.timeout)
+    )
 
 
 def _short(exc: BaseException) -> str:
@@ -346,8 +355,14 @@ class _Gcs(_Objects):
         blob = self.bucket.blob(key)
         try:
             # A retried create may find its own earlier attempt: callers compare contents.
-            blob.upload_from_string(data, content_type="application/json", if_generation_match=0,
-                                    retry=self._retry(), timeout=30, checksum="crc32c")
+            blob.upload_from_string(
+                data,
+                content_type="application/json",
+                if_generation_match=0,
+                retry=self._retry(),
+                timeout=30,
+                checksum="crc32c",
+            )
         except PreconditionFailed:
             raise FileExistsError(key) from None
         return blob.generation
@@ -411,7 +426,11 @@ class _Local(_Objects):
         root = Path(prefix)
         if not root.is_dir():
             return {}
-        return {str(p): {"size": p.stat().st_size, "crc32c": None, "generation": None} for p in root.rglob("*") if p.is_file()}
+        return {
+            str(p): {"size": p.stat().st_size, "crc32c": None, "generation": None}
+            for p in root.rglob("*")
+            if p.is_file()
+        }
 
     def check(self, location: Location | None, write: bool = True) -> None:
         if location is None:
@@ -428,7 +447,9 @@ class _Local(_Objects):
             return
         if not os.access(existing, os.W_OK | os.X_OK):
             if os.statvfs(existing).f_flag & os.ST_RDONLY:
-                raise StorageError(f"cannot write under {location.url}: {existing} is on a read-only file system; choose a writable directory")
+                raise StorageError(
+                    f"cannot write under {location.url}: {existing} is on a read-only file system; choose a writable directory"
+                )
             raise StorageError(f"cannot write under {location.url}: permission denied on {existing}")
 
     def missing_dirs(self, location: Location) -> list[str]:
@@ -472,7 +493,9 @@ def _gcs_client():
             if os.environ.get("STORAGE_EMULATOR_HOST"):
                 from google.auth.credentials import AnonymousCredentials
 
-                client = storage.Client(project=os.environ.get("GOOGLE_CLOUD_PROJECT", "emulator"), credentials=AnonymousCredentials())
+                client = storage.Client(
+                    project=os.environ.get("GOOGLE_CLOUD_PROJECT", "emulator"), credentials=AnonymousCredentials()
+                )
             else:
                 try:
                     client = storage.Client()
@@ -493,11 +516,17 @@ def _context() -> Any:
     import tensorstore as ts
 
     retries = retry_seconds()
-    return ts.Context({
-        # ~retries seconds of exponential backoff, capped at 2 s per wait.
-        "gcs_request_retries": {"max_retries": max(1, int(retries / 2) + 3), "initial_delay": "0.1s", "max_delay": "2s"},
-        "gcs_request_concurrency": {"limit": CONCURRENCY},
-    })
+    return ts.Context(
+        {
+            # ~retries seconds of exponential backoff, capped at 2 s per wait.
+            "gcs_request_retries": {
+                "max_retries": max(1, int(retries / 2) + 3),
+                "initial_delay": "0.1s",
+                "max_delay": "2s",
+            },
+            "gcs_request_concurrency": {"limit": CONCURRENCY},
+        }
+    )
 
 
 # -- manifests ----------------------------------------------------------------
@@ -543,11 +572,11 @@ def _tree_from_keys(keys: list[list[list[Any]]], values: list[Any]) -> Any:
     def container(kind: str) -> Any:
         return [] if kind == "seq" else {}
 
-    for path, value in zip(keys, values):
+    for path, value in zip(keys, values, strict=True):
         if root is None:
             root = container(path[0][0])
         node = root
-        for depth, (kind, k) in enumerate(path):
+        for depth, (_kind, k) in enumerate(path):
             last = depth == len(path) - 1
             child = value if last else container(path[depth + 1][0])
             if isinstance(node, list):
@@ -621,9 +650,20 @@ class SnapshotList(list):
             return f"<i>no committed snapshots under {html.escape(self.url)}</i>"
         head = "".join(f"<th>{h}</th>" for h in ("id", "name", "step", "size", "arrays", "created", "url"))
         rows = "".join(
-            "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in (
-                i.id, i.name, "" if i.step is None else i.step, format_bytes(i.nbytes), i.leaves,
-                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(i.created)), i.url)) + "</tr>"
+            "<tr>"
+            + "".join(
+                f"<td>{html.escape(str(c))}</td>"
+                for c in (
+                    i.id,
+                    i.name,
+                    "" if i.step is None else i.step,
+                    format_bytes(i.nbytes),
+                    i.leaves,
+                    time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(i.created)),
+                    i.url,
+                )
+            )
+            + "</tr>"
             for i in self
         )
         return f'<table class="pathways-snapshots"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
@@ -631,9 +671,15 @@ class SnapshotList(list):
 
 def _info(location: Location, manifest: dict[str, Any]) -> SnapshotInfo:
     return SnapshotInfo(
-        id=manifest["id"], url=location.url, name=manifest["name"], step=manifest.get("step"),
-        created=manifest["created"], committed=manifest["committed"], nbytes=manifest["nbytes"],
-        leaves=len(manifest["leaves"]), manifest=manifest,
+        id=manifest["id"],
+        url=location.url,
+        name=manifest["name"],
+        step=manifest.get("step"),
+        created=manifest["created"],
+        committed=manifest["committed"],
+        nbytes=manifest["nbytes"],
+        leaves=len(manifest["leaves"]),
+        manifest=manifest,
     )
 
 
@@ -762,12 +808,22 @@ def _leaf_array(leaf: Any) -> tuple[np.ndarray | None, Any]:
     if not array.flags.c_contiguous:
         array = array.copy(order="C")  # not np.ascontiguousarray: it turns scalars into shape (1,)
     if array.dtype == object:
-        raise StorageError(f"cannot persist leaf {leaf.path or '(root)'}: object arrays cannot be stored; persist numeric arrays")
+        raise StorageError(
+            f"cannot persist leaf {leaf.path or '(root)'}: object arrays cannot be stored; persist numeric arrays"
+        )
     return array, None
 
 
-def persist(snapshot: Any, url: str, snapshot_id: str | None = None, *, name: str | None = None, step: int | None = None,
-            events: Any = None, check_timeout: float = 5.0) -> Transfer:
+def persist(
+    snapshot: Any,
+    url: str,
+    snapshot_id: str | None = None,
+    *,
+    name: str | None = None,
+    step: int | None = None,
+    events: Any = None,
+    check_timeout: float = 5.0,
+) -> Transfer:
     """Upload a host snapshot under ``url``; returns a running ``Transfer``.
 
     ``snapshot`` is a ``Snapshot`` (pending ones are waited for on the
@@ -811,12 +867,16 @@ def _upload(transfer: Transfer, snapshot: Any, location: Location, target: Locat
     objects = objects_for(location)
     objects.check(location)
     if _parse_manifest(objects.read(target.key(MANIFEST))) is not None:
-        raise StorageError(f"snapshot {target.url} already exists; snapshots are never overwritten: choose another id (or name/step)")
+        raise StorageError(
+            f"snapshot {target.url} already exists; snapshots are never overwritten: choose another id (or name/step)"
+        )
     transfer.checked()
     try:
         snapshot.wait()
     except Exception as exc:  # e.g. DATA_LOSS: a slice was lost before its bytes reached the host
-        raise StorageError(f"persist {target.url} failed: snapshot '{snapshot.name}' never reached host memory ({one_line(exc)})") from exc
+        raise StorageError(
+            f"persist {target.url} failed: snapshot '{snapshot.name}' never reached host memory ({one_line(exc)})"
+        ) from exc
     transfer.total = snapshot.nbytes
     token = secrets.token_hex(8)
     made = objects.missing_dirs(target)
@@ -848,8 +908,9 @@ def _upload(transfer: Transfer, snapshot: Any, location: Location, target: Locat
     return _info(target, manifest)
 
 
-def _write_data(transfer: Transfer, snapshot: Any, objects: _Objects, target: Location, snapshot_id: str,
-                token: str) -> dict[str, Any]:
+def _write_data(
+    transfer: Transfer, snapshot: Any, objects: _Objects, target: Location, snapshot_id: str, token: str
+) -> dict[str, Any]:
     """Upload every leaf's bytes under ``data.TOKEN``; returns the manifest that will describe them."""
     import jax
 
@@ -860,8 +921,11 @@ def _write_data(transfer: Transfer, snapshot: Any, objects: _Objects, target: Lo
     for index, leaf in enumerate(snapshot.leaves):
         array, value = _leaf_array(leaf)
         entry: dict[str, Any] = {
-            "path": leaf.path, "keys": paths[index], "on_device": bool(getattr(leaf, "on_device", True)),
-            "spec": _spec_to_json(leaf.spec), "mesh_axes": [list(a) for a in leaf.mesh_axes],
+            "path": leaf.path,
+            "keys": paths[index],
+            "on_device": bool(getattr(leaf, "on_device", True)),
+            "spec": _spec_to_json(leaf.spec),
+            "mesh_axes": [list(a) for a in leaf.mesh_axes],
         }
         leaves.append(entry)
         if array is None:
@@ -899,15 +963,24 @@ def _write_data(transfer: Transfer, snapshot: Any, objects: _Objects, target: Lo
     for entry in leaves:
         if entry["array"]:
             entry["objects"] = [
-                {"name": name[len(prefix):], **meta} for name, meta in sorted(listed.items())
-                if name[len(prefix):].startswith(entry["array"] + "/")
+                {"name": name[len(prefix) :], **meta}
+                for name, meta in sorted(listed.items())
+                if name[len(prefix) :].startswith(entry["array"] + "/")
             ]
             if len(entry["objects"]) < 2:  # zarr.json and at least one chunk
                 raise StorageError(f"persist {target.url} failed: the data of {entry['path']} did not arrive; retry")
     return {
-        "format": FORMAT, "id": snapshot_id, "token": token, "name": snapshot.name, "step": snapshot.step,
-        "created": snapshot.created, "committed": time.time(), "nbytes": int(snapshot.nbytes),
-        "chunk_bytes": CHUNK_BYTES, "jax": jax.__version__, "leaves": leaves,
+        "format": FORMAT,
+        "id": snapshot_id,
+        "token": token,
+        "name": snapshot.name,
+        "step": snapshot.step,
+        "created": snapshot.created,
+        "committed": time.time(),
+        "nbytes": int(snapshot.nbytes),
+        "chunk_bytes": CHUNK_BYTES,
+        "jax": jax.__version__,
+        "leaves": leaves,
     }
 
 
@@ -919,12 +992,18 @@ def _open_array(objects: _Objects, target: Location, key: str, nbytes: int, cont
     spec: dict[str, Any] = {"driver": "zarr3", "kvstore": {**kvstore, "path": kvstore["path"] + key + "/"}}
     if create:
         # Chunks that equal the fill value (all-zero leaves) are stored too: the manifest lists every object.
-        spec.update(create=True, store_data_equal_to_fill_value=True, metadata={
-            "shape": [nbytes], "data_type": "uint8", "fill_value": 0,
-            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [min(CHUNK_BYTES, nbytes)]}},
-            # Tensorstore checks each chunk's CRC32C when it reads it back.
-            "codecs": [{"name": "bytes"}, {"name": "crc32c"}],
-        })
+        spec.update(
+            create=True,
+            store_data_equal_to_fill_value=True,
+            metadata={
+                "shape": [nbytes],
+                "data_type": "uint8",
+                "fill_value": 0,
+                "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [min(CHUNK_BYTES, nbytes)]}},
+                # Tensorstore checks each chunk's CRC32C when it reads it back.
+                "codecs": [{"name": "bytes"}, {"name": "crc32c"}],
+            },
+        )
     else:
         spec["open"] = True
     return ts.open(spec, context=context)
@@ -955,7 +1034,7 @@ def list_snapshots(url: str) -> SnapshotList:
         objects.check(location, write=False)
         base = location.key("") if location.path else ""
         for key in sorted(objects.list(base)):
-            rest = key[len(base):]
+            rest = key[len(base) :]
             parts = rest.split("/")
             if len(parts) == 2 and parts[1] == MANIFEST:
                 manifest = _parse_manifest(objects.read(key))
@@ -989,7 +1068,9 @@ def _resolve(location: Location, objects: _Objects) -> tuple[Location, dict[str,
         )
     found = list_snapshots(location.url)
     if not found:
-        raise StorageError(f"no committed snapshot at {location.url}: persist one first, or list them with %pathways snapshots list")
+        raise StorageError(
+            f"no committed snapshot at {location.url}: persist one first, or list them with %pathways snapshots list"
+        )
     newest = found[-1]
     return parse_url(newest.url), newest.manifest
 
@@ -1033,9 +1114,12 @@ def load(url: str, events: Any = None, memory_limit: int | None = None, like: An
 
         treedef = jax.tree_util.tree_structure(like)
         if treedef.num_leaves != len(manifest["leaves"]):
-            raise StorageError(f"snapshot {target.url} has {len(manifest['leaves'])} leaves but `like` has {treedef.num_leaves}")
-    return transfers.run_sync("restore", f"{target.url}", lambda t: _download(t, objects, target, manifest, treedef), events,
-                              total=nbytes)
+            raise StorageError(
+                f"snapshot {target.url} has {len(manifest['leaves'])} leaves but `like` has {treedef.num_leaves}"
+            )
+    return transfers.run_sync(
+        "restore", f"{target.url}", lambda t: _download(t, objects, target, manifest, treedef), events, total=nbytes
+    )
 
 
 def _download(transfer: Transfer, objects: _Objects, target: Location, manifest: dict[str, Any], treedef: Any) -> Any:
@@ -1060,7 +1144,9 @@ def _download(transfer: Transfer, objects: _Objects, target: Location, manifest:
                 continue
             stored = _open_array(objects, target, entry["array"], entry["nbytes"], context, create=False).result()
             if stored.shape != (entry["nbytes"],):
-                raise StorageError(f"snapshot {target.url} is damaged: {entry['path']} holds {stored.shape[0]} of {entry['nbytes']} bytes")
+                raise StorageError(
+                    f"snapshot {target.url} is damaged: {entry['path']} holds {stored.shape[0]} of {entry['nbytes']} bytes"
+                )
             pending.append((index, stored.read(), dtype))
             values.append(None)
         for index, future, dtype in pending:
@@ -1069,15 +1155,23 @@ def _download(transfer: Transfer, objects: _Objects, target: Location, manifest:
             transfer.advance(entry["nbytes"])
     specs = [_spec_from_json(e["spec"]) for e in manifest["leaves"]]
     if treedef is None:
-        tree = tree_from_stored_keys([e["keys"] for e in manifest["leaves"]], list(range(len(values))), f"snapshot {target.url}")
+        tree = tree_from_stored_keys(
+            [e["keys"] for e in manifest["leaves"]], list(range(len(values))), f"snapshot {target.url}"
+        )
         treedef = jax.tree_util.tree_structure(tree)
         order = jax.tree_util.tree_leaves(tree)  # manifest leaf index, in the rebuilt tree's order
     else:
         order = list(range(len(values)))
     mesh_axes = next((tuple(tuple(a) for a in e["mesh_axes"]) for e in manifest["leaves"] if e["mesh_axes"]), ())
-    snap = Snapshot.from_host(jax.tree_util.tree_unflatten(treedef, [values[i] for i in order]),
-                              [specs[i] for i in order], mesh_axes, manifest["name"], manifest.get("step"), manifest["created"])
-    for leaf, i in zip(snap.leaves, order):
+    snap = Snapshot.from_host(
+        jax.tree_util.tree_unflatten(treedef, [values[i] for i in order]),
+        [specs[i] for i in order],
+        mesh_axes,
+        manifest["name"],
+        manifest.get("step"),
+        manifest["created"],
+    )
+    for leaf, i in zip(snap.leaves, order, strict=True):
         entry = manifest["leaves"][i]
         leaf.path = entry["path"]
         if not entry.get("on_device", True):
@@ -1127,4 +1221,3 @@ def _events(events: Any) -> Any:
     from pathways_kernel.core.sessions import session
 
     return session().events
-

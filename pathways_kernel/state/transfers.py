@@ -13,7 +13,8 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from pathways_kernel.core.errors import StorageError, one_line
 from pathways_kernel.core.eventlog import EventLog, format_bytes
@@ -24,7 +25,7 @@ _EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_pre
 
 #: Called with each transfer as it starts, on the starting thread (the
 #: notebook's progress bars subscribe here).
-WATCHERS: list[Callable[["Transfer"], None]] = []
+WATCHERS: list[Callable[[Transfer], None]] = []
 
 
 class Transfer:
@@ -59,13 +60,13 @@ class Transfer:
         """Called by the job once its quick checks (bucket, duplicate) passed."""
         self._checked.set()
 
-    def start(self, job: Callable[["Transfer"], Any]) -> "Transfer":
+    def start(self, job: Callable[[Transfer], Any]) -> Transfer:
         self._future = _EXECUTOR.submit(self._run, job)
         for watcher in list(WATCHERS):
             watcher(self)
         return self
 
-    def _run(self, job: Callable[["Transfer"], Any]) -> Any:
+    def _run(self, job: Callable[[Transfer], Any]) -> Any:
         self._running.set()
         self.started = time.time()
         start = time.perf_counter()
@@ -75,14 +76,22 @@ class Transfer:
             self.duration_s = time.perf_counter() - start
             self._checked.set()
             if self.events is not None:
-                self.events.emit("transfer", bytes=self.done_bytes, duration_s=self.duration_s,
-                                 detail=f"{self.kind} {self.what} FAILED: {one_line(exc)}")
+                self.events.emit(
+                    "transfer",
+                    bytes=self.done_bytes,
+                    duration_s=self.duration_s,
+                    detail=f"{self.kind} {self.what} FAILED: {one_line(exc)}",
+                )
             raise
         self.duration_s = time.perf_counter() - start
         self._checked.set()
         if self.events is not None:
-            self.events.emit("transfer", bytes=self.done_bytes, duration_s=self.duration_s,
-                             detail=f"{self.kind} {self.what} ({self.throughput()})")
+            self.events.emit(
+                "transfer",
+                bytes=self.done_bytes,
+                duration_s=self.duration_s,
+                detail=f"{self.kind} {self.what} ({self.throughput()})",
+            )
         return result
 
     # -- caller side ----------------------------------------------------------
@@ -117,7 +126,9 @@ class Transfer:
         try:
             return self._future.result(timeout)
         except concurrent.futures.TimeoutError:
-            raise StorageError(f"{self.kind} {self.what} still running after {timeout} s; wait longer or check the network") from None
+            raise StorageError(
+                f"{self.kind} {self.what} still running after {timeout} s; wait longer or check the network"
+            ) from None
 
     result = wait
 
