@@ -91,6 +91,7 @@ import atexit
 import collections
 import dataclasses
 import logging
+import sys
 import threading
 import time
 from collections.abc import Iterable
@@ -240,16 +241,28 @@ _deferrer_stop = threading.Event()
 def _swap_unread(pending: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
     """Swap in the error buffers of the arrays no other thread is reading; the rest."""
     waiting = []
-    for array, error in pending:
-        if array.is_deleted():
-            continue
-        # Looked up again for each array, right before its swap: another
-        # thread may have started reading it during the previous swaps.
-        if id(array) in jaxcompat.arrays_being_read():
-            waiting.append((array, error))
-        else:
-            jaxcompat.replace_buffers(array, error)
+    # Between looking for readers and swapping, no other thread may start a
+    # read: hold the GIL across both (no thread switch for the duration; the
+    # check and the swap are short and never release it).
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(_NO_SWITCH_S)
+    try:
+        for array, error in pending:
+            if array.is_deleted():
+                continue
+            # Looked up again for each array, right before its swap: another
+            # thread may have started reading it during the previous swaps.
+            if id(array) in jaxcompat.arrays_being_read():
+                waiting.append((array, error))
+            else:
+                jaxcompat.replace_buffers(array, error)
+    finally:
+        sys.setswitchinterval(interval)
     return waiting
+
+
+#: Thread switch interval while swapping (s): longer than any swap batch takes.
+_NO_SWITCH_S = 10.0
 
 
 def _defer(pending: list[tuple[Any, Any]]) -> None:
