@@ -59,7 +59,7 @@ test-ts: $(VENV)/.installed
 test-py: $(VENV)/.installed /usr/bin/chromium /usr/sbin/slurmctld
 	$(VENV)/bin/pytest -q
 
-test: test-ts test-py
+test: lint test-ts test-py
 
 # Fault semantics and elastic tests against every jax/jaxlib 0.10.x (from 0.10.1)
 # the package index serves, each in its own venv: that venv holds only jax and

@@ -5,7 +5,15 @@ import prettier from 'eslint-config-prettier';
 import tseslint from 'typescript-eslint';
 
 export default tseslint.config(
-  { ignores: ['labextension/lib/**', 'labextension/build-test/**', 'pathways_kernel/labextension/**', 'node_modules/**', '.venv/**'] },
+  {
+    ignores: [
+      'labextension/lib/**',
+      'labextension/build-test/**',
+      'pathways_kernel/labextension/**',
+      'node_modules/**',
+      '.venv/**'
+    ]
+  },
   js.configs.recommended,
   ...tseslint.configs.recommended,
   {

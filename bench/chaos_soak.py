@@ -88,7 +88,7 @@ def main() -> None:
                 rss_at_10.append(rss_mb())
             pw.fail_slice(1)
         if offset == restore_at and mesh.shape["data"] == 1:
-            pw.restore_slice(1)
+            pw.repair_slice(1)
         return update(state, step)
 
     def plain_step(state, step, mesh):
@@ -137,7 +137,7 @@ def main() -> None:
     print(f"state                {state_mib:.1f} MiB in {len(host)} arrays on local:2x4, snapshot_every=2")
     print(f"run                  {report.summary()}")
     print(
-        f"cycles               {len(per_cycle)} fail/restore in {soak_s:.1f} s ({per_cycle.mean() * 1000:.0f} ms each)"
+        f"cycles               {len(per_cycle)} fail/repair in {soak_s:.1f} s ({per_cycle.mean() * 1000:.0f} ms each)"
     )
     print(f"monitor              {received['metrics']} metrics updates, {received['events']} events received")
     print(

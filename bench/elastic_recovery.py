@@ -94,7 +94,7 @@ def main() -> None:
             loop.prepared.wait()
             pw.fail_slice(1)
         if cycle < args.cycles and offset == restore_offset and mesh.shape["data"] == 1:
-            pw.restore_slice(1)
+            pw.repair_slice(1)
         out = {"tables": st["tables"], "head": update_head(st["tables"], st["head"], target)}
         if mesh.shape["data"] == 1 and "down" in marks:
             jax.block_until_ready(out)
@@ -128,8 +128,11 @@ def main() -> None:
         snapshot_every=10,
         name="bench",
         # Compile the step for the one-slice mesh ahead of a loss.
+        # (It runs when the loop starts, before the `del state` below.)
         prepare=lambda m: update_head.lower(
-            pw.elastic.abstract(state["tables"], m), pw.elastic.abstract(state["head"], m), target
+            pw.elastic.abstract(state["tables"], m),  # noqa: F821
+            pw.elastic.abstract(state["head"], m),  # noqa: F821
+            target,
         ).compile(),
     )
     unsubscribe = session.events.subscribe(on_event)
@@ -139,7 +142,7 @@ def main() -> None:
         unsubscribe()
     del state, final
     snap = snapshots.store().latest("elastic:bench")
-    ratios = [r / f for r, f in zip(recoveries, floors)]
+    ratios = [r / f for r, f in zip(recoveries, floors, strict=True)]
 
     # Snapshot D2H throughput vs numpy copying the same bytes: each distinct
     # shard's device buffer (seen by numpy without a copy) copied with ndarray.copy.
@@ -152,6 +155,7 @@ def main() -> None:
         if shard.replica_id == 0
     ]
     snap_times, copy_times = [], []
+
     def time_snapshot() -> None:
         start = time.perf_counter()
         taken = snapshots.take(on_device, "bench-throughput").wait()
@@ -180,12 +184,20 @@ def main() -> None:
     print(f"floor, warm          {ms(warm)} ms (a second device_put, into memory the first just freed)")
     print(f"snapshot D2H         {gib / snap_s:.2f} GiB/s (median {snap_s * 1000:.0f} ms; runs {ms(snap_times)})")
     print(f"numpy copy           {gib / copy_s:.2f} GiB/s (median {copy_s * 1000:.0f} ms; runs {ms(copy_times)})")
-    print(f"steady state         plain {ms(plain_s)} ms, elastic {ms(elastic_s)} ms ({args.steady_steps} steps each, alternating)")
-    print(f"elastic/plain steady state    {statistics.median(elastic_s) / statistics.median(plain_s):.3f}  "
-          f"(default snapshot interval; goal <= 1.02)")
-    print(f"recovery/floor                {statistics.median(ratios):.2f}  (median of {len(ratios)} cycles; goal <= 1.5)")
+    print(
+        f"steady state         plain {ms(plain_s)} ms, elastic {ms(elastic_s)} ms ({args.steady_steps} steps each, alternating)"
+    )
+    print(
+        f"elastic/plain steady state    {statistics.median(elastic_s) / statistics.median(plain_s):.3f}  "
+        f"(default snapshot interval; goal <= 1.02)"
+    )
+    print(
+        f"recovery/floor                {statistics.median(ratios):.2f}  (median of {len(ratios)} cycles; goal <= 1.5)"
+    )
     warm_ratios = [r / w for r, w in zip(recoveries, warm, strict=True)]
-    print(f"recovery/warm floor           {statistics.median(warm_ratios):.2f}  (median of {len(warm_ratios)} cycles; goal <= 1.5)")
+    print(
+        f"recovery/warm floor           {statistics.median(warm_ratios):.2f}  (median of {len(warm_ratios)} cycles; goal <= 1.5)"
+    )
     print(f"snapshot/numpy throughput     {copy_s / snap_s:.2f}  (goal >= 0.7)")
 
 

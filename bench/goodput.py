@@ -124,12 +124,12 @@ def main() -> None:
         for at, action, index in events:
             if stop.wait(max(0.0, start + at - time.perf_counter())):
                 return
-            (pw.fail_slice if action == "fail" else pw.restore_slice)(index)
+            (pw.fail_slice if action == "fail" else pw.repair_slice)(index)
             applied.append(action)
 
     def run_strategy(name, fn):
         for sl in session.topology.down_slices:
-            pw.restore_slice(sl.index)
+            pw.repair_slice(sl.index)
         jax.clear_caches()  # each strategy compiles its own step
         stop = threading.Event()
         start = time.perf_counter()
@@ -142,7 +142,7 @@ def main() -> None:
             stop.set()
             thread.join()
             for sl in session.topology.down_slices:
-                pw.restore_slice(sl.index)
+                pw.repair_slice(sl.index)
         if len(applied) != 2 * len(schedule):
             print(
                 f"{name}: {len(applied)} of {2 * len(schedule)} scheduled failures and repairs happened: not comparable"

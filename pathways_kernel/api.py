@@ -14,9 +14,9 @@ from pathways_kernel.core.sessions import Session, Status, connect, session
 from pathways_kernel.core.slices import Topology
 
 # Fault injection, chaos and the health check are implemented in their modules;
-# these are the API twins of %pathways fail/restore/chaos/health.
+# these are the API twins of %pathways fail/repair/chaos/health.
 from pathways_kernel.emulator.chaosmonkey import ChaosStatus, chaos, chaos_off, chaos_status
-from pathways_kernel.emulator.faults import FaultReport, fail_slice, is_lost, restore_slice
+from pathways_kernel.emulator.faults import FaultReport, fail_slice, is_lost, repair_slice
 from pathways_kernel.emulator.healthcheck import Health, health
 
 
@@ -90,7 +90,7 @@ __all__ = [
     "health",
     "is_lost",
     "mesh",
-    "restore_slice",
+    "repair_slice",
     "session",
     "status",
     "topology",

@@ -29,13 +29,13 @@ def fresh_kernel():
 def local_session():
     """This process's session on local:2x4, every slice up before and after the test."""
     import pathways_kernel as pw
-    from pathways_kernel.emulator.faults import restore_slice
+    from pathways_kernel.emulator.faults import repair_slice
 
     s = pw.session()
     if s.backend.spec != "local:2x4":
         s = pw.connect("local:2x4", force=True)
     for sl in s.topology.down_slices:
-        restore_slice(sl.index)
+        repair_slice(sl.index)
     yield s
     for sl in s.topology.down_slices:
-        restore_slice(sl.index)
+        repair_slice(sl.index)

@@ -132,7 +132,7 @@ def encode_request(request: Request) -> dict[str, Any]:
     data: dict[str, Any] = {"v": VERSION, "type": request.type, "request_id": request.request_id}
     if request.type == "subscribe":
         data["rate"] = request.rate
-    elif request.type in ("fail_slice", "restore_slice"):
+    elif request.type in ("fail_slice", "repair_slice"):
         data["slice"] = request.slice
     elif request.type == "chip_history":
         data["start"], data["stop"] = request.start, request.stop

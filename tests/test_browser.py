@@ -132,12 +132,12 @@ def test_panel_shows_slices_and_a_failed_slice_live(page, server):
     assert newest.get_attribute("data-kind") == "slice_down"
     assert "[0,1] → [0]" in newest.inner_text()
     page.locator(".jp-PathwaysStatus", has_text="Pathways 1/2 slices").wait_for(timeout=5_000)
-    page.get_by_role("button", name="restore slice 1").wait_for()
+    page.get_by_role("button", name="repair slice 1").wait_for()
 
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "monitor.png"))
 
-    page.get_by_role("button", name="restore slice 1").click()
+    page.get_by_role("button", name="repair slice 1").click()
     page.locator(f"{PANEL} .jp-PathwaysPanel-slice[data-slice='1'][data-state='up']").wait_for(timeout=10_000)
     assert page.locator(f"{PANEL} li.jp-PathwaysPanel-event").first.get_attribute("data-kind") == "slice_up"
 
@@ -167,7 +167,7 @@ def test_the_panel_acts_while_a_cell_runs(page, server):
     page.locator(".jp-Notebook-ExecutionIndicator[data-status='busy']").first.wait_for(timeout=10_000)
     fail_slice(page, 1)
     page.locator(f"{PANEL} .jp-PathwaysPanel-slice[data-slice='1'][data-state='down']").wait_for(timeout=2_000)
-    page.get_by_role("button", name="restore slice 1").click()
+    page.get_by_role("button", name="repair slice 1").click()
     page.locator(f"{PANEL} .jp-PathwaysPanel-slice[data-slice='1'][data-state='up']").wait_for(timeout=2_000)
     # Both answered while the 20 s cell was still running.
     assert page.locator(".jp-Notebook-ExecutionIndicator").first.get_attribute("data-status") == "busy"
@@ -226,7 +226,7 @@ KERNEL_STATUS = "#jp-main-statusbar .jp-StatusBar-TextItem[title^='Change kernel
 
 
 def test_the_status_bar_stays_busy_while_the_panel_acts_during_a_cell(page, server):
-    """Monitor traffic (ping, fail/restore, snapshot) on its subshell never shows the kernel Idle mid-cell."""
+    """Monitor traffic (ping, fail/repair, snapshot) on its subshell never shows the kernel Idle mid-cell."""
     open_notebook(page, server, "monitor.ipynb")
     page.locator(f"{PANEL}[data-state='live']").wait_for(state="attached", timeout=60_000)
     open_monitor(page)
@@ -248,7 +248,7 @@ def test_the_status_bar_stays_busy_while_the_panel_acts_during_a_cell(page, serv
     started = time.monotonic()
     fail_slice(page, 1)
     page.locator(f"{PANEL} .jp-PathwaysPanel-slice[data-slice='1'][data-state='down']").wait_for(timeout=5_000)
-    page.get_by_role("button", name="restore slice 1").click()
+    page.get_by_role("button", name="repair slice 1").click()
     page.locator(f"{PANEL} .jp-PathwaysPanel-slice[data-slice='1'][data-state='up']").wait_for(timeout=5_000)
     page.get_by_role("button", name="Snapshot now").click()
     result = page.locator(f"{PANEL} .jp-PathwaysPanel-actionResult")
@@ -320,7 +320,7 @@ def overflow(page) -> dict:
 
 
 def test_panel_fits_the_default_250_px_sidebar_light_and_dark(page, server):
-    """Defect 2: "100%" / "128.0 MiB" pushed fail/restore out and a horizontal scrollbar appeared."""
+    """Defect 2: "100%" / "128.0 MiB" pushed fail/repair out and a horizontal scrollbar appeared."""
     open_notebook(page, server, "v2.ipynb")
     run_cell(page, 0, "held 160 MiB")
     open_monitor(page)
@@ -328,7 +328,7 @@ def test_panel_fits_the_default_250_px_sidebar_light_and_dark(page, server):
         f"{PANEL} .jp-PathwaysPanel-slice[data-slice='0'] .jp-PathwaysPanel-sliceMemory", has_text="128.0 MiB"
     ).wait_for(timeout=30_000)
     fail_slice(page, 1)
-    page.get_by_role("button", name="restore slice 1").wait_for(timeout=10_000)
+    page.get_by_role("button", name="repair slice 1").wait_for(timeout=10_000)
     page.locator(f"{PANEL} li.jp-PathwaysPanel-event[data-kind='slice_down']").first.wait_for(timeout=10_000)
     ARTIFACTS.mkdir(exist_ok=True)
     for theme, light in (("JupyterLab Light", "true"), ("JupyterLab Dark", "false")):
@@ -341,7 +341,7 @@ def test_panel_fits_the_default_250_px_sidebar_light_and_dark(page, server):
         assert seen["scrollWidth"] <= seen["width"] and not seen["past"], f"{theme}: {seen}"
         page.locator(PANEL).screenshot(path=str(ARTIFACTS / f"panel-250-{'light' if light == 'true' else 'dark'}.png"))
     page.evaluate("window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Light'})")
-    page.get_by_role("button", name="restore slice 1").click()
+    page.get_by_role("button", name="repair slice 1").click()
     page.locator(f"{PANEL} .jp-PathwaysPanel-slice[data-slice='1'][data-state='up']").wait_for(timeout=10_000)
 
 
@@ -399,7 +399,7 @@ def test_a_stock_kernel_after_load_ext_is_monitored(page, server):
 
 
 def test_fail_and_restore_keep_healthy_slices_and_events_read_on_one_line(page, server):
-    """Defect 4: blanking on every fail/restore, lost arrays counted, red sparkline history, wrapped events."""
+    """Defect 4: blanking on every fail/repair, lost arrays counted, red sparkline history, wrapped events."""
     open_notebook(page, server, "v2.ipynb")
     run_cell(page, 0, "held 160 MiB")
     open_monitor(page)
@@ -423,7 +423,7 @@ def test_fail_and_restore_keep_healthy_slices_and_events_read_on_one_line(page, 
     spark = page.locator(f"{row % 1} canvas.jp-PathwaysPanel-spark")
     first, down = int(spark.get_attribute("data-first")), spark.get_attribute("data-down")
     assert down and int(down.split("-")[0]) > first, f"red from the loss on only: points from {first}, down {down}"
-    page.get_by_role("button", name="restore slice 1").click()
+    page.get_by_role("button", name="repair slice 1").click()
     page.locator(f"{row % 1}[data-state='up']").wait_for(timeout=10_000)
     page.wait_for_timeout(1_500)
     samples = page.evaluate("() => { clearInterval(window.__pwRowSampler); return window.__pwRows; }")
@@ -483,7 +483,7 @@ def test_fail_asks_first_and_enter_never_fails_without_asking(page, server):
         page.get_by_role("button", name="fail slice 1", exact=True).click()
         page.locator(f"{PANEL} .jp-PathwaysPanel-slice[data-slice='1'][data-state='down']").wait_for(timeout=5_000)
         assert page.locator(".jp-Dialog").count() == 0
-        page.get_by_role("button", name="restore slice 1").click()
+        page.get_by_role("button", name="repair slice 1").click()
         page.locator(up).wait_for(timeout=10_000)
     finally:
         page.evaluate(save, "{}")

@@ -38,7 +38,7 @@ if step == 20 and not failed:
     pw.fail_slice(1)
 if step == 40 and not restored:
     restored = True
-    pw.restore_slice(1)"""
+    pw.repair_slice(1)"""
 
 CELL = ".jp-Notebook .jp-CodeCell"
 # One output under the cell, live then the summary: plain text/html updated in place.

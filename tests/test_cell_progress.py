@@ -38,7 +38,7 @@ if step == 12 and not failed:
     pw.fail_slice(1)
 if step == 20 and not restored:
     restored = True
-    pw.restore_slice(1)
+    pw.repair_slice(1)
 """
 
 

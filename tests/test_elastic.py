@@ -61,7 +61,7 @@ def make_step(data, actions=None, seen=None):
 
     def step_fn(state, step, mesh):
         for action, index in actions.pop(step, ()):
-            (faults.fail_slice if action == "fail" else faults.restore_slice)(index)
+            (faults.fail_slice if action == "fail" else faults.repair_slice)(index)
         if seen is not None:
             seen.append((step, mesh.shape["data"]))
         batch = NamedSharding(mesh, P("data"))
@@ -90,7 +90,9 @@ def test_failures_and_repairs_at_fixed_steps_give_the_fault_free_result():
     assert report.retries == 3 and report.scale_ups == 2
     # The newest snapshot, or the one before if the loss struck while the newest was still copying.
     resumed = [r.resumed_at for r in report.recoveries]
-    assert len(resumed) == 3 and all(at in (snap, snap - every) for at, snap in zip(resumed, (10, 35, 50), strict=True)), resumed
+    assert len(resumed) == 3 and all(
+        at in (snap, snap - every) for at, snap in zip(resumed, (10, 35, 50), strict=True)
+    ), resumed
     assert all(r.steps_lost <= 2 * every for r in report.recoveries)
     for key in ("w", "b"):
         np.testing.assert_allclose(np.asarray(final[key]), expected[key], rtol=1e-5, atol=1e-6)
@@ -148,14 +150,20 @@ def test_an_mlp_trained_through_failures_matches_the_fault_free_run_on_every_par
 
         def step_fn(params, step, mesh):
             for action, index in actions.pop(step, ()):
-                (faults.fail_slice if action == "fail" else faults.restore_slice)(index)
+                (faults.fail_slice if action == "fail" else faults.repair_slice)(index)
             batch = NamedSharding(mesh, P("data"))
             return mlp_update(params, jax.device_put(xs[step], batch), jax.device_put(ys[step], batch))
 
         return step_fn
 
-    expected = jax.device_get(pw.elastic(mlp_step({}), name="mlp-reference")(init_mlp(pw.session().mesh()), steps=steps))
-    train = pw.elastic(mlp_step({12: [("fail", 1)], 20: [("restore", 1)], 27: [("fail", 0)], 33: [("restore", 0)]}), snapshot_every=5, name="mlp")
+    expected = jax.device_get(
+        pw.elastic(mlp_step({}), name="mlp-reference")(init_mlp(pw.session().mesh()), steps=steps)
+    )
+    train = pw.elastic(
+        mlp_step({12: [("fail", 1)], 20: [("restore", 1)], 27: [("fail", 0)], 33: [("restore", 0)]}),
+        snapshot_every=5,
+        name="mlp",
+    )
     final = jax.device_get(train(init_mlp(pw.session().mesh()), steps=steps))
     assert train.last_run.retries == 2 and train.last_run.scale_ups == 2
     assert sorted(final) == ["b1", "b2", "w1", "w2"]
@@ -227,7 +235,7 @@ def test_seeded_chaos_of_fifty_cycles_loses_no_more_than_the_snapshot_interval()
         actions.setdefault(at, []).append((event.action, event.slice_index))
         last = at
         fails += event.action == "fail"
-        if fails >= 50 and event.action == "restore":
+        if fails >= 50 and event.action == "repair":
             break
     steps = last + 5
     data = make_data(steps, seed=3)
@@ -235,7 +243,9 @@ def test_seeded_chaos_of_fifty_cycles_loses_no_more_than_the_snapshot_interval()
     store = pw.snapshot_store()
     peak = [0]
     seq = pw.session().events.last(1)[0].seq
-    peak_watch = pw.session().events.subscribe(lambda e: e.kind == "snapshot" and peak.__setitem__(0, max(peak[0], store.nbytes)))
+    peak_watch = pw.session().events.subscribe(
+        lambda e: e.kind == "snapshot" and peak.__setitem__(0, max(peak[0], store.nbytes))
+    )
     try:
         train = pw.elastic(make_step(data, actions), snapshot_every=every, max_retries=5, name="chaos")
         final = train(init_state(pw.session().mesh()), steps=steps)
@@ -252,7 +262,10 @@ def test_seeded_chaos_of_fifty_cycles_loses_no_more_than_the_snapshot_interval()
     state_bytes = (FEATURES + 1) * OUTPUTS * 4
     kept = [s for s in store.list() if s.name == "elastic:chaos"]
     assert len(kept) <= snapshots.DEFAULT_KEEP + 1
-    assert peak[0] - sum(s.nbytes for s in store.list() if s.name != "elastic:chaos") <= (snapshots.DEFAULT_KEEP + 1) * state_bytes
+    assert (
+        peak[0] - sum(s.nbytes for s in store.list() if s.name != "elastic:chaos")
+        <= (snapshots.DEFAULT_KEEP + 1) * state_bytes
+    )
     for key in ("w", "b"):
         np.testing.assert_allclose(np.asarray(final[key]), expected[key], rtol=1e-5, atol=1e-6)
 
@@ -288,7 +301,7 @@ def test_gives_up_after_max_retries_with_one_line():
     mesh = pw.session().mesh()
     lost = jax.device_put(np.ones(4, np.float32), NamedSharding(mesh, P("data")))
     faults.fail_slice(1)
-    faults.restore_slice(1)
+    faults.repair_slice(1)
 
     def reads_lost_data(state, step, mesh):
         return state + lost  # `lost` had a shard on slice 1: every attempt fails
@@ -366,7 +379,7 @@ def counting(actions=None):
 
     def step_fn(state, step, mesh):
         for action, index in actions.pop(step, ()):
-            (faults.fail_slice if action == "fail" else faults.restore_slice)(index)
+            (faults.fail_slice if action == "fail" else faults.repair_slice)(index)
         return state + 1
 
     return step_fn
@@ -396,7 +409,9 @@ def test_a_run_whose_state_was_lost_before_it_began_says_so_instead_of_resuming_
         state = train(state, steps=50)
     fresh = state * 0 + 1000  # the user's new state; the store holds the earlier run's snapshots of steps 30 and 40
     faults.fail_slice(1)
-    with pytest.raises(pw.ElasticError, match=r"no snapshot of the state of 'stale' from this run .*already lost when the run began"):
+    with pytest.raises(
+        pw.ElasticError, match=r"no snapshot of the state of 'stale' from this run .*already lost when the run began"
+    ):
         train(fresh, steps=5)
     assert train.last_run.recoveries == []
 
@@ -408,16 +423,25 @@ def test_a_run_losing_a_slice_before_its_second_snapshot_goes_back_to_its_first(
     final = train(sharded(1000.0), steps=5)
     np.testing.assert_array_equal(np.asarray(final), np.full(8, 1005.0, np.float32))
     assert [(r.failed_at, r.resumed_at) for r in train.last_run.recoveries] == [(4, 0)]
-    assert "5 steps in" in train.last_run.summary() and "1 recovery, 4 steps redone, 0 scale-ups" in train.last_run.summary()
+    assert (
+        "5 steps in" in train.last_run.summary()
+        and "1 recovery, 4 steps redone, 0 scale-ups" in train.last_run.summary()
+    )
 
 
 @pytest.mark.parametrize(
     "options, message",
     [
-        ("--start=-3 --steps 3", "PathwaysError: --start must be a step from 0 to 2 (--steps 3 is the step the run stops before), got -3"),
+        (
+            "--start=-3 --steps 3",
+            "PathwaysError: --start must be a step from 0 to 2 (--steps 3 is the step the run stops before), got -3",
+        ),
         ("--steps=-5", "PathwaysError: --steps must be a whole number of at least 1, got -5"),
         ("--steps 5 --snapshot-every 0", "PathwaysError: --snapshot-every must be a whole number of at least 1, got 0"),
-        ("--steps 5 --snapshot-every -1", "PathwaysError: --snapshot-every must be a whole number of at least 1, got -1"),
+        (
+            "--steps 5 --snapshot-every -1",
+            "PathwaysError: --snapshot-every must be a whole number of at least 1, got -1",
+        ),
         ("--steps 5 --snapshot-every nan", "--snapshot-every"),
         ("--steps 5 --max-retries -1", "PathwaysError: --max-retries must be a whole number of at least 1, got -1"),
     ],
@@ -452,7 +476,9 @@ def test_an_elastic_cell_whose_state_was_lost_never_resumes_an_earlier_cells_sna
     reply = kernel.run(EARLIER[which])
     assert reply.status == "ok" or "KeyboardInterrupt" in reply.error, reply.error
     reached = {"second run": 50, "hundredth run": 99 * 50, "run after an interrupted one": 45}[which]
-    kept = kernel.run("print(float(params[0]), sorted(s.step for s in pw.snapshot_store().list() if s.name == 'elastic:params'))")
+    kept = kernel.run(
+        "print(float(params[0]), sorted(s.step for s in pw.snapshot_store().list() if s.name == 'elastic:params'))"
+    )
     assert kept.text.strip() == f"{reached:.1f} [30, 40]"
     assert kernel.run("params = params * 0 + 1000").status == "ok"
     try:
@@ -468,15 +494,22 @@ def test_an_elastic_cell_whose_state_was_lost_never_resumes_an_earlier_cells_sna
         ]
         assert kernel.run("print(pw.is_lost(params))").text.strip() == "True"
     finally:
-        kernel.run("%pathways restore 1")
-    assert kernel.run("params = jax.device_put(np.full(8, 1000.0, np.float32), NamedSharding(pw.mesh(), P('data')))").status == "ok"
-    reply = kernel.run("%%pathways elastic --steps 5 --state params --snapshot-every 2\nparams = params + 1\nif step == 3: pw.fail_slice(1)")
+        kernel.run("%pathways repair 1")
+    assert (
+        kernel.run(
+            "params = jax.device_put(np.full(8, 1000.0, np.float32), NamedSharding(pw.mesh(), P('data')))"
+        ).status
+        == "ok"
+    )
+    reply = kernel.run(
+        "%%pathways elastic --steps 5 --state params --snapshot-every 2\nparams = params + 1\nif step == 3: pw.fail_slice(1)"
+    )
     try:
         assert reply.status == "ok", reply.error
         assert "5 steps" in reply.text and "1 recovery, " in reply.text
         assert kernel.run("print(float(params[0]))").text.strip() == "1005.0"
     finally:
-        kernel.run("%pathways restore 1")
+        kernel.run("%pathways repair 1")
 
 
 # -- snapshots copy while the steps run -------------------------------------------
@@ -545,7 +578,7 @@ def test_a_step_compiled_ahead_is_the_one_a_recovery_runs(lost):
             train.prepared.wait()
             faults.fail_slice(lost)  # slice 0 holds JAX's default device: the loss moves it
         if step == 9 and mesh.shape["data"] == 1:
-            faults.restore_slice(lost)
+            faults.repair_slice(lost)
         return out
 
     def prepare(mesh):
@@ -555,7 +588,10 @@ def test_a_step_compiled_ahead_is_the_one_a_recovery_runs(lost):
     compiled_at = []
 
     def on_duration(event, seconds, **_kwargs):
-        if event == "/jax/core/compile/backend_compile_duration" and threading.current_thread() is threading.main_thread():
+        if (
+            event == "/jax/core/compile/backend_compile_duration"
+            and threading.current_thread() is threading.main_thread()
+        ):
             compiled_at.append(at[0])
 
     state = {"w": init_state(pw.session().mesh())["w"], "count": jnp.zeros((), jnp.int32)}

@@ -103,7 +103,7 @@ def test_health_check_reports_the_slice_down_until_restored(lost):
 
 
 def test_restore_brings_the_slice_back_empty(lost):
-    reply = lost.run("%pathways restore 1")
+    reply = lost.run("%pathways repair 1")
     assert "slice 1 up again" in reply.text
     try:
         # New arrays and computations work on slice 1 again, and the cached jit too.
@@ -119,7 +119,7 @@ def test_restore_brings_the_slice_back_empty(lost):
 
 
 def test_hooks_follow_slice_states_set_directly_on_the_session(lost):
-    # E.g. a test fixture or the monitor marking the slice up without restore_slice.
+    # E.g. a test fixture or the monitor marking the slice up without repair_slice.
     lost.run("pw.session().set_slice_state(1, 'up')")
     try:
         assert probe(lost, "float(jax.device_put(np.ones(4), slice1[2]).sum())") == "readable"
@@ -140,7 +140,7 @@ def test_bad_slice_index_is_one_line(lost):
 
 
 def test_chaos_in_the_kernel_follows_its_seeded_schedule(lost):
-    lost.run("%pathways restore 1")
+    lost.run("%pathways repair 1")
     reply = lost.run("%pathways chaos --mtbf 0.05 --mttr 0.05 --seed 11")
     assert "chaos on (seed 11)" in reply.text
     time.sleep(1.0)
@@ -155,7 +155,7 @@ def test_chaos_in_the_kernel_follows_its_seeded_schedule(lost):
         "print(len(applied) >= 4, applied == expected, len(logged) == len(applied))"
     )
     assert check.text.strip().splitlines()[-1] == "True True True", check.text + check.error
-    lost.run("pw.restore_slice(0); pw.restore_slice(1); pw.fail_slice(1)")
+    lost.run("pw.repair_slice(0); pw.repair_slice(1); pw.fail_slice(1)")
 
 
 STRESS = """
@@ -204,7 +204,7 @@ def test_chaos_schedule_is_deterministic_for_a_seed():
     up = {0: True, 1: True, 2: True}
     for event in first:
         assert up[event.slice_index] == (event.action == "fail")
-        up[event.slice_index] = event.action == "restore"
+        up[event.slice_index] = event.action == "repair"
         assert any(up.values())
     assert {e.slice_index for e in first if e.action == "fail"} == {0, 1, 2}
 
@@ -280,7 +280,7 @@ def test_failure_cost_stays_flat_over_many_failures(local_session):
             start = time.perf_counter()
             reports.append(faults.fail_slice(1))
             latencies.append(time.perf_counter() - start)
-            faults.restore_slice(1)
+            faults.repair_slice(1)
             work.put(1)
         kept = len(faults._graveyard)
     finally:
@@ -319,7 +319,7 @@ def test_fail_and_restore_answer_while_a_long_step_is_read(local_session):
 
     def inject():
         time.sleep(0.5)  # the main thread is waiting in float(loss) by now
-        for action in (faults.fail_slice, faults.restore_slice):
+        for action in (faults.fail_slice, faults.repair_slice):
             start = time.perf_counter()
             action(1)
             took[action.__name__] = time.perf_counter() - start
@@ -329,7 +329,7 @@ def test_fail_and_restore_answer_while_a_long_step_is_read(local_session):
     # The read began before the loss: it completes, then the array is lost.
     assert float(loss) == 64.0
     thread.join()
-    assert took["fail_slice"] < 1.0 and took["restore_slice"] < 1.0, took
+    assert took["fail_slice"] < 1.0 and took["repair_slice"] < 1.0, took
     deadline = time.monotonic() + 2
     while not faults.is_lost(loss) and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -344,7 +344,7 @@ def test_fault_injection_is_off_outside_the_tested_jax(local_session, monkeypatc
     from pathways_kernel.core import jaxcompat
 
     monkeypatch.setattr(jaxcompat, "installed_versions", lambda: ("0.11.0", "0.11.0"))
-    for attempt in (lambda: pw.fail_slice(1), lambda: pw.restore_slice(1), lambda: pw.chaos(1.0, 1.0)):
+    for attempt in (lambda: pw.fail_slice(1), lambda: pw.repair_slice(1), lambda: pw.chaos(1.0, 1.0)):
         with pytest.raises(NotSupportedError) as refused:
             attempt()
         assert "installed: jax 0.11.0, jaxlib 0.11.0" in str(refused.value)
@@ -376,7 +376,7 @@ def test_fault_injection_is_refused_on_a_pathways_backend():
     proxy = Session(backends.from_spec("grpc://127.0.0.1:9"))
     for attempt in (
         lambda: faults.injector(proxy).fail(0),
-        lambda: faults.injector(proxy).restore(0),
+        lambda: faults.injector(proxy).repair(0),
         lambda: chaosmonkey.Chaos(proxy).start(1.0, 1.0, seed=0),
     ):
         with pytest.raises(

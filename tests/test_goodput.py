@@ -204,7 +204,7 @@ def test_no_slice_up_is_slice_wait_until_one_comes_back():
             down.append(step)
             faults.fail_slice(1)
             faults.fail_slice(0)
-            threading.Timer(0.5, faults.restore_slice, (0,)).start()
+            threading.Timer(0.5, faults.repair_slice, (0,)).start()
         return nudge(st)
 
     train = pw.elastic(step_fn, snapshot_every=5, name="waits")

@@ -48,14 +48,14 @@ def test_lost_variables_are_restored_from_snapshots_and_named_in_one_block(noteb
 
 
 def test_still_unusable_variable_is_not_announced_again(notebook):
-    notebook.run("%pathways restore 1")
+    notebook.run("%pathways repair 1")
     try:
         notebook.run("fresh = jax.device_put(np.ones(8), NamedSharding(pw.mesh(), P('data')))")
         reply = notebook.run("%pathways fail 1")
         assert "no snapshot, now unusable (DATA_LOSS): fresh;" in reply.text
         assert "logits" not in reply.text
     finally:
-        notebook.run("%pathways restore 1")
+        notebook.run("%pathways repair 1")
 
 
 def test_a_slice_lost_between_cells_heals_before_the_next_cell(notebook):

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from pathways_kernel.emulator.faults import fail_slice, restore_slice
+from pathways_kernel.emulator.faults import fail_slice, repair_slice
 from pathways_kernel.monitoring import history, telemetry
 from pathways_kernel.monitoring.quantize import quantize_utilization
 
@@ -98,7 +98,7 @@ def test_a_lost_slice_is_down_in_history_only_from_its_loss(local_session):
         assert series["up"][:, 0].all()
     finally:
         sub.close()
-        restore_slice(1)
+        repair_slice(1)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -16,7 +16,7 @@ from jax.sharding import PartitionSpec as P
 
 import pathways_kernel as pw
 from pathways_kernel.colocated.sidecars import stats
-from pathways_kernel.emulator.faults import fail_slice, restore_slice
+from pathways_kernel.emulator.faults import fail_slice, repair_slice
 from pathways_kernel.training.elastic_loop import elastic
 
 B = 16  # global batch: rows per step
@@ -51,7 +51,7 @@ def test_every_sample_once_in_order_and_each_slice_holds_its_block(local_session
 def run_committed(batches, steps, events=None):
     """A minimal training loop: `commit[step]` = the ids its step consumed; state sums x.
 
-    `events(step)` may fail/restore slices and return a step to roll back to.
+    `events(step)` may fail/repair slices and return a step to roll back to.
     """
     state = np.zeros(3)
     snapshots = {0: state}
@@ -87,7 +87,7 @@ def test_failure_and_repair_replays_exactly_the_fault_free_samples(local_session
             return 3
         if step == 8 and "up" not in fired:
             fired.add("up")
-            restore_slice(1)
+            repair_slice(1)
             batches.reset(8, pw.mesh())  # scale back up; nothing lost
         return None
 
@@ -120,7 +120,7 @@ def test_elastic_loop_with_a_lost_and_restored_slice_commits_the_fault_free_samp
             fail_slice(1)
         elif chaos.get(step) == "up":
             del chaos[step]
-            restore_slice(1)
+            repair_slice(1)
         batch = batches.batch(step, mesh)
         assert batch["ids"].sharding.mesh == mesh
         consumed[step] = np.asarray(batch["ids"]).tolist()

@@ -74,7 +74,7 @@ def test_a_view_that_comes_back_gets_the_history_right_after_the_topology(kernel
     request_id = frontend.request(second, "chip_history", start=4, stop=9)
     refused = frontend.reply_to(second, request_id, timeout=30)
     assert refused["ok"] is False and "topology has 8" in refused["error"] and "\n" not in refused["error"]
-    request_id = frontend.request(second, "restore_slice", slice=1)
+    request_id = frontend.request(second, "repair_slice", slice=1)
     assert frontend.reply_to(second, request_id, timeout=30)["ok"]
 
 
@@ -83,7 +83,7 @@ def test_arrays_lost_with_a_slice_count_for_no_memory_after_it_is_restored(local
     import jax
     import jax.numpy as jnp
 
-    from pathways_kernel.emulator.faults import fail_slice, restore_slice
+    from pathways_kernel.emulator.faults import fail_slice, repair_slice
     from pathways_kernel.monitoring import telemetry
 
     source = telemetry.ClientSource()
@@ -97,7 +97,7 @@ def test_arrays_lost_with_a_slice_count_for_no_memory_after_it_is_restored(local
     before = slice1_bytes()
     assert before >= 16 << 20
     fail_slice(1)
-    restore_slice(1)
+    repair_slice(1)
     after = slice1_bytes()
     assert after <= before - (16 << 20), f"{after:,} bytes still counted on slice 1 after its loss"
     fresh = jax.device_put(jnp.ones((1 << 20,), jnp.float32), chip).block_until_ready()

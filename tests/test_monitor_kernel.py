@@ -194,7 +194,7 @@ def test_snapshot_request_snapshots_notebook_arrays(frontend, kernel):
     assert "weights" in reply["result"]["name"] and reply["result"]["nbytes"] >= 256 * 256 * 4
 
 
-def test_fail_and_restore_slice_from_the_panel(frontend, kernel):
+def test_fail_and_repair_slice_from_the_panel(frontend, kernel):
     comm = frontend.open()
     assert frontend.wait_for(lambda m: _is(m, comm, "topology"), timeout=30) is not None
     mark = len(frontend.inbox)
@@ -228,7 +228,7 @@ def test_fail_and_restore_slice_from_the_panel(frontend, kernel):
     assert metrics is not None and metrics["content"]["data"]["slices"][1]["state"] == "down"
 
     mark = len(frontend.inbox)
-    request_id = frontend.request(comm, "restore_slice", slice=1)
+    request_id = frontend.request(comm, "repair_slice", slice=1)
     reply = frontend.reply_to(comm, request_id, timeout=30, since=mark)
     assert reply is not None and reply["ok"] is True and reply["result"]["changed"] is True
     assert "2/2 up" in kernel.run("pw.status()").text
@@ -420,7 +420,7 @@ def _never_idle_during_a_cell(frontend: Frontend) -> None:
         frontend.request(comm, "ping"),
         frontend.request(comm, "subscribe", rate=2),
         frontend.request(comm, "fail_slice", slice=1),
-        frontend.request(comm, "restore_slice", slice=1),
+        frontend.request(comm, "repair_slice", slice=1),
         frontend.request(comm, "snapshot"),
     ]
     for request_id in asked:

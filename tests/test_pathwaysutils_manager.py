@@ -5,7 +5,7 @@ documents (and MaxText's elastic_train does): a ``Manager()`` over
 ``jax.devices()``, a function retried on slice loss, a mesh over the active
 slices, state resumed from the last host copy, and a ``ScaleUpSignalError``
 once the monitor reports a slice back. Nothing in it knows about
-pathways_kernel; only the fault injection (``pw.fail_slice``/``pw.restore_slice``)
+pathways_kernel; only the fault injection (``pw.fail_slice``/``pw.repair_slice``)
 does.
 """
 
@@ -84,7 +84,7 @@ def test_manager_sees_the_embedded_slices(local_session):
     assert elastic.get_active_slice_indices(manager.slice_to_devices) == {0}
     with pytest.raises(TimeoutError):
         elastic.wait_for_slices(2, poll_interval=0.05, timeout=0.2, slice_to_devices=manager.slice_to_devices)
-    pw.restore_slice(1)
+    pw.repair_slice(1)
     assert elastic.wait_for_slices(2, poll_interval=0.05, timeout=5) == {0, 1}
 
 
@@ -96,7 +96,7 @@ def test_elastic_retry_loop_survives_a_loss_and_scales_up(local_session):
         if step == 7:
             pw.fail_slice(1)
         if step == 15 and 1 in manager.inactive_slice_indices:
-            pw.restore_slice(1)
+            pw.repair_slice(1)
             # The repair is seen by the Manager's own monitor thread.
             deadline = time.monotonic() + 10
             while not manager.available_inactive_slices and time.monotonic() < deadline:

@@ -15,7 +15,7 @@ import pytest
 import pathways_kernel as pw
 from notebooks import code_cells, execute, outputs_text
 from pathways_kernel.colocated.sidecars import stats
-from pathways_kernel.emulator.faults import fail_slice, restore_slice
+from pathways_kernel.emulator.faults import fail_slice, repair_slice
 
 
 def test_runs_on_every_slice_and_returns_arrays_on_that_slice(local_session):
@@ -84,7 +84,7 @@ def test_bad_slice_choices_are_one_line_errors(local_session):
             pw.run_sidecar(lambda: 0, slices=[1])
         assert list(pw.run_sidecar(lambda: 0)) == [0]  # "all" means the live ones
     finally:
-        restore_slice(1)
+        repair_slice(1)
 
 
 def test_stats_are_what_the_monitor_reads(local_session):

@@ -238,7 +238,7 @@ def test_a_failed_copy_does_not_keep_the_lost_arrays_alive(mesh):
     """The snapshot's error is kept for wait(); the device arrays it failed on are not."""
     import sys
 
-    from pathways_kernel.emulator.faults import fail_slice, restore_slice
+    from pathways_kernel.emulator.faults import fail_slice, repair_slice
 
     x = sharded(mesh, (64, 64), P("data", "model"))
     fail_slice(1)
@@ -251,4 +251,4 @@ def test_a_failed_copy_does_not_keep_the_lost_arrays_alive(mesh):
         with pytest.raises(Exception, match="DATA_LOSS"):
             snap.wait()  # still says why
     finally:
-        restore_slice(1)
+        repair_slice(1)

@@ -83,7 +83,7 @@ def test_snapshot_to_bucket_then_list_and_restore_on_fewer_slices(nb):
         assert check.split()[:2] == ["True", "4"], check  # restored bit-exact onto the 4 chips left
         assert "P('data', 'model')" in check
     finally:
-        ok(nb, "pw.restore_slice(1)")
+        ok(nb, "pw.repair_slice(1)")
 
     # The Python twins.
     reply = ok(
@@ -153,7 +153,7 @@ def test_checkpoint_save_list_restore_onto_a_smaller_mesh(nb):
         check = ok(nb, "print(same(state), len(state['w'].sharding.device_set))").text.split()
         assert check == ["True", "4"], check
     finally:
-        ok(nb, "pw.restore_slice(1)")
+        ok(nb, "pw.repair_slice(1)")
     assert ok(nb, "print(pw.checkpoints_list('gs://notebook/ckpt'))").text.strip().endswith("(latest 3)")
     assert "no checkpoint step 9" in one_line_error(nb, "%pathways checkpoint restore gs://notebook/ckpt --step 9")
     assert "bucket 'no-such-ckpt-bucket' does not exist" in one_line_error(
@@ -214,7 +214,7 @@ def test_checkpoint_of_a_variable_lost_with_a_slice_names_it(nb, tmp_path):
         # state had a shard on slice 1 too: rebuild it rather than rely on healing.
         ok(
             nb,
-            "pw.restore_slice(1)\ndel onslice\nm = pw.mesh()\n"
+            "pw.repair_slice(1)\ndel onslice\nm = pw.mesh()\n"
             "state = {'w': jax.device_put(jnp.asarray(ref['w']), NamedSharding(m, P('data', 'model'))), "
             "'b': jnp.asarray(ref['b'])}",
         )

@@ -22,7 +22,9 @@ export function formatBytes(n: number): string {
 }
 
 export function formatDuration(seconds: number): string {
-  return seconds < 1 ? `${Math.round(seconds * 1000)} ms` : `${seconds.toFixed(seconds < 10 ? 2 : 1)} s`;
+  return seconds < 1
+    ? `${Math.round(seconds * 1000)} ms`
+    : `${seconds.toFixed(seconds < 10 ? 2 : 1)} s`;
 }
 
 export function formatSlices(indices: number[] | null): string {

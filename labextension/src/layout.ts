@@ -60,7 +60,11 @@ const LABEL = 13;
  * within `maxHeight`; falls back to aggregated blocks when that cell is
  * below `minCell`.
  */
-export function layoutTopology(grids: SliceGrid[], width: number, options: LayoutOptions = {}): Layout {
+export function layoutTopology(
+  grids: SliceGrid[],
+  width: number,
+  options: LayoutOptions = {}
+): Layout {
   const scale = options.scale ?? 1;
   const minCell = Math.max(1, Math.round((options.minCell ?? 2) * scale));
   const maxHeight = (options.maxHeight ?? 360) * scale;
@@ -100,13 +104,27 @@ export function layoutTopology(grids: SliceGrid[], width: number, options: Layou
   for (let i = 0; i < n; i++) {
     const x = (i % perRow) * (blockWidth + gap);
     const y = Math.floor(i / perRow) * (blockHeight + gap);
-    blocks.push({ position: i, x, y, width: blockWidth, height: blockHeight, cellsX: x + pad, cellsY: y + label + pad });
+    blocks.push({
+      position: i,
+      x,
+      y,
+      width: blockWidth,
+      height: blockHeight,
+      cellsX: x + pad,
+      cellsY: y + label + pad
+    });
   }
   const height = Math.ceil(n / perRow) * (blockHeight + gap) - gap;
   return { width, height, cell, gap: cellGap, aggregated: false, label, blocks };
 }
 
-function aggregatedLayout(n: number, width: number, scale: number, maxHeight: number, label: number): Layout {
+function aggregatedLayout(
+  n: number,
+  width: number,
+  scale: number,
+  maxHeight: number,
+  label: number
+): Layout {
   const gap = Math.max(1, Math.round(3 * scale));
   let size = Math.round(48 * scale);
   const smallest = Math.round(10 * scale);
@@ -160,7 +178,12 @@ export function hitTest(layout: Layout, grids: SliceGrid[], x: number, y: number
  * axes (z) repeat the x extent to the right, so a 4x4x4 slice is 16 x 4.
  * Chips without usable coordinates fill a near-square grid in order.
  */
-export function sliceGrid(index: number, chips: ArrayLike<number>, coords: ArrayLike<number>, dims: number): SliceGrid {
+export function sliceGrid(
+  index: number,
+  chips: ArrayLike<number>,
+  coords: ArrayLike<number>,
+  dims: number
+): SliceGrid {
   const n = chips.length;
   const extent = [1, 1, 1];
   for (let i = 0; i < n && dims > 0; i++) {

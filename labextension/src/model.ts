@@ -238,7 +238,11 @@ export class MonitorModel {
       position,
       id: t.chip_id[position],
       slice,
-      coords: [t.chip_coords[3 * position], t.chip_coords[3 * position + 1], t.chip_coords[3 * position + 2]],
+      coords: [
+        t.chip_coords[3 * position],
+        t.chip_coords[3 * position + 1],
+        t.chip_coords[3 * position + 2]
+      ],
       utilization: m ? m.utilization_buffer[position] / 255 : null,
       memoryBytes: m && raw !== null ? raw * m.memory_unit : null,
       memoryAtLeast: raw === MEMORY_SATURATED,

@@ -1,7 +1,7 @@
 /**
  * The Pathways panel: follows the kernel of the active notebook or console
  * and shows its slices live (header, topology canvas, per-slice rows with
- * sparklines and fail/restore, "Snapshot now", event timeline), and says
+ * sparklines and fail/repair, "Snapshot now", event timeline), and says
  * which one it follows. When the active tab has no kernel (the Launcher, a
  * text file) it keeps the last one and says so.
  *
@@ -330,7 +330,7 @@ export class PathwaysPanel extends Widget {
     slice: number,
     button: HTMLButtonElement
   ): Promise<void> {
-    const verb = action === 'fail_slice' ? 'fail' : 'restore';
+    const verb = action === 'fail_slice' ? 'fail' : 'repair';
     if (action === 'fail_slice' && this._confirmFail && !(await this._confirm(slice))) {
       button.focus();
       return;
@@ -356,7 +356,7 @@ export class PathwaysPanel extends Widget {
       title: `Fail slice ${slice}?`,
       body:
         `Every array with a shard on slice ${slice}${chips ? ` (${chips} chips)` : ''} is lost: ` +
-        'reading it raises DATA_LOSS, as when Pathways loses a slice. Restore brings the slice back empty. ' +
+        'reading it raises DATA_LOSS, as when Pathways loses a slice. Repair brings the slice back empty. ' +
         'Turn this question off with the setting “Confirm before fail”.',
       buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: `Fail slice ${slice}` })],
       defaultButton: 0

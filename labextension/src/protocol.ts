@@ -26,7 +26,7 @@ export const REQUEST_FIELDS = {
   subscribe: ['rate'],
   ping: [],
   fail_slice: ['slice'],
-  restore_slice: ['slice'],
+  repair_slice: ['slice'],
   snapshot: [],
   chip_history: ['start', 'stop']
 } as const;
@@ -447,7 +447,7 @@ export type Request =
   | { v: 1; type: 'subscribe'; request_id: string; rate: number }
   | { v: 1; type: 'ping'; request_id: string }
   | { v: 1; type: 'fail_slice'; request_id: string; slice: number }
-  | { v: 1; type: 'restore_slice'; request_id: string; slice: number }
+  | { v: 1; type: 'repair_slice'; request_id: string; slice: number }
   | { v: 1; type: 'snapshot'; request_id: string }
   | { v: 1; type: 'chip_history'; request_id: string; start: number; stop: number };
 
@@ -458,7 +458,7 @@ export type RequestBody =
   | { type: 'subscribe'; rate: number }
   | { type: 'ping' }
   | { type: 'fail_slice'; slice: number }
-  | { type: 'restore_slice'; slice: number }
+  | { type: 'repair_slice'; slice: number }
   | { type: 'snapshot' }
   | { type: 'chip_history'; start: number; stop: number };
 
@@ -481,7 +481,7 @@ export function encodeRequest(body: RequestBody, requestId: string): Request {
       }
       return { v: 1, type: 'subscribe', request_id: requestId, rate: body.rate };
     case 'fail_slice':
-    case 'restore_slice':
+    case 'repair_slice':
       if (!Number.isInteger(body.slice) || body.slice < 0) {
         throw new ProtocolError(`slice must be an integer >= 0, got ${body.slice}`);
       }

@@ -2,7 +2,7 @@
  * One row per slice, two lines so it fits a 250 px sidebar: name and state,
  * current utilization and live memory (a lost slice's memory reads "lost");
  * then utilization over the last five minutes (sparkline, red from the
- * slice's loss on) and the fail/restore button when the backend supports
+ * slice's loss on) and the fail/repair button when the backend supports
  * fault injection.
  */
 import { toCss } from './colors';
@@ -12,7 +12,7 @@ import { UTILIZATION_HELP } from './help';
 import { downRuns, sparklinePoints } from './sparkline';
 import { palette } from './theme';
 
-export type SliceAction = 'fail_slice' | 'restore_slice';
+export type SliceAction = 'fail_slice' | 'repair_slice';
 
 interface Row {
   node: HTMLDivElement;
@@ -50,7 +50,8 @@ export class SliceList {
   render(sparkWidth: number | null = null): void {
     const topology = this._model.topology;
     const shape = topology
-      ? `${topology.topology_seq}|${topology.supports_fault_injection}|` + topology.slices.map(s => `${s.index}:${s.state}`).join(',')
+      ? `${topology.topology_seq}|${topology.supports_fault_injection}|` +
+        topology.slices.map(s => `${s.index}:${s.state}`).join(',')
       : '';
     if (shape !== this._shape) {
       this._shape = shape;
@@ -98,8 +99,8 @@ export class SliceList {
       memory.className = 'jp-PathwaysPanel-sliceMemory';
       let button: HTMLButtonElement | null = null;
       if (topology.supports_fault_injection) {
-        const action: SliceAction = slice.state === 'down' ? 'restore_slice' : 'fail_slice';
-        const verb = action === 'fail_slice' ? 'fail' : 'restore';
+        const action: SliceAction = slice.state === 'down' ? 'repair_slice' : 'fail_slice';
+        const verb = action === 'fail_slice' ? 'fail' : 'repair';
         button = document.createElement('button');
         button.className = 'jp-Button jp-mod-styled jp-mod-small jp-PathwaysPanel-sliceButton';
         button.textContent = verb;

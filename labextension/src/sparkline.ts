@@ -9,7 +9,13 @@ import { Series } from './model';
  * `windowS` seconds ending at `now`; each pixel column keeps its bucket's
  * maximum so short bursts stay visible. Returns a flat [x0, y0, x1, y1, ...].
  */
-export function sparklinePoints(series: Pick<Series, 'times' | 'values'>, now: number, windowS: number, width: number, height: number): number[] {
+export function sparklinePoints(
+  series: Pick<Series, 'times' | 'values'>,
+  now: number,
+  windowS: number,
+  width: number,
+  height: number
+): number[] {
   const points: number[] = [];
   const start = now - windowS;
   let column = -1;
@@ -41,10 +47,16 @@ export function sparklinePoints(series: Pick<Series, 'times' | 'values'>, now: n
  * was down (`series.up` false), so a lost slice is marked from its loss on,
  * not over its whole history.
  */
-export function downRuns(series: Series, now: number, windowS: number, width: number): [number, number][] {
+export function downRuns(
+  series: Series,
+  now: number,
+  windowS: number,
+  width: number
+): [number, number][] {
   const runs: [number, number][] = [];
   const start = now - windowS;
-  const column = (t: number) => Math.min(width, Math.max(0, Math.floor(((t - start) / windowS) * width)));
+  const column = (t: number) =>
+    Math.min(width, Math.max(0, Math.floor(((t - start) / windowS) * width)));
   let from = -1;
   for (let i = 0; i < series.times.length; i++) {
     const t = series.times[i];

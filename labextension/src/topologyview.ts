@@ -244,9 +244,19 @@ export class TopologyView {
     for (const b of layout.blocks) {
       const slice = topology.slices[b.position];
       if (slice.state === 'down') {
-        const strip = b.cellsY - b.y - (layout.aggregated ? 0 : Math.round(2 * (window.devicePixelRatio || 1)));
+        const strip =
+          b.cellsY - b.y - (layout.aggregated ? 0 : Math.round(2 * (window.devicePixelRatio || 1)));
         fill(pixels, stride, b.x, b.y, b.width, Math.max(0, strip), block);
-        hatch(pixels, stride, b.x, b.y + Math.max(0, strip), b.width, b.height - Math.max(0, strip), down, block);
+        hatch(
+          pixels,
+          stride,
+          b.x,
+          b.y + Math.max(0, strip),
+          b.width,
+          b.height - Math.max(0, strip),
+          down,
+          block
+        );
         continue;
       }
       if (layout.aggregated) {
@@ -279,7 +289,12 @@ export class TopologyView {
     }
   }
 
-  private _drawLabels(ctx: CanvasRenderingContext2D, layout: Layout, colors: Palette, scale: number): void {
+  private _drawLabels(
+    ctx: CanvasRenderingContext2D,
+    layout: Layout,
+    colors: Palette,
+    scale: number
+  ): void {
     const topology = this._model.topology!;
     const font = colors.font;
     ctx.textBaseline = 'middle';
@@ -291,7 +306,11 @@ export class TopologyView {
           ctx.font = `${Math.round(Math.min(11, b.width / 3.2) * scale)}px ${font}`;
           ctx.textAlign = 'center';
           ctx.fillStyle = toCss(isDown ? colors.downText : colors.text);
-          ctx.fillText(isDown ? 'DOWN' : String(slice.index), b.x + b.width / 2, b.y + b.height / 2);
+          ctx.fillText(
+            isDown ? 'DOWN' : String(slice.index),
+            b.x + b.width / 2,
+            b.y + b.height / 2
+          );
         }
         continue;
       }
@@ -343,7 +362,9 @@ export class TopologyView {
       );
     } else {
       const agg = model.metrics?.slices[hit.position];
-      lines.push(`slice ${slice.index} · ${slice.state === 'down' ? 'DOWN' : 'up'} · ${slice.chip_count} chips`);
+      lines.push(
+        `slice ${slice.index} · ${slice.state === 'down' ? 'DOWN' : 'up'} · ${slice.chip_count} chips`
+      );
       if (slice.kind) {
         lines.push(slice.kind);
       }
@@ -360,7 +381,15 @@ export class TopologyView {
   }
 }
 
-function fill(pixels: Uint32Array, stride: number, x: number, y: number, w: number, h: number, color: number): void {
+function fill(
+  pixels: Uint32Array,
+  stride: number,
+  x: number,
+  y: number,
+  w: number,
+  h: number,
+  color: number
+): void {
   for (let row = y; row < y + h; row++) {
     pixels.fill(color, row * stride + x, row * stride + x + w);
   }
@@ -368,7 +397,14 @@ function fill(pixels: Uint32Array, stride: number, x: number, y: number, w: numb
 
 /** Diagonal stripes: a lost slice must read as lost in any theme and at any size. */
 function hatch(
-  pixels: Uint32Array, stride: number, x: number, y: number, w: number, h: number, stripe: number, ground: number
+  pixels: Uint32Array,
+  stride: number,
+  x: number,
+  y: number,
+  w: number,
+  h: number,
+  stripe: number,
+  ground: number
 ): void {
   for (let row = y; row < y + h; row++) {
     const base = row * stride;

@@ -178,7 +178,7 @@ test('requests encoded in TypeScript pass the kernel validation', { skip }, () =
     { type: 'subscribe', rate: 0.5 },
     { type: 'ping' },
     { type: 'fail_slice', slice: 1 },
-    { type: 'restore_slice', slice: 0 },
+    { type: 'repair_slice', slice: 0 },
     { type: 'snapshot' },
     { type: 'chip_history', start: 4, stop: 8 }
   ];

@@ -63,7 +63,13 @@ export function metrics(
   slices: number,
   per: number,
   util: number[],
-  options: { seq?: number; time?: number; topologySeq?: number; memory?: number[]; unit?: number } = {}
+  options: {
+    seq?: number;
+    time?: number;
+    topologySeq?: number;
+    memory?: number[];
+    unit?: number;
+  } = {}
 ): Built {
   const n = slices * per;
   const u = new Uint8Array(n);
@@ -122,7 +128,12 @@ export function event(seq: number, kind: string, extra: Record<string, unknown> 
 }
 
 /** A `history` of `slices` columns: `util[t][k]`, `up[t][k]`; every slice holds 2 KiB. */
-export function history(slices: number[], times: number[], util: number[][], up: boolean[][]): Built {
+export function history(
+  slices: number[],
+  times: number[],
+  util: number[][],
+  up: boolean[][]
+): Built {
   const s = slices.length;
   const u = new Float32Array(times.length * s);
   const m = new Float64Array(times.length * s).fill(2048);

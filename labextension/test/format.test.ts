@@ -5,15 +5,28 @@ import { parseColor, utilizationRamp, packRGBA } from '../src/colors';
 import { eventDetails, formatBytes, formatClock, statusLabel } from '../src/format';
 
 test('status label reads like "Pathways 2/2 slices · 47%"', () => {
-  assert.equal(statusLabel({ slicesUp: 2, slicesTotal: 2, chips: 8, utilization: 0.466 }), 'Pathways 2/2 slices · 47%');
-  assert.equal(statusLabel({ slicesUp: 1, slicesTotal: 2, chips: 8, utilization: null }), 'Pathways 1/2 slices');
+  assert.equal(
+    statusLabel({ slicesUp: 2, slicesTotal: 2, chips: 8, utilization: 0.466 }),
+    'Pathways 2/2 slices · 47%'
+  );
+  assert.equal(
+    statusLabel({ slicesUp: 1, slicesTotal: 2, chips: 8, utilization: null }),
+    'Pathways 1/2 slices'
+  );
   assert.equal(statusLabel(null), 'Pathways');
 });
 
 test('a reshard event shows slices before -> after, bytes and duration', () => {
   const text = eventDetails({
-    seq: 1, time: 0, kind: 'reshard', slices_before: [0, 1], slices_after: [0],
-    bytes: 3 * 1024 * 1024, duration_s: 0.34, step: null, detail: ''
+    seq: 1,
+    time: 0,
+    kind: 'reshard',
+    slices_before: [0, 1],
+    slices_after: [0],
+    bytes: 3 * 1024 * 1024,
+    duration_s: 0.34,
+    step: null,
+    detail: ''
   });
   assert.equal(text, 'slices [0,1] → [0] · 3.0 MiB · 340 ms');
   assert.equal(formatBytes(512), '512 B');

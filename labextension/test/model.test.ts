@@ -5,7 +5,8 @@ import { HISTORY_S, MonitorModel } from '../src/model';
 import { decodeMessage } from '../src/protocol';
 import { Built, event, history, metrics, topology } from './fixtures';
 
-const feed = (model: MonitorModel, built: Built) => model.handle(decodeMessage(built.data, built.buffers));
+const feed = (model: MonitorModel, built: Built) =>
+  model.handle(decodeMessage(built.data, built.buffers));
 
 test('a 2x4 topology gives two slice grids of 2x2 chips and a summary', () => {
   const model = new MonitorModel();
@@ -39,7 +40,12 @@ test('chip info for the tooltip: id, slice, coords, utilization, memory', () => 
 
 test('metrics of another topology or chip count are dropped', () => {
   const model = new MonitorModel();
-  assert.equal(model.addMetrics(decodeMessage(metrics(2, 4, [1, 1]).data, metrics(2, 4, [1, 1]).buffers) as never), false);
+  assert.equal(
+    model.addMetrics(
+      decodeMessage(metrics(2, 4, [1, 1]).data, metrics(2, 4, [1, 1]).buffers) as never
+    ),
+    false
+  );
   feed(model, topology(2, 2, 2, { seq: 3 }));
   feed(model, metrics(2, 4, [1, 1], { topologySeq: 2 }));
   feed(model, metrics(1, 4, [1], { topologySeq: 3 }));
@@ -51,7 +57,15 @@ test('metrics of another topology or chip count are dropped', () => {
   feed(model, topology(2, 2, 2, { seq: 4, down: [1] }));
   assert.equal(model.summary()?.utilization, 1);
   // ...but frames still stamped with the old topology are not taken.
-  assert.equal(model.addMetrics(decodeMessage(metrics(2, 4, [0, 0], { topologySeq: 3 }).data, metrics(2, 4, [0, 0], { topologySeq: 3 }).buffers) as never), false);
+  assert.equal(
+    model.addMetrics(
+      decodeMessage(
+        metrics(2, 4, [0, 0], { topologySeq: 3 }).data,
+        metrics(2, 4, [0, 0], { topologySeq: 3 }).buffers
+      ) as never
+    ),
+    false
+  );
   // Another chip count does invalidate them.
   feed(model, topology(1, 2, 2, { seq: 5 }));
   assert.equal(model.metrics, null);
@@ -83,7 +97,23 @@ test('the kernel history seeds every slice at once, with when each slice was dow
   const t0 = 1_700_000_000;
   // A frame that arrived before the history is kept after it.
   feed(model, metrics(2, 4, [0.5, 0.5], { time: t0 + 10 }));
-  feed(model, history([0, 1], [t0, t0 + 1, t0 + 2], [[1, 0.5], [1, 0], [0.25, 0]], [[true, true], [true, false], [true, false]]));
+  feed(
+    model,
+    history(
+      [0, 1],
+      [t0, t0 + 1, t0 + 2],
+      [
+        [1, 0.5],
+        [1, 0],
+        [0.25, 0]
+      ],
+      [
+        [true, true],
+        [true, false],
+        [true, false]
+      ]
+    )
+  );
   assert.deepEqual(changes, ['topology', 'metrics', 'history']);
   const h0 = model.history(0);
   assert.deepEqual(h0.times, [t0, t0 + 1, t0 + 2, t0 + 10]);
@@ -100,7 +130,10 @@ test('events: newest first, deduplicated by seq, reset forgets all', () => {
   for (const seq of [1, 3, 2, 3]) {
     feed(model, event(seq, seq === 3 ? 'slice_down' : 'connect'));
   }
-  assert.deepEqual(model.events.map(e => e.seq), [3, 2, 1]);
+  assert.deepEqual(
+    model.events.map(e => e.seq),
+    [3, 2, 1]
+  );
   assert.equal(model.events[0].kind, 'slice_down');
   model.reset();
   assert.equal(model.events.length, 0);

@@ -153,8 +153,8 @@ test('requests encode with v, type, request_id and only their fields', () => {
   assert.deepEqual(encodeRequest({ type: 'ping' }, 'd'), { v: 1, type: 'ping', request_id: 'd' });
   assert.throws(() => encodeRequest({ type: 'subscribe', rate: 11 }, 'a'), ProtocolError);
   assert.throws(() => encodeRequest({ type: 'subscribe', rate: NaN }, 'a'), ProtocolError);
-  assert.throws(() => encodeRequest({ type: 'restore_slice', slice: 1.5 }, 'a'), ProtocolError);
-  assert.throws(() => encodeRequest({ type: 'restore_slice', slice: -1 }, 'a'), ProtocolError);
+  assert.throws(() => encodeRequest({ type: 'repair_slice', slice: 1.5 }, 'a'), ProtocolError);
+  assert.throws(() => encodeRequest({ type: 'repair_slice', slice: -1 }, 'a'), ProtocolError);
   assert.throws(() => encodeRequest({ type: 'ping' }, ''), ProtocolError);
   assert.throws(() => encodeRequest({ type: 'ping' }, 'x'.repeat(129)), ProtocolError);
 });

@@ -35,7 +35,7 @@ class Backend(abc.ABC):
 
     #: short name used in specs and status, e.g. ``"local"`` or ``"proxy"``.
     name: ClassVar[str]
-    #: whether ``fail_slice``/``restore_slice`` may be injected (emulators only).
+    #: whether ``fail_slice``/``repair_slice`` may be injected (emulators only).
     supports_fault_injection: ClassVar[bool] = False
     #: the log a backend reports connection lifecycle events to; set by the session.
     events: Any = None

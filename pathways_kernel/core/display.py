@@ -14,7 +14,7 @@ class TextDisplay:
         super().__init_subclass__(**kwargs)
         # IPython's printer prefers a class's own __repr__ (dataclasses write
         # one) to an inherited _repr_pretty_, so each subclass gets its own.
-        cls._repr_pretty_ = TextDisplay._repr_pretty_
+        cls._repr_pretty_ = TextDisplay._repr_pretty_  # type: ignore[method-assign]
 
     def to_text(self) -> str:
         raise NotImplementedError

@@ -31,9 +31,9 @@ TESTED_JAX = f">={TESTED_JAX_MIN},<{TESTED_JAX_BELOW}"
 def installed_versions() -> tuple[str, str]:
     """The installed ``(jax, jaxlib)`` versions."""
     import jax
-    import jaxlib
+    import jaxlib.version
 
-    return jax.__version__, str(jaxlib.__version__)
+    return jax.__version__, jaxlib.version.__version__
 
 
 def _release(version: str) -> tuple[int, ...]:
@@ -233,7 +233,7 @@ def install_dispatch_hooks(
             after_device_put(results)
             return results
 
-        pxla.ExecuteReplicated.__call__ = execute_replicated
+        pxla.ExecuteReplicated.__call__ = execute_replicated  # type: ignore[method-assign]
         pjit._get_fastpath_data = get_fastpath_data
         dispatch._batched_device_put_impl = batched_device_put
         _hooks_installed = True

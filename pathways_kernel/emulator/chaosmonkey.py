@@ -39,7 +39,7 @@ class ChaosEvent:
     """One scheduled transition, ``at`` seconds after chaos started."""
 
     at: float
-    action: str  # "fail" | "restore"
+    action: str  # "fail" | "repair"
     slice_index: int
 
 
@@ -111,7 +111,7 @@ def _schedule(
         else:
             up[index] = True
             next_at[index] = at + rng.expovariate(1 / mtbf)
-            yield ChaosEvent(at, "restore", index)
+            yield ChaosEvent(at, "repair", index)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,7 +216,7 @@ class Chaos:
                 if event.action == "fail":
                     injector.fail(event.slice_index, detail=f"chaos (seed {seed})")
                 else:
-                    injector.restore(event.slice_index, detail=f"chaos (seed {seed})")
+                    injector.repair(event.slice_index, detail=f"chaos (seed {seed})")
                 self.applied.append(event)
         except Exception as exc:  # noqa: BLE001  (a dying timer thread must say why)
             self.error = f"{type(exc).__name__}: {exc}"
@@ -254,7 +254,7 @@ def chaos_status() -> ChaosStatus:
 
 
 def chaos_off() -> ChaosStatus:
-    """Stop chaos; slices stay as they are (``restore_slice`` brings one back).
+    """Stop chaos; slices stay as they are (``repair_slice`` brings one back).
 
     Raises:
       NotSupportedError: the session's backend is not ``local``.

@@ -1,7 +1,7 @@
 """Fault injection on the embedded backend: lose a slice the way Pathways does.
 
 ``fail_slice(i)`` makes slice ``i`` of a ``local`` session behave like a slice
-that Pathways lost; ``restore_slice(i)`` brings it back empty. Other backends
+that Pathways lost; ``repair_slice(i)`` brings it back empty. Other backends
 refuse both (``NotSupportedError``): a real cluster loses slices by itself.
 So does a jax/jaxlib outside the range the mechanism was tested with
 (``jaxcompat.TESTED_JAX``): it rests on JAX internals, all of them in
@@ -32,7 +32,7 @@ at the first ``fail_slice``, do this:
   a slice is down, results with a shard on it get error buffers;
 - an executable touching a lost device is never given the C++ fast path, so
   it always passes through the hook above; the C++ dispatch caches are
-  cleared on each fail and restore so that nothing cached earlier bypasses it;
+  cleared on each fail and repair so that nothing cached earlier bypasses it;
 - ``jax.device_put``: putting a lost array anywhere raises ``DATA_LOSS`` at
   once (as the runtime does for any copy of it, including the no-op put onto
   its own sharding, and after the slice is back), and results placed on a
@@ -75,7 +75,7 @@ Limits
   the read is done (a ``float(loss)`` waiting on a long step: that long);
   ``fail_slice`` returns after ``_READ_WAIT_S`` and a thread of ours swaps
   the array's buffers when the read ends. Until then ``is_lost`` says False.
-- An array computed after ``restore_slice`` from a lost input is lost too, but
+- An array computed after ``repair_slice`` from a lost input is lost too, but
   the ``jit`` call returns before the error is known (asynchronous dispatch);
   ``is_lost`` waits for it.
 - Executables compiled ahead of time (``jit(f).lower(...).compile()``) and
@@ -408,10 +408,10 @@ def _clear_dispatch_caches() -> None:
 # -- the injector -------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class FaultReport(TextDisplay):
-    """What one ``fail_slice``/``restore_slice`` did."""
+    """What one ``fail_slice``/``repair_slice`` did."""
 
     slice_index: int
-    action: str  # "fail" | "restore"
+    action: str  # "fail" | "repair"
     changed: bool
     arrays: int = 0
     nbytes: int = 0
@@ -474,20 +474,20 @@ class FaultInjector:
             topology = self.session.topology
         return FaultReport(index, "fail", True, len(lost), sum(array.nbytes for array in lost), _up(topology))
 
-    def restore(self, index: int, detail: str = "repaired") -> FaultReport:
-        require_fault_injection(self.session, "restore_slice")
+    def repair(self, index: int, detail: str = "repaired") -> FaultReport:
+        require_fault_injection(self.session, "repair_slice")
         with self._lock:
             topology = self.session.topology
             target = _slice(topology, index)
             if target.up:
-                return FaultReport(index, "restore", False, slices_up=_up(topology))
+                return FaultReport(index, "repair", False, slices_up=_up(topology))
             self._down.pop(index, None)
             self._publish()
             _clear_dispatch_caches()
             self._move_default_device()
             self.session.set_slice_state(index, "up", detail=detail)
             topology = self.session.topology
-        return FaultReport(index, "restore", True, slices_up=_up(topology))
+        return FaultReport(index, "repair", True, slices_up=_up(topology))
 
     @property
     def down(self) -> tuple[int, ...]:
@@ -580,7 +580,7 @@ def fail_slice(index: int) -> FaultReport:
 
     Every array with a shard on it becomes unusable: each read raises
     ``jax.errors.JaxRuntimeError`` with ``DATA_LOSS``; new work placed on its
-    devices fails the same way until ``restore_slice``. Emits ``slice_down``.
+    devices fails the same way until ``repair_slice``. Emits ``slice_down``.
 
     Raises:
       NotSupportedError: the session's backend is not ``local``.
@@ -589,7 +589,7 @@ def fail_slice(index: int) -> FaultReport:
     return injector().fail(index)
 
 
-def restore_slice(index: int) -> FaultReport:
+def repair_slice(index: int) -> FaultReport:
     """Bring slice ``index`` back, empty: new arrays work on it, lost ones stay lost.
 
     Emits ``slice_up``.
@@ -598,7 +598,7 @@ def restore_slice(index: int) -> FaultReport:
       NotSupportedError: the session's backend is not ``local``.
       PathwaysError: no such slice.
     """
-    return injector().restore(index)
+    return injector().repair(index)
 
 
 def is_lost(array: Any, wait: bool = True) -> bool:

@@ -5,7 +5,7 @@ It is pathwaysutils' own check (``elastic.get_active_slice_indices``: a tiny
 ``is_error_due_to_slice_down``), given the session's slice map because CPU
 devices carry no ``slice_index``. On the embedded backend a slice lost with
 ``fail_slice`` fails it exactly as a lost Pathways slice does, until
-``restore_slice``.
+``repair_slice``.
 """
 
 from __future__ import annotations

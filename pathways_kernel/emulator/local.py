@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Callable, ClassVar, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
 
 from pathways_kernel.backends.base import Backend, Placement
 from pathways_kernel.core import jaxcompat
@@ -130,7 +131,7 @@ class LocalBackend(Backend):
     def slice_map(self) -> dict[Any, int]:
         """Device -> index of the slice it belongs to."""
         devices = self.devices()
-        return {device: p.slice_index for device, p in zip(devices, self.placements(devices))}
+        return {device: p.slice_index for device, p in zip(devices, self.placements(devices), strict=True)}
 
     def placements(self, devices: Sequence[Any]) -> list[Placement]:
         x, _, _ = self.ici_shape()

@@ -12,7 +12,7 @@ list goes to the original helper, unchanged.
 Slice health needs nothing more: pathwaysutils probes each slice with a
 ``pmap`` on its devices, and the fault hooks (``faults``) make that probe
 raise ``DATA_LOSS`` while the slice is down, so ``pw.fail_slice`` and
-``pw.restore_slice`` are seen by user code written the pathwaysutils way.
+``pw.repair_slice`` are seen by user code written the pathwaysutils way.
 
 Importing pathwaysutils costs ~0.7 s (it brings orbax), so activation does not
 import it: if it is not imported yet, an import hook puts the replacement in

@@ -31,7 +31,7 @@ class InjectorSlices:
         injector(self.session).fail(index, detail=detail)
 
     def up(self, index: int, detail: str) -> None:
-        injector(self.session).restore(index, detail=detail)
+        injector(self.session).repair(index, detail=detail)
 
 
 class SlurmBinding:

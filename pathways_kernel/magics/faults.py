@@ -22,12 +22,12 @@ def fail(shell: Any, args: Any, cell: str | None):
     return api.fail_slice(args.slice)
 
 
-@subcommand("restore")
-@magic_arguments(name="pathways restore")
+@subcommand("repair")
+@magic_arguments(name="pathways repair")
 @argument("slice", type=int, help="index of the slice to bring back")
-def restore(shell: Any, args: Any, cell: str | None):
+def repair(shell: Any, args: Any, cell: str | None):
     """Bring a lost slice back, empty (local backend): lost arrays stay lost."""
-    return api.restore_slice(args.slice)
+    return api.repair_slice(args.slice)
 
 
 @subcommand("chaos")

@@ -519,7 +519,7 @@ class MonitorServer:
     def _do_fail_slice(self, conn: Connection, request: protocol.Request) -> dict[str, Any]:
         return _set_slice(request.slice, "down")
 
-    def _do_restore_slice(self, conn: Connection, request: protocol.Request) -> dict[str, Any]:
+    def _do_repair_slice(self, conn: Connection, request: protocol.Request) -> dict[str, Any]:
         return _set_slice(request.slice, "up")
 
     def _do_chip_history(self, conn: Connection, request: protocol.Request) -> protocol.ChipHistory:
@@ -549,14 +549,14 @@ def _set_slice(index: int | None, state: str) -> dict[str, Any]:
     from pathways_kernel.core.sessions import session
 
     s = session()
-    what = "fail_slice" if state == "down" else "restore_slice"
+    what = "fail_slice" if state == "down" else "repair_slice"
     s.require_fault_injection(what)
     try:
         from pathways_kernel.emulator import faults
     except ImportError:
         faults = None
     if faults is not None:
-        report = faults.fail_slice(index) if state == "down" else faults.restore_slice(index)
+        report = faults.fail_slice(index) if state == "down" else faults.repair_slice(index)
         return {"slice": index, "changed": bool(report.changed)}
     return {"slice": index, "changed": s.set_slice_state(index, state, detail="from the monitor")}
 

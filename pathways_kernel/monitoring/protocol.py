@@ -44,7 +44,7 @@ REQUEST_FIELDS: dict[str, tuple[str, ...]] = {
     "subscribe": ("rate",),
     "ping": (),
     "fail_slice": ("slice",),
-    "restore_slice": ("slice",),
+    "repair_slice": ("slice",),
     "snapshot": (),
     "chip_history": ("start", "stop"),
 }
@@ -364,7 +364,7 @@ def decode_request(data: Any, buffers: Sequence[Any] = ()) -> Request:
             if not 0 <= rate <= MAX_RATE_HZ:
                 raise ProtocolError(f"subscribe: rate must be within [0, {MAX_RATE_HZ:g}] Hz, got {rate!r}")
             return Request(kind, request_id, rate=float(rate))
-        if kind in ("fail_slice", "restore_slice"):
+        if kind in ("fail_slice", "repair_slice"):
             return Request(kind, request_id, slice=_int(data, "slice", low=0, context=kind))
         if kind == "chip_history":
             start = _int(data, "start", low=0, context=kind)

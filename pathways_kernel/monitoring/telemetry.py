@@ -34,7 +34,8 @@ import dataclasses
 import threading
 import time
 import weakref
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -72,7 +73,7 @@ class Layout:
     up: np.ndarray  # bool [N]
 
     @classmethod
-    def of(cls, topology: Topology) -> "Layout":
+    def of(cls, topology: Topology) -> Layout:
         chips = topology.chips
         counts = np.array([len(s.chips) for s in topology.slices], np.int64)
         offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64) if len(counts) else counts
@@ -114,7 +115,7 @@ class MetricsSource(abc.ABC):
     def sample(self, layout: Layout) -> Sample:
         """Sample every chip of ``layout`` now (called on the hub thread)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, deliberately a no-op by default
         """Release what the source holds."""
 
 
@@ -186,9 +187,8 @@ class ClientSource(MetricsSource):
                 if key[0] not in shardings:
                     shardings[key[0]] = (sharding, self._positions(layout, sharding))
                 counts[key] += 1
-                if not array.is_ready():
-                    if not _mark_pending_shards(array, shardings[key[0]][1], busy):
-                        pending.add(key[0])
+                if not array.is_ready() and not _mark_pending_shards(array, shardings[key[0]][1], busy):
+                    pending.add(key[0])
             except Exception:  # an array of a lost slice raises DATA_LOSS on access
                 continue
         for sid in pending:
@@ -294,8 +294,16 @@ class Metrics:
         return int(self.memory.sum())
 
 
-def aggregate(layout: Layout, topology_seq: int, seq: int, source: str, window_s: float,
-              utilization: np.ndarray, memory: np.ndarray, memory_limit: np.ndarray | None) -> Metrics:
+def aggregate(
+    layout: Layout,
+    topology_seq: int,
+    seq: int,
+    source: str,
+    window_s: float,
+    utilization: np.ndarray,
+    memory: np.ndarray,
+    memory_limit: np.ndarray | None,
+) -> Metrics:
     """Zero the chips of down slices and sum/average by slice (``np.add.reduceat``)."""
     utilization = np.where(layout.up, utilization, 0.0).astype(np.float32)
     memory = np.where(layout.up, memory, 0).astype(np.int64)
@@ -327,11 +335,15 @@ def aggregate(layout: Layout, topology_seq: int, seq: int, source: str, window_s
 class Subscription:
     """One consumer of the hub; callbacks run on the hub thread and must not block."""
 
-    def __init__(self, hub: "TelemetryHub", rate: float,
-                 on_metrics: Callable[[Metrics], None] | None,
-                 on_event: Callable[[Event], None] | None,
-                 on_topology: Callable[[Topology, int], None] | None,
-                 on_close: Callable[[], None] | None):
+    def __init__(
+        self,
+        hub: TelemetryHub,
+        rate: float,
+        on_metrics: Callable[[Metrics], None] | None,
+        on_event: Callable[[Event], None] | None,
+        on_topology: Callable[[Topology, int], None] | None,
+        on_close: Callable[[], None] | None,
+    ):
         self.hub = hub
         self.rate = rate
         self.on_metrics = on_metrics
@@ -358,9 +370,14 @@ class Subscription:
 class TelemetryHub:
     """Samples the session's chips on a background thread while it has subscribers."""
 
-    def __init__(self, session: Any, source: MetricsSource | None = None,
-                 sample_hz: float = DEFAULT_SAMPLE_HZ, publish_hz: float = DEFAULT_PUBLISH_HZ,
-                 window_s: float = DEFAULT_WINDOW_S):
+    def __init__(
+        self,
+        session: Any,
+        source: MetricsSource | None = None,
+        sample_hz: float = DEFAULT_SAMPLE_HZ,
+        publish_hz: float = DEFAULT_PUBLISH_HZ,
+        window_s: float = DEFAULT_WINDOW_S,
+    ):
         self.session = session
         self.sample_hz = float(sample_hz)
         self.publish_hz = float(publish_hz)
@@ -388,8 +405,9 @@ class TelemetryHub:
         self.sample_cpu_s = 0.0
 
     # -- configuration --------------------------------------------------------
-    def configure(self, sample_hz: float | None = None, publish_hz: float | None = None,
-                  window_s: float | None = None) -> None:
+    def configure(
+        self, sample_hz: float | None = None, publish_hz: float | None = None, window_s: float | None = None
+    ) -> None:
         """Change rates; applies from the next sample."""
         with self._lock:
             if sample_hz is not None:
@@ -428,11 +446,14 @@ class TelemetryHub:
         return self._history
 
     # -- subscriptions --------------------------------------------------------
-    def subscribe(self, on_metrics: Callable[[Metrics], None] | None = None,
-                  on_event: Callable[[Event], None] | None = None,
-                  on_topology: Callable[[Topology, int], None] | None = None,
-                  on_close: Callable[[], None] | None = None,
-                  rate: float | None = None) -> Subscription:
+    def subscribe(
+        self,
+        on_metrics: Callable[[Metrics], None] | None = None,
+        on_event: Callable[[Event], None] | None = None,
+        on_topology: Callable[[Topology, int], None] | None = None,
+        on_close: Callable[[], None] | None = None,
+        rate: float | None = None,
+    ) -> Subscription:
         """Receive metrics at ``rate`` Hz (default: the hub's publish rate), events and topology changes."""
         sub = Subscription(self, self.publish_hz if rate is None else rate, on_metrics, on_event, on_topology, on_close)
         with self._lock:
@@ -531,8 +552,12 @@ class TelemetryHub:
         self._next_history = now + 1.0 / max(self.publish_hz, 1.0) - 0.5 / self.sample_hz
         history = self._history
         if history is None or history.chips != len(metrics.utilization) or history.slices != len(metrics.slices):
-            history = self._history = History(len(metrics.slices), len(metrics.utilization), self.publish_hz,
-                                              int(np.max(metrics.memory)) if len(metrics.memory) else 0)
+            history = self._history = History(
+                len(metrics.slices),
+                len(metrics.utilization),
+                self.publish_hz,
+                int(np.max(metrics.memory)) if len(metrics.memory) else 0,
+            )
         history.record(metrics)
 
     def _deliver_events(self, events: list[Event], subs: list[Subscription]) -> None:
@@ -568,8 +593,16 @@ class TelemetryHub:
             seq, topology_seq = self._seq, self._topology_seq
         memory = sample.memory if sample.memory is not None else np.zeros(layout.chips, np.int64)
         window = self._window_filled / self.sample_hz
-        metrics = aggregate(layout, topology_seq, seq, self._source.name, window, np.clip(utilization, 0, 1),
-                            memory, sample.memory_limit)
+        metrics = aggregate(
+            layout,
+            topology_seq,
+            seq,
+            self._source.name,
+            window,
+            np.clip(utilization, 0, 1),
+            memory,
+            sample.memory_limit,
+        )
         self._latest = metrics
         return metrics
 
@@ -608,7 +641,9 @@ def hub(session: Any = None) -> TelemetryHub:
     return session.component(TelemetryHub, make)
 
 
-def configure(sample_hz: float | None = None, publish_hz: float | None = None, window_s: float | None = None) -> TelemetryHub:
+def configure(
+    sample_hz: float | None = None, publish_hz: float | None = None, window_s: float | None = None
+) -> TelemetryHub:
     """Set the session hub's sampling rate, default publish rate and utilization window."""
     h = hub()
     h.configure(sample_hz, publish_hz, window_s)

@@ -28,7 +28,8 @@ import dataclasses
 import threading
 import time
 import weakref
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -74,7 +75,11 @@ class Leaf:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize if self.on_device else _nbytes(self._buffer.array)
+        return (
+            int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+            if self.on_device
+            else _nbytes(self._buffer.array)
+        )
 
     def _fill(self, buffer: np.ndarray) -> None:
         """Give the leaf a buffer the copier owns; it returns to the pool when the leaf dies."""
@@ -116,7 +121,13 @@ class Snapshot:
     """A host copy of a pytree, with each leaf's layout; see the module doc."""
 
     def __init__(
-        self, name: str, step: int | None, treedef: Any, leaves: list[Leaf], created: float | None = None, run: int | None = None,
+        self,
+        name: str,
+        step: int | None,
+        treedef: Any,
+        leaves: list[Leaf],
+        created: float | None = None,
+        run: int | None = None,
     ):
         self.name = name
         self.step = step
@@ -138,7 +149,7 @@ class Snapshot:
         """Whether the copy has finished successfully."""
         return self.done() and (self._future is None or self._future.exception() is None)
 
-    def wait(self, timeout: float | None = None) -> "Snapshot":
+    def wait(self, timeout: float | None = None) -> Snapshot:
         """Block until every byte is on the host; returns self.
 
         Raises whatever the copy raised (``JaxRuntimeError`` on lost data).
@@ -173,7 +184,7 @@ class Snapshot:
         name: str = DEFAULT_NAME,
         step: int | None = None,
         created: float | None = None,
-    ) -> "Snapshot":
+    ) -> Snapshot:
         """A done snapshot from host data (storage restore builds these).
 
         Args:
@@ -193,12 +204,16 @@ class Snapshot:
         else:
             flat_specs = jax.tree.leaves(specs, is_leaf=lambda s: s is None or isinstance(s, PartitionSpec))
         if len(flat_specs) != len(pairs):
-            raise PathwaysError(f"snapshot from host: {len(pairs)} leaves but {len(flat_specs)} specs; give one spec per leaf")
+            raise PathwaysError(
+                f"snapshot from host: {len(pairs)} leaves but {len(flat_specs)} specs; give one spec per leaf"
+            )
         axes = tuple(mesh_axes.items()) if isinstance(mesh_axes, dict) else tuple(tuple(a) for a in mesh_axes)
         leaves = []
-        for (path, value), spec in zip(pairs, flat_specs):
+        for (path, value), spec in zip(pairs, flat_specs, strict=True):
             host = np.asarray(value)
-            leaves.append(Leaf(jax.tree_util.keystr(path), host.shape, host.dtype, spec, axes if spec is not None else (), host))
+            leaves.append(
+                Leaf(jax.tree_util.keystr(path), host.shape, host.dtype, spec, axes if spec is not None else (), host)
+            )
         return cls(name, step, treedef, leaves, created)
 
     # -- display ------------------------------------------------------------
@@ -327,7 +342,7 @@ def _copy_all(snap: Snapshot, arrays: list[Any], on_done: Callable[[Snapshot], N
 def _copy_leaves(snap: Snapshot, arrays: list[Any]) -> None:
     _BUFFERS.recycle_dead()
     start = time.perf_counter()
-    for leaf, array in zip(snap.leaves, arrays):
+    for leaf, array in zip(snap.leaves, arrays, strict=True):
         if leaf.on_device:
             out = _BUFFERS.get(leaf.shape, leaf.dtype)
             _copy_array(array, out)
@@ -336,7 +351,10 @@ def _copy_leaves(snap: Snapshot, arrays: list[Any]) -> None:
 
 
 def take(
-    tree: Any, name: str = DEFAULT_NAME, step: int | None = None, on_done: Callable[[Snapshot], None] | None = None,
+    tree: Any,
+    name: str = DEFAULT_NAME,
+    step: int | None = None,
+    on_done: Callable[[Snapshot], None] | None = None,
     run: int | None = None,
 ) -> Snapshot:
     """Start copying ``tree`` to the host and return its pending ``Snapshot``.
@@ -355,10 +373,22 @@ def take(
             spec, axes = _layout(value)
             leaves.append(Leaf(key, tuple(value.shape), np.dtype(value.dtype), spec, axes))
         elif isinstance(value, jax.core.Tracer):
-            raise PathwaysError(f"cannot snapshot {key or 'a value'} inside a traced function (jit/grad); snapshot outside it")
+            raise PathwaysError(
+                f"cannot snapshot {key or 'a value'} inside a traced function (jit/grad); snapshot outside it"
+            )
         else:
             host = np.array(value, copy=True) if isinstance(value, np.ndarray) else value
-            leaves.append(Leaf(key, tuple(np.shape(value)), np.result_type(value) if _numeric(value) else np.dtype(object), None, (), host, on_device=False))
+            leaves.append(
+                Leaf(
+                    key,
+                    tuple(np.shape(value)),
+                    np.result_type(value) if _numeric(value) else np.dtype(object),
+                    None,
+                    (),
+                    host,
+                    on_device=False,
+                )
+            )
         arrays.append(value)
     snap = Snapshot(name, step, treedef, leaves, run=run)
     _BUFFERS.note_snapshot(snap.nbytes)
@@ -461,14 +491,18 @@ def restore(snap: Snapshot, mesh: Any = None, *, emit: bool = True, shardings: S
     device_idx = [i for i, leaf in enumerate(snap.leaves) if leaf.on_device]
     placed = jax.device_put([snap.leaves[i].host for i in device_idx], [shardings[i] for i in device_idx])
     values = [leaf.host for leaf in snap.leaves]
-    for i, array in zip(device_idx, placed):
+    for i, array in zip(device_idx, placed, strict=True):
         values[i] = array
     jax.block_until_ready(placed)
     duration = time.perf_counter() - start
     if emit:
         session().events.emit(
-            "restore", bytes=snap.nbytes, duration_s=duration, step=snap.step,
-            slices_after=_slices_of(mesh), detail=f"'{snap.name}' from {snap.age_s:.1f} s ago",
+            "restore",
+            bytes=snap.nbytes,
+            duration_s=duration,
+            step=snap.step,
+            slices_after=_slices_of(mesh),
+            detail=f"'{snap.name}' from {snap.age_s:.1f} s ago",
         )
     return jax.tree.unflatten(snap.treedef, values)
 
@@ -536,7 +570,10 @@ class SnapshotStore:
         self._file(snap)
         if self.events is not None:
             self.events.emit(
-                "snapshot", bytes=snap.nbytes, duration_s=snap.duration_s, step=snap.step,
+                "snapshot",
+                bytes=snap.nbytes,
+                duration_s=snap.duration_s,
+                step=snap.step,
                 detail=f"'{snap.name}' {count(len(snap.leaves), 'array')}, {_throughput(snap)}",
             )
 
@@ -595,7 +632,7 @@ class SnapshotStore:
         with self._lock:
             self._origins[variable] = Origin(variable, snap_name, run, tuple(group), arrays)
 
-    def origin(self, variable: str, value: Any) -> "Origin | None":
+    def origin(self, variable: str, value: Any) -> Origin | None:
         """The elastic run ``variable``'s current ``value`` came from, if it
         still holds the arrays that run left in it (reassigning it forgets
         the run: its snapshots are of some other value)."""
@@ -641,7 +678,11 @@ class Origin:
         import jax
 
         leaves = [leaf for leaf in jax.tree.leaves(value) if _is_device_array(leaf)]
-        return bool(leaves) and len(leaves) == len(self.arrays) and all(ref() is leaf for ref, leaf in zip(self.arrays, leaves, strict=True))
+        return (
+            bool(leaves)
+            and len(leaves) == len(self.arrays)
+            and all(ref() is leaf for ref, leaf in zip(self.arrays, leaves, strict=True))
+        )
 
 
 def _throughput(snap: Snapshot) -> str:
@@ -717,6 +758,8 @@ def snapshot_variables(names: Sequence[str] | None = None, step: int | None = No
     values = device_values(ns, names)
     missing = [n for n in names or () if n not in values]
     if missing:
-        raise NamespaceError(f"{', '.join(missing)} holds no jax array; only device arrays (or pytrees of them) are snapshotted")
+        raise NamespaceError(
+            f"{', '.join(missing)} holds no jax array; only device arrays (or pytrees of them) are snapshotted"
+        )
     st = store()
     return [st.snap(value, name, step) for name, value in values.items()]

@@ -414,7 +414,7 @@ class Elastic:
                     if not self.retry_policy(failures, error):
                         raise ElasticError(
                             f"elastic '{self.name}' gave up after {count(failures, 'consecutive slice loss')} at step {step}; "
-                            f"restore the slices (%pathways restore N) and run it again, or raise --max-retries"
+                            f"restore the slices (%pathways repair N) and run it again, or raise --max-retries"
                         ) from error
                     recover, scale_up = True, False
                     if failures > 1:
@@ -457,11 +457,15 @@ class Elastic:
                     with jax.default_device(default) if default is not None else contextlib.nullcontext():
                         self.prepare(fallback)
                 except Exception as error:  # noqa: BLE001  (a failed warm-up only costs a compile later)
-                    s.events.emit("compile", detail=f"'{self.name}' prepare for losing slice {lost} failed: {_reason(error)}")
+                    s.events.emit(
+                        "compile", detail=f"'{self.name}' prepare for losing slice {lost} failed: {_reason(error)}"
+                    )
                     continue
                 s.events.emit(
-                    "compile", duration_s=time.perf_counter() - start,
-                    slices_after=_mesh_slices(s, fallback), detail=f"'{self.name}' prepared for losing slice {lost}",
+                    "compile",
+                    duration_s=time.perf_counter() - start,
+                    slices_after=_mesh_slices(s, fallback),
+                    detail=f"'{self.name}' prepared for losing slice {lost}",
                 )
             self.prepared.set()
 
@@ -494,14 +498,23 @@ class Elastic:
         duration = time.perf_counter() - start
         nbytes = _tree_nbytes(state)
         s.events.emit("scale_up", slices_before=before, slices_after=after, step=step, duration_s=duration)
-        s.events.emit("reshard", slices_before=before, slices_after=after, bytes=nbytes, duration_s=duration, step=step, detail=f"'{self.name}' live state")
+        s.events.emit(
+            "reshard",
+            slices_before=before,
+            slices_after=after,
+            bytes=nbytes,
+            duration_s=duration,
+            step=step,
+            detail=f"'{self.name}' live state",
+        )
         report.scale_ups += 1
         _hooks(s).notify(step, new_mesh)
         return new_mesh, state
 
     def _nothing_to_restore(self, lost_at_start: bool) -> ElasticError:
         when = (
-            "it was already lost when the run began" if lost_at_start
+            "it was already lost when the run began"
+            if lost_at_start
             else "the session's snapshot store dropped this run's snapshots (max_bytes too small?)"
         )
         label = self.state_label
@@ -511,8 +524,16 @@ class Elastic:
         )
 
     def _recover(
-        self, s: Session, watch: _SliceWatch, mesh: Any, state: Any, step: int, store: Any, snap_name: str,
-        first: snapshots.Snapshot | None, report: RunReport,
+        self,
+        s: Session,
+        watch: _SliceWatch,
+        mesh: Any,
+        state: Any,
+        step: int,
+        store: Any,
+        snap_name: str,
+        first: snapshots.Snapshot | None,
+        report: RunReport,
     ):
         """Go on with the live slices: move the state if none of it was lost,
         else roll back to this run's newest snapshot (``first``: the run's
@@ -548,8 +569,13 @@ class Elastic:
             resumed, how = snap.step, f"snapshot of step {snap.step}"
         duration = time.perf_counter() - start
         s.events.emit(
-            "reshard", slices_before=before, slices_after=after, bytes=_tree_nbytes(state),
-            duration_s=duration, step=resumed, detail=f"'{self.name}' from {how}",
+            "reshard",
+            slices_before=before,
+            slices_after=after,
+            bytes=_tree_nbytes(state),
+            duration_s=duration,
+            step=resumed,
+            detail=f"'{self.name}' from {how}",
         )
         report.recoveries.append(Rollback(step, resumed, before, after, duration))
         _hooks(s).notify(resumed, new_mesh)
@@ -560,7 +586,9 @@ class Elastic:
         while not s.topology.up_slices:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise ElasticError(f"elastic '{self.name}': no slice came back within {self.wait_s:.0f} s; restore one and rerun")
+                raise ElasticError(
+                    f"elastic '{self.name}': no slice came back within {self.wait_s:.0f} s; restore one and rerun"
+                )
             watch.up.wait(left)
             watch.up.clear()
 
@@ -658,4 +686,14 @@ def elastic(
 elastic.abstract = abstract  # type: ignore[attr-defined]
 
 
-__all__ = ["Elastic", "ElasticError", "RunReport", "Rollback", "abstract", "check_count", "check_steps", "elastic", "on_restore"]
+__all__ = [
+    "Elastic",
+    "ElasticError",
+    "RunReport",
+    "Rollback",
+    "abstract",
+    "check_count",
+    "check_steps",
+    "elastic",
+    "on_restore",
+]
