@@ -528,9 +528,10 @@ def test_chips_read_by_keyboard_and_everything_is_labelled(page, server):
     assert "global chip 2 of 8" in readout.inner_text() and "coordinates (0, 1, 0)" in readout.inner_text()
     assert canvas.get_attribute("data-focus") == "2"
 
-    label = page.locator(
-        f"{PANEL} .jp-PathwaysPanel-slice[data-slice='0'] canvas.jp-PathwaysPanel-spark"
-    ).get_attribute("aria-label")
+    spark = page.locator(f"{PANEL} .jp-PathwaysPanel-slice[data-slice='0'] canvas.jp-PathwaysPanel-spark")
+    # "now –" until the first metrics frame reaches the page; then the current value.
+    spark.and_(page.locator("[aria-label$='%']")).wait_for(timeout=30_000)
+    label = spark.get_attribute("aria-label")
     assert label.startswith("slice 0 utilization, last 5 minutes: now ") and label.endswith("%"), label
     title = page.locator(f"{PANEL} .jp-PathwaysPanel-sectionTitle", has_text="Slices").get_attribute("title")
     assert title == (
