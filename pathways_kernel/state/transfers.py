@@ -73,16 +73,13 @@ class Transfer:
         try:
             result = job(self)
         except BaseException as exc:
-            self.duration_s = time.perf_counter() - start
-            self._checked.set()
-            if self.events is not None:
-                self.events.emit(
-                    "transfer",
-                    bytes=self.done_bytes,
-                    duration_s=self.duration_s,
-                    detail=f"{self.kind} {self.what} FAILED: {one_line(exc)}",
-                )
+            self._finish(start, f"FAILED: {one_line(exc)}")
             raise
+        self._finish(start, f"({self.throughput()})")
+        return result
+
+    def _finish(self, start: float, outcome: str) -> None:
+        """Record the duration, release waiters on the check, emit the ``transfer`` event."""
         self.duration_s = time.perf_counter() - start
         self._checked.set()
         if self.events is not None:
@@ -90,9 +87,8 @@ class Transfer:
                 "transfer",
                 bytes=self.done_bytes,
                 duration_s=self.duration_s,
-                detail=f"{self.kind} {self.what} ({self.throughput()})",
+                detail=f"{self.kind} {self.what} {outcome}",
             )
-        return result
 
     # -- caller side ----------------------------------------------------------
     def wait_checked(self, timeout: float) -> None:
