@@ -14,13 +14,13 @@ from pathlib import Path
 
 import lab as labtools
 import pytest
+from test_browser import ARTIFACTS, run_until
 
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.skipif(labtools.missing() is not None, reason=labtools.missing() or ""),
 ]
 
-ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 TAB = "#pathways-xprof"
 
 SETUP = """import jax, jax.numpy as jnp
@@ -80,20 +80,8 @@ def test_open_in_xprof_shows_the_captured_run_and_its_trace(page, server):
     page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(timeout=90_000)
     # Not awaited: the command's promise settles only when every cell has run.
     run_all = "() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }"
-    page.evaluate(run_all)
     button = page.locator(".jp-OutputArea-output a.pathways-open-xprof", has_text="Open in XProf")
-    # JupyterLab sometimes still asks which kernel the notebook's "pathways" is,
-    # and runs nothing meanwhile: take it and run the cells again.
-    select = page.locator(".jp-Dialog .jp-mod-accept", has_text="Select")
-    for _ in range(240):  # 120 s
-        if button.is_visible():
-            break
-        if select.is_visible():
-            select.click()
-            page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(timeout=90_000)
-            page.evaluate(run_all)
-        page.wait_for_timeout(500)
-    button.wait_for(timeout=1_000)
+    run_until(page, lambda: page.evaluate(run_all), button, seconds=120, artifact="xprof-failure.png")
     summary = page.locator(".jp-OutputArea-output .pathways-profile").inner_text()
     assert "profile loop" in summary and "jit_train_step" in summary, summary
     run = button.get_attribute("data-pathways-xprof-run")

@@ -12,7 +12,7 @@ import lab as labtools
 import nbformat
 import pytest
 from nbconvert import HTMLExporter
-from test_browser import ARTIFACTS, KERNEL_STATUS, open_notebook
+from test_browser import ARTIFACTS, KERNEL_STATUS, open_notebook, run_until
 
 pytestmark = [
     pytest.mark.browser,
@@ -71,25 +71,8 @@ def test_progress_under_the_cell_live_then_saved_and_rendered_by_nbconvert(page,
     open_notebook(page, server, "progress.ipynb")
     # Not awaited: the command's promise settles only when every cell has run.
     run_all = "() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }"
-    page.evaluate(run_all)
     live = page.locator(PROGRESS).first
-    # JupyterLab sometimes still asks which kernel the notebook's "pathways" is,
-    # and runs nothing meanwhile: take it and run the cells again.
-    select = page.locator(".jp-Dialog .jp-mod-accept", has_text="Select")
-    for _ in range(360):  # 180 s: a loaded machine starts kernels slowly
-        if live.is_visible():
-            break
-        if select.is_visible():
-            select.click()
-            page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(timeout=90_000)
-            page.evaluate(run_all)
-        page.wait_for_timeout(500)
-    try:
-        live.wait_for(timeout=1_000)
-    except Exception:
-        ARTIFACTS.mkdir(exist_ok=True)
-        page.screenshot(path=str(ARTIFACTS / "cell-progress-failure.png"))
-        raise
+    run_until(page, lambda: page.evaluate(run_all), live, artifact="cell-progress-failure.png")
     # The view's updates must not change what JupyterLab says of the kernel: sampled
     # every 250 ms until the static summary replaces the view (the run is over then).
     page.evaluate(

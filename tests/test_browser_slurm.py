@@ -11,31 +11,12 @@ import re
 import lab as labtools
 import pytest
 from slurm import slurm_cluster  # noqa: F401  (the `slurm` fixture)
-from test_browser import PANEL, open_monitor, open_notebook
+from test_browser import PANEL, open_monitor, open_notebook, run_first_cell
 
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.skipif(labtools.missing() is not None, reason=labtools.missing() or ""),
 ]
-
-
-def run_bind_cell(page) -> None:
-    page.locator(".jp-Notebook .jp-Cell .jp-InputArea-editor").first.click()
-    page.keyboard.press("Shift+Enter")
-    bound = page.locator(".jp-OutputArea-output", has_text="bound").first
-    # JupyterLab sometimes still asks which kernel the notebook's "pathways" is,
-    # and runs nothing meanwhile: take it and run the cell again (as tests/test_browser_progress.py does).
-    select = page.locator(".jp-Dialog .jp-mod-accept", has_text="Select")
-    for _ in range(180):
-        if bound.is_visible():
-            return
-        if select.is_visible():
-            select.click()
-            page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(timeout=90_000)
-            page.locator(".jp-Notebook .jp-Cell .jp-InputArea-editor").first.click()
-            page.keyboard.press("Control+Enter")
-        page.wait_for_timeout(500)
-    bound.wait_for(timeout=1_000)
 
 
 def test_the_panel_header_shows_the_slurm_job_and_its_time_left(slurm, tmp_path_factory):
@@ -50,7 +31,7 @@ def test_the_panel_header_shows_the_slurm_job_and_its_time_left(slurm, tmp_path_
                 page = context.new_page()
                 page.set_default_timeout(60_000)
                 open_notebook(page, lab, "slurm.ipynb")
-                run_bind_cell(page)
+                run_first_cell(page, "bound")
                 open_monitor(page)
                 target = page.locator(f"{PANEL} [data-field='target'] .jp-PathwaysPanel-headerValue")
                 page.wait_for_function(
