@@ -115,7 +115,8 @@ def arrays_being_read() -> set[int]:
     fully-replicated shard) are busy.
     """
     array_type: Any = concrete_array_type()
-    busy: set[int] = set()
+    with _host_reads_lock:
+        busy: set[int] = set(_host_reads)
     me = threading.get_ident()
     for ident, top in sys._current_frames().items():
         frame: FrameType | None = top
@@ -237,6 +238,63 @@ def install_dispatch_hooks(
         pjit._get_fastpath_data = get_fastpath_data
         dispatch._batched_device_put_impl = batched_device_put
         _hooks_installed = True
+
+
+# -- host reads ------------------------------------------------------------------
+#: ``id`` -> count of the arrays some thread is copying to the host now, through
+#: ``ArrayImpl._single_device_array_to_np_array_did_copy`` (see ``install_host_read_guard``).
+_host_reads: dict[int, int] = {}
+#: Held to register a read, and by a swap across its check and the swap itself.
+_host_reads_lock = threading.RLock()
+_host_read_guard_installed = False
+
+
+def install_host_read_guard() -> None:
+    """Register every host read of a per-device array while it runs (once per process).
+
+    ``ArrayImpl._value`` (``np.asarray``, ``jax.device_get``, printing) copies
+    each shard with the C++ method ``_single_device_array_to_np_array_did_copy``,
+    which waits for the buffer without the GIL while using the array's host-value
+    state; ``_replace_with`` on another thread meanwhile resets that state and
+    jaxlib aborts (``Check failed: buffer != nullptr``). The method is wrapped
+    here: the array (and, if it is fully replicated, the shard the copy reads)
+    is registered under ``_host_reads_lock`` for the duration, and
+    ``no_new_host_reads`` lets a swap check and swap with no read starting.
+    """
+    global _host_read_guard_installed
+    with _hooks_lock:
+        if _host_read_guard_installed:
+            return
+        array_type: Any = concrete_array_type()
+        read = array_type._single_device_array_to_np_array_did_copy
+
+        def guarded_read(self: Any) -> Any:
+            ids = [id(self)]
+            if not self.is_deleted() and self.is_fully_replicated:
+                ids.append(id(self._fully_replicated_shard()))
+            with _host_reads_lock:
+                for ident in ids:
+                    _host_reads[ident] = _host_reads.get(ident, 0) + 1
+            try:
+                return read(self)
+            finally:
+                with _host_reads_lock:
+                    for ident in ids:
+                        left = _host_reads[ident] - 1
+                        if left:
+                            _host_reads[ident] = left
+                        else:
+                            del _host_reads[ident]
+
+        guarded_read.__name__ = guarded_read.__qualname__ = "_single_device_array_to_np_array_did_copy"
+        guarded_read.__doc__ = read.__doc__
+        array_type._single_device_array_to_np_array_did_copy = guarded_read
+        _host_read_guard_installed = True
+
+
+def no_new_host_reads() -> Any:
+    """Hold while checking ``arrays_being_read`` and swapping: no guarded read starts meanwhile."""
+    return _host_reads_lock
 
 
 def clear_dispatch_caches() -> None:

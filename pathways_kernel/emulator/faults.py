@@ -50,7 +50,9 @@ Losing a slice from another thread (chaos, a monitor request) while the
 notebook or a snapshot thread reads an array is safe: jaxlib keeps pointers
 into an array while it waits without the GIL, so each swap waits until no
 other thread is in a host read of that array (``jaxcompat.arrays_being_read``,
-checked right before the swap), and the old buffers stay alive, for C++ paths
+checked right before the swap; the per-shard copy behind ``np.asarray`` and
+``jax.device_get`` registers itself while it runs, ``install_host_read_guard``,
+and none starts during a check and its swap), and the old buffers stay alive, for C++ paths
 with no frame of ours (numpy's buffer protocol), until they are ready and
 every other thread that was not idle at the swap has moved on from where it
 was (``_GRACE_S`` at most). Without these guards, both races crash the process.
@@ -247,15 +249,18 @@ def _swap_unread(pending: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
     interval = sys.getswitchinterval()
     sys.setswitchinterval(_NO_SWITCH_S)
     try:
-        for array, error in pending:
-            if array.is_deleted():
-                continue
-            # Looked up again for each array, right before its swap: another
-            # thread may have started reading it during the previous swaps.
-            if id(array) in jaxcompat.arrays_being_read():
-                waiting.append((array, error))
-            else:
-                jaxcompat.replace_buffers(array, error)
+        # No guarded host read (np.asarray, device_get: jaxcompat.install_host_read_guard)
+        # starts while a check and its swap run, even where jaxlib releases the GIL.
+        with jaxcompat.no_new_host_reads():
+            for array, error in pending:
+                if array.is_deleted():
+                    continue
+                # Looked up again for each array, right before its swap: another
+                # thread may have started reading it during the previous swaps.
+                if id(array) in jaxcompat.arrays_being_read():
+                    waiting.append((array, error))
+                else:
+                    jaxcompat.replace_buffers(array, error)
     finally:
         sys.setswitchinterval(interval)
     return waiting
@@ -397,6 +402,7 @@ def _after_device_put(results: Any) -> None:
 def _install_hooks() -> None:
     """Install the three dispatch hooks (once per process); see the module doc."""
     jaxcompat.install_dispatch_hooks(_on_execute, _skip_fastpath, _before_device_put, _after_device_put)
+    jaxcompat.install_host_read_guard()
 
 
 def _clear_dispatch_caches() -> None:
