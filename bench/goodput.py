@@ -219,7 +219,7 @@ def main() -> None:
                     raise manager.ScaleUpSignalError
                 account.step_begin(step)
                 state, _loss = train_step(state, *batch(step, mesh))
-                account.step_end()
+                account.step_end(state)  # as the elastic loop does: the ledger treats all alike
                 step += 1
                 if step % args.snapshot_every == 0:
                     snapshot(step, state)
@@ -252,7 +252,7 @@ def main() -> None:
                             raise TimeUp
                         account.step_begin(step)
                         state, loss = train_step(state, *batch(step, mesh))
-                        account.step_end()
+                        account.step_end(state)  # as the elastic loop does: the ledger treats all alike
                         step += 1
                         if step % args.snapshot_every == 0:
                             # Read the loss, as a loop logging it does.

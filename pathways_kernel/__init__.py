@@ -49,6 +49,7 @@ from pathways_kernel.state.storage import list_snapshots as snapshots_list
 from pathways_kernel.state.storage import persist, restore
 from pathways_kernel.training.elastic_loop import ElasticError, elastic, on_restore
 from pathways_kernel.training.goodput import flops, goodput
+from pathways_kernel.training.goodput_logging import cloud_logging as goodput_cloud_logging
 from pathways_kernel.training.metrics import log
 from pathways_kernel.training.steps import steps
 
@@ -76,6 +77,7 @@ __all__ = [
     "ElasticError",
     "on_restore",
     "goodput",
+    "goodput_cloud_logging",
     "flops",
     "steps",
     "log",

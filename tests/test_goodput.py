@@ -259,3 +259,119 @@ def test_a_checkpoint_save_inside_a_loop_counts_as_checkpoint_save(tmp_path):
     report = pw.goodput("checkpoints")
     assert "checkpoint_save" in present(report.seconds)
     absent_but(report.seconds, "checkpoint_save", "compile", "snapshot_stall")
+
+
+# -- Cloud Logging, opt-in on Pathways on GKE -------------------------------------
+@pytest.fixture
+def proxy_session():
+    """A session on the proxy backend, never connected: no Pathways proxy can run here."""
+    from pathways_kernel.backends.proxy import ProxyBackend
+    from pathways_kernel.core.sessions import Session
+
+    return Session(ProxyBackend.from_spec("grpc://127.0.0.1:1"))
+
+
+class CloudLoggingStandIn:
+    """Stands in for the library's ``_CloudLogger``: Cloud Logging cannot run here.
+    Keeps what it is given, filtered by job name as the library's writer is."""
+
+    made: list[CloudLoggingStandIn] = []
+
+    def __init__(self, job_name: str, log_name: str):
+        self.job_name, self.log_name, self.entries = job_name, log_name, []
+        self.project_id = "test-project"
+        CloudLoggingStandIn.made.append(self)
+
+    def write_cloud_logging_entry(self, entry):
+        if entry["job_name"] == self.job_name:
+            self.entries.append(entry)
+
+
+def test_cloud_logging_is_refused_on_the_embedded_backend_and_bad_job_names_in_one_line(local_session, proxy_session):
+    from pathways_kernel.core.errors import NotSupportedError, PathwaysError
+
+    with pytest.raises(NotSupportedError, match=r"^Cloud Logging of goodput is for Pathways on GKE .* runs local:2x4"):
+        pw.goodput_cloud_logging("my-job")
+    for bad in ["", " ", "-job", "a" * 64, "my job", "job/1", "ü", 7, float("nan")]:
+        with pytest.raises(PathwaysError, match=r"^goodput job name must be 1-63 letters") as caught:
+            pw.goodput_cloud_logging(bad, session=proxy_session, logger_factory=CloudLoggingStandIn)
+        assert "\n" not in str(caught.value)
+    assert "off" in pw.goodput_cloud_logging(None, session=proxy_session)
+
+
+def test_cloud_logging_without_credentials_is_one_line_and_quick(proxy_session, monkeypatch, tmp_path):
+    """The library's real writer, with no credentials anywhere (the metadata server
+    looked up on 127.0.0.1:9, where nothing listens)."""
+    from pathways_kernel.core.errors import PathwaysError
+
+    for name in ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT", "GCLOUD_PROJECT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path))
+    monkeypatch.setenv("GCE_METADATA_HOST", "127.0.0.1:9")
+    monkeypatch.setenv("GCE_METADATA_IP", "127.0.0.1:9")
+    started = time.perf_counter()
+    with pytest.raises(
+        PathwaysError, match=r"^no Google Cloud credentials for Cloud Logging: on GKE use Workload Identity"
+    ):
+        pw.goodput_cloud_logging("my-job", session=proxy_session)
+    assert time.perf_counter() - started < 5
+
+
+def test_cloud_logging_writes_each_new_run_as_a_job_of_its_own_until_turned_off(proxy_session):
+    CloudLoggingStandIn.made.clear()
+    said = pw.goodput_cloud_logging("exp1", session=proxy_session, logger_factory=CloudLoggingStandIn)
+    assert (
+        said
+        == "goodput: new runs also write to Cloud Logging in project test-project, log goodput_exp1, job exp1-<run>-<n>"
+    )
+    for _ in range(2):
+        account = goodput.begin("train loop", "steps", proxy_session)
+        with account.spent("data_wait"):
+            time.sleep(0.01)
+        account.end()
+    writers = [w for w in CloudLoggingStandIn.made if not w.job_name.endswith("-check")]
+    assert [w.job_name for w in writers] == ["exp1-train-loop-1", "exp1-train-loop-2"]
+    assert {w.log_name for w in writers} == {"goodput_exp1"}
+    # What went to Cloud Logging is what the run's own log holds, so the figures agree.
+    assert writers[-1].entries == account._field.log.entries
+    kinds = {k for e in writers[-1].entries for k in e if k != "job_name"}
+    assert {"job_start_time", "job_end_time", "custom_badput_event_type"} <= kinds, kinds
+    pw.goodput_cloud_logging(None, session=proxy_session)
+    account = goodput.begin("after", "steps", proxy_session)
+    account.end()
+    assert len([w for w in CloudLoggingStandIn.made if not w.job_name.endswith("-check")]) == 2
+
+
+def test_loop_overhead_while_the_device_still_computes_the_step_is_not_badput(local_session):
+    """Steps return once dispatched: the loop's own work after one ran while the
+    device computed it, and only what remains once the step is done is overhead."""
+
+    @jax.jit
+    def slow(x):
+        for _ in range(12):
+            x = jnp.tanh(x @ x)
+        return x
+
+    x = jnp.ones((1024, 1024), jnp.float32) * 1e-3
+    slow(x).block_until_ready()  # compiled
+    busy = goodput.begin("overlap", "steps", local_session)
+    busy.step_begin(0)
+    out = slow(x)
+    busy.step_end(out)
+    assert not out.is_ready(), "the step must still be computing for this test to mean anything"
+    time.sleep(0.03)  # the loop's own work, with the device busy
+    assert not out.is_ready()
+    busy.step_begin(1)
+    busy.step_end(None)
+    busy.end()
+    assert busy.seconds[goodput.OTHER] < ABSENT_S, busy.seconds
+
+    done = goodput.begin("no-overlap", "steps", local_session)
+    done.step_begin(0)
+    out = slow(x).block_until_ready()
+    done.step_end(out)
+    time.sleep(0.03)  # the same work, with the device idle
+    done.step_begin(1)
+    done.step_end(None)
+    done.end()
+    assert done.seconds[goodput.OTHER] >= 0.03, done.seconds

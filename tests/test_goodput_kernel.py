@@ -55,3 +55,13 @@ time.sleep(0.01)
     missing = kernel.run("%pathways goodput --run nope")
     assert "PathwaysError: no run named 'nope'" in missing.error
     assert "Traceback" not in missing.error
+
+
+def test_goodput_cloud_logging_from_the_magic_is_refused_on_the_embedded_backend_in_one_line(kernel):
+    reply = kernel.run("%pathways goodput --cloud-logging my-job")
+    assert "Cloud Logging of goodput is for Pathways on GKE" in reply.error, reply.error
+    assert "Traceback" not in reply.error and len(reply.error.strip().splitlines()) == 1
+    off = kernel.run("%pathways goodput --cloud-logging off")
+    assert off.status == "ok" and "Cloud Logging off" in off.text
+    shown = kernel.run("%pathways goodput --help")
+    assert "--cloud-logging JOB|off" in shown.text

@@ -8,6 +8,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from pathways_kernel.magics import subcommand
 from pathways_kernel.training import goodput as accounting
+from pathways_kernel.training.goodput_logging import cloud_logging
 
 
 @subcommand("goodput")
@@ -16,8 +17,18 @@ from pathways_kernel.training import goodput as accounting
     "--run", default=None, help="one run by name (default: every run of the session, and the notebook's idle time)"
 )
 @argument("--no-field", action="store_true", help="skip ml-goodput-measurement's own figure for each run")
+@argument(
+    "--cloud-logging",
+    metavar="JOB|off",
+    default=None,
+    help="Pathways on GKE: new runs also write their goodput log to Cloud Logging as job JOB-<run>-<n>; 'off' stops",
+)
 def goodput(shell: Any, args: Any, cell: str | None):
     """Goodput and badput by cause, per run and for the session; MFU where the step's FLOPs are known."""
+    if args.cloud_logging is not None:
+        job = None if args.cloud_logging == "off" else args.cloud_logging
+        print(cloud_logging(job))
+        return None
     return accounting.goodput(args.run, field=not args.no_field)
 
 

@@ -146,7 +146,7 @@ class Account:
         self._chips: int | None = None
         self._chip_seconds = 0.0
         self._unsubscribe = session.events.subscribe(self._on_event)
-        self._field = _FieldLog(name)
+        self._field = _FieldLog(name, session)
         self.started = time.time()
         self._since = self._began = time.perf_counter()
         self._field.job_start()
@@ -218,11 +218,16 @@ class Account:
     @contextlib.contextmanager
     def snapshot_wait(self) -> Iterator[None]:
         source, self._source = self._source, None
-        if source is not None:
+        had_source = source is not None
+        if had_source:
             import jax
 
             with self.computing():
                 jax.block_until_ready(source)
+                # Let go of it now: the copy holds what it still needs, and its
+                # buffers are freed by whoever drops them last (often the copy
+                # thread), not by this loop at the end of the wait.
+                del source
         # The loop waits on a snapshot with the next step already dispatched: if
         # that step is still computing when the wait ends, the device was busy
         # all along and the wait stalled nothing. (If it is done, when it got
@@ -231,7 +236,7 @@ class Account:
         with self.spent("snapshot_stall"):
             yield
         waited = time.perf_counter() - started
-        busy = waited if source is not None and self._output is not None and not _is_ready(self._output) else 0.0
+        busy = waited if had_source and self._output is not None and not _is_ready(self._output) else 0.0
         if busy > 0:
             with self._lock:
                 self.seconds["snapshot_stall"] -= busy
@@ -241,6 +246,7 @@ class Account:
 
     # -- steps ----------------------------------------------------------------
     def step_begin(self, step: int) -> None:
+        self._credit_overlap()
         self._switch(PRODUCTIVE)
         self._open_step, self._open_productive = step, 0.0
         self._field.step(step)
@@ -262,6 +268,24 @@ class Account:
             self.steps += 1
             self._open_step = None
             self._recovering = False
+
+    def _credit_overlap(self) -> None:
+        """The loop's own work since the last step ended ran while the device was
+        still computing that step (steps return once dispatched): if the step is
+        still computing now, the device idled for none of it, and the time is
+        that step's, as a wait for it at a sync point would be."""
+        output = self._output
+        if output is None or self._state != OTHER or _is_ready(output):
+            return
+        with self._lock:
+            if self._state != OTHER:
+                return
+            before = self.seconds[PRODUCTIVE]
+            self._state = PRODUCTIVE
+            self._close_segment(time.perf_counter())
+            self._state = OTHER
+            if self._done and self._open_step is None:
+                self._done[next(reversed(self._done))] += self.seconds[PRODUCTIVE] - before
 
     # -- losses ---------------------------------------------------------------
     def recovery_begin(self) -> None:
@@ -804,14 +828,35 @@ class _MemoryLog:
         return entries, last
 
 
-class _FieldLog:
-    """One run recorded through ``ElasticGoodputRecorder`` into a ``_MemoryLog``."""
+class _TeeLog(_MemoryLog):
+    """The in-memory log, each entry also written to Cloud Logging (``goodput_logging``)."""
 
-    def __init__(self, name: str):
+    def __init__(self, job_name: str, cloud: Any):
+        super().__init__(job_name)
+        self.cloud = cloud
+
+    def write_cloud_logging_entry(self, entry: dict[str, Any]) -> None:
+        super().write_cloud_logging_entry(entry)
+        with contextlib.suppress(Exception):  # an upload problem is never the run's
+            self.cloud.write_cloud_logging_entry(entry)
+
+
+class _FieldLog:
+    """One run recorded through ``ElasticGoodputRecorder`` into a ``_MemoryLog``
+    (and to Cloud Logging when the session opted in: ``goodput_logging``)."""
+
+    def __init__(self, name: str, session: Any = None):
         from ml_goodput_measurement.src.goodput_elastic import ElasticGoodputRecorder
 
-        self.job_name = f"{name}-{id(self):x}"
-        self.log = _MemoryLog(self.job_name)
+        from pathways_kernel.training.goodput_logging import CloudLogging
+
+        cloud = session.component(CloudLogging).for_run(name) if session is not None else None
+        if cloud is None:
+            self.job_name = f"{name}-{id(self):x}"
+            self.log = _MemoryLog(self.job_name)
+        else:
+            self.job_name = cloud[0]
+            self.log = _TeeLog(self.job_name, cloud[1])
         self.recorder = ElasticGoodputRecorder(
             self.job_name, "pathways-kernel", logging_enabled=True, cloud_logger=self.log
         )
