@@ -12,6 +12,7 @@ has one (``jax.experimental.transfer.make_error_array``,
 from __future__ import annotations
 
 import functools
+import gc
 import linecache
 import os
 import re
@@ -117,20 +118,40 @@ def arrays_being_read() -> set[int]:
     array_type: Any = concrete_array_type()
     with _host_reads_lock:
         busy: set[int] = set(_host_reads)
-    me = threading.get_ident()
-    for ident, top in sys._current_frames().items():
-        frame: FrameType | None = top
-        while frame is not None and ident != me:
-            if frame.f_code.co_filename.endswith(_ARRAY_MODULE):
-                owner: Any = frame.f_locals.get("self")
-                if isinstance(owner, array_type):
-                    busy.add(id(owner))
-                    if not owner.is_deleted():
-                        busy.update(id(a) for a in owner._arrays)
-                        if owner.is_fully_replicated:
-                            busy.add(id(owner._fully_replicated_shard()))
-            frame = frame.f_back
+    owners = [owner for owner in _frame_locals("self", _ARRAY_MODULE) if isinstance(owner, array_type)]
+    for owner in owners:
+        busy.add(id(owner))
+        if not owner.is_deleted():
+            busy.update(id(a) for a in owner._arrays)
+            if owner.is_fully_replicated:
+                busy.add(id(owner._fully_replicated_shard()))
     return busy
+
+
+def _frame_locals(name: str, module: str) -> list[Any]:
+    """The local ``name`` of every frame of other threads running code of ``module``.
+
+    Other threads' frames are only safe to walk while they cannot run: a
+    thread that runs meanwhile frees the interpreter frames ``f_back`` reads
+    (once seen as a code object where a frame should be). Nothing here may
+    let go of the GIL: the cyclic collector, whose finalizers can, is off for
+    the walk, and the arrays found are inspected by the caller afterwards.
+    """
+    me = threading.get_ident()
+    found: list[Any] = []
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        for ident, top in sys._current_frames().items():
+            frame: FrameType | None = top if ident != me else None
+            while frame is not None:
+                if frame.f_code.co_filename.endswith(module):
+                    found.append(frame.f_locals.get(name))
+                frame = frame.f_back
+    finally:
+        if collecting:
+            gc.enable()
+    return found
 
 
 #: Innermost functions a thread sits in while it waits without touching any
@@ -171,11 +192,11 @@ def thread_positions() -> dict[int, tuple[int, int, int]]:
     gone, whatever it was doing then is over.
     """
     me = threading.get_ident()
-    return {
-        ident: (id(frame), id(frame.f_code), frame.f_lasti)
-        for ident, frame in sys._current_frames().items()
-        if ident != me and not _idle(frame)
-    }
+    # Read every position before looking at source lines (``_idle`` may read a
+    # file, letting other threads run and move on meanwhile).
+    tops = {ident: frame for ident, frame in sys._current_frames().items() if ident != me}
+    positions = {ident: (id(frame), id(frame.f_code), frame.f_lasti) for ident, frame in tops.items()}
+    return {ident: position for ident, position in positions.items() if not _idle(tops[ident])}
 
 
 # -- dispatch -------------------------------------------------------------------

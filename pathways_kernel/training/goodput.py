@@ -224,10 +224,6 @@ class Account:
 
             with self.computing():
                 jax.block_until_ready(source)
-                # Let go of it now: the copy holds what it still needs, and its
-                # buffers are freed by whoever drops them last (often the copy
-                # thread), not by this loop at the end of the wait.
-                del source
         # The loop waits on a snapshot with the next step already dispatched: if
         # that step is still computing when the wait ends, the device was busy
         # all along and the wait stalled nothing. (If it is done, when it got
@@ -236,6 +232,12 @@ class Account:
         with self.spent("snapshot_stall"):
             yield
         waited = time.perf_counter() - started
+        if had_source:
+            # The copy is done and let go of the source: dropping it here frees the
+            # old state's buffers, the steps' own cost (a plain loop pays it when it
+            # rebinds its state), not the loop's overhead.
+            with self.computing():
+                del source
         busy = waited if had_source and self._output is not None and not _is_ready(self._output) else 0.0
         if busy > 0:
             with self._lock:
