@@ -32,7 +32,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help="steps per round and mode")
     parser.add_argument("--capture-s", type=float, default=10.0)
     parser.add_argument("--size", type=int, default=1024)
-    parser.add_argument("--host-tracer-level", type=int, default=2, help="as pw.profile's (default 2)")
+    parser.add_argument("--host-tracer-level", type=int, default=None, help="default: pw.profile's")
     args = parser.parse_args()
 
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -43,7 +43,10 @@ def main() -> None:
     from jax.sharding import PartitionSpec as P
 
     import pathways_kernel as pw
+    from pathways_kernel.profiling.capture import DEFAULT_HOST_TRACER_LEVEL
 
+    if args.host_tracer_level is None:
+        args.host_tracer_level = DEFAULT_HOST_TRACER_LEVEL
     pw.connect("local:2x4")
     mesh = pw.mesh()
     w = jax.device_put(jnp.full((args.size, args.size), 0.01), NamedSharding(mesh, P(None, "model")))

@@ -20,7 +20,12 @@ from pathways_kernel.profiling import capture
 @argument(
     "--logdir", default=None, help="where the trace goes (default: this session's dir; gs://... on the proxy backend)"
 )
-@argument("--host-tracer-level", type=int, default=2, help="0 off, 1 user annotations, 2 runtime (default), 3 verbose")
+@argument(
+    "--host-tracer-level",
+    type=int,
+    default=capture.DEFAULT_HOST_TRACER_LEVEL,
+    help="0 off, 1 user annotations and XLA ops (default), 2 also the runtime's events, 3 verbose",
+)
 @argument("--python-tracer", action="store_true", help="also trace Python calls (slower)")
 def profile(shell: Any, args: Any, cell: str | None):
     """Capture a JAX profiler trace of the cell; show wall, device busy per slice, top ops, compile and host gaps."""
