@@ -113,7 +113,8 @@ def arrays_being_read() -> set[int]:
     of ``jax/_src/array.py`` (seen through ``sys._current_frames``), so a
     thread with that file on its stack may be in one: its ``self`` and the
     per-device arrays it reads through (``_arrays``, the cached
-    fully-replicated shard) are busy.
+    fully-replicated shard) are busy; so is every array a guarded read
+    (``install_host_read_guard``) has registered.
     """
     array_type: Any = concrete_array_type()
     with _host_reads_lock:

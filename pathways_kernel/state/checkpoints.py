@@ -223,19 +223,13 @@ def _leaf_name(path: Any) -> str:
     return jax.tree_util.keystr(tuple(path)) or "the tree"
 
 
-def _discard_step(manager: Any, location: storage.Location, step: int) -> bool:
-    """Remove what a failed save of ``step`` left (orbax's temporary directory),
-    unless it was committed; returns whether it was left uncommitted."""
-    manager.reload()
-    if step in manager.all_steps():
-        return False
-    _remove_leftovers(location, step)
-    return True
-
-
-def _remove_leftovers(location: storage.Location, step: int) -> None:
+def _discard_step(manager: Any, location: storage.Location, step: int) -> None:
+    """Remove what a failed save of ``step`` left (orbax's temporary directory), unless it was committed."""
     import shutil
 
+    manager.reload()
+    if step in manager.all_steps():
+        return
     root = _path(location)
     for leftover in [*root.glob(f"{step}.orbax-checkpoint-tmp*"), root / str(step)]:
         if leftover.exists():
@@ -279,15 +273,11 @@ def save(tree: Any, url: str, step: int, *, keep: int | None = DEFAULT_KEEP, for
         args = ocp.args.Composite(state=ocp.args.StandardSave(tree), layout=ocp.args.JsonSave(_layout(tree)))
 
     def failed() -> None:
-        uncommitted = False
+        # Close the manager first: a write still in flight while leftovers were removed
+        # could land after them (seen in CI under load: the directory was left behind).
+        registry.forget(location)
         with contextlib.suppress(Exception):  # the save's own failure is what the user needs to see
-            uncommitted = _discard_step(manager, location, step)
-        registry.forget(location)  # closes the manager: none of its writes is in flight after this
-        if uncommitted:
-            # A write still in flight during the first pass can land after it (seen in CI
-            # under load: the directory was left behind); nothing writes now.
-            with contextlib.suppress(Exception):
-                _remove_leftovers(location, step)
+            _discard_step(manager, location, step)
         storage.remove_empty(made)
 
     # Held from here until the save has ended, in whichever thread that happens.

@@ -206,9 +206,7 @@ class Account:
         finally:
             self._switch(previous)
             with self._lock:
-                if self._done and self._open_step is None:
-                    last = next(reversed(self._done))
-                    self._done[last] += time.perf_counter() - started
+                self._add_to_last_step(time.perf_counter() - started)
 
     def snapshot_source(self, tree: Any) -> None:
         """The loop started a snapshot of ``tree``: waiting for it first waits for
@@ -243,8 +241,7 @@ class Account:
             with self._lock:
                 self.seconds["snapshot_stall"] -= busy
                 self.seconds[PRODUCTIVE] += busy
-                if self._done:
-                    self._done[next(reversed(self._done))] += busy
+                self._add_to_last_step(busy)
 
     # -- steps ----------------------------------------------------------------
     def step_begin(self, step: int) -> None:
@@ -286,8 +283,13 @@ class Account:
             self._state = PRODUCTIVE
             self._close_segment(time.perf_counter())
             self._state = OTHER
-            if self._done and self._open_step is None:
-                self._done[next(reversed(self._done))] += self.seconds[PRODUCTIVE] - before
+            self._add_to_last_step(self.seconds[PRODUCTIVE] - before)
+
+    def _add_to_last_step(self, seconds: float) -> None:
+        """Productive time found after the last step ended is that step's (a rollback
+        past it moves it to ``redone``); under ``_lock``."""
+        if self._done and self._open_step is None:
+            self._done[next(reversed(self._done))] += seconds
 
     # -- losses ---------------------------------------------------------------
     def recovery_begin(self) -> None:
@@ -847,12 +849,12 @@ class _FieldLog:
     """One run recorded through ``ElasticGoodputRecorder`` into a ``_MemoryLog``
     (and to Cloud Logging when the session opted in: ``goodput_logging``)."""
 
-    def __init__(self, name: str, session: Any = None):
+    def __init__(self, name: str, session: Any):
         from ml_goodput_measurement.src.goodput_elastic import ElasticGoodputRecorder
 
         from pathways_kernel.training.goodput_logging import CloudLogging
 
-        cloud = session.component(CloudLogging).for_run(name) if session is not None else None
+        cloud = session.component(CloudLogging).for_run(name)
         if cloud is None:
             self.job_name = f"{name}-{id(self):x}"
             self.log = _MemoryLog(self.job_name)

@@ -4,8 +4,8 @@ Every run is recorded through ``ml-goodput-measurement``'s recorder into an
 in-memory log (``goodput._FieldLog``). ``pw.goodput_cloud_logging(JOB)`` (or
 ``%pathways goodput --cloud-logging JOB``) makes each later run of the session
 write the same entries to Cloud Logging too, through the library's own
-``_CloudLogger`` (asynchronous, batched, drained at exit), so the library's
-monitors and dashboards read them as they read a MaxText job's:
+``_CloudLogger`` (asynchronous, batched, drained at exit): the entries its
+recorder writes for a MaxText job, named as follows:
 
     job name   JOB-RUN-N   (RUN the run's name, N counting the session's runs)
     log name   goodput_JOB (MaxText writes ``goodput_<run_name>`` the same way)
