@@ -69,16 +69,16 @@ def open_notebook(page, server, name: str) -> None:
     page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(timeout=90_000)
 
 
-def run_until(page, run, done, seconds: int = 180, artifact: str = "run-failure.png") -> None:
+def run_until(page, run, done, seconds: int = 180, artifact: str = "run-failure.png", cell: int = 0) -> None:
     """Call ``run()`` (it starts cells) until the locator ``done`` is visible.
 
     Right after a notebook opens, JupyterLab sometimes runs nothing: it may still ask
     which kernel the notebook's "pathways" is, or drop the execution while the session
-    settles (the first cell keeps its "[ ]:" prompt, the kernel idle). Both are retried
+    settles (cell ``cell`` keeps its "[ ]:" prompt, the kernel idle). Both are retried
     here, so a test fails only on what it checks; a screenshot is kept when it does.
     """
     select = page.locator(".jp-Dialog .jp-mod-accept", has_text="Select")
-    first_prompt = page.locator(".jp-Notebook .jp-Cell .jp-InputPrompt").first
+    first_prompt = page.locator(".jp-Notebook .jp-Cell .jp-InputPrompt").nth(cell)
     idle = page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first
     run()
     dropped = 0
@@ -336,11 +336,23 @@ READ_MODEL = "() => window.jupyterapp.shell.widgets('right').find(w => w.id === 
 
 
 def run_cell(page, index: int, expect: str) -> None:
+    """Run cell ``index`` afresh, and wait until its own new output shows ``expect``.
+
+    A notebook reopened by a later test keeps its kernel (and may come back autosaved
+    with this very output), so the outputs are cleared first: an old output never
+    passes for a run that JupyterLab dropped.
+    """
     # Once the panel is live the kernel is connected: a Shift+Enter earlier can be lost.
     page.locator(f"{PANEL}[data-state='live']").wait_for(state="attached", timeout=90_000)
-    page.locator(".jp-Notebook .jp-Cell .jp-InputArea-editor").nth(index).click()
-    page.keyboard.press("Shift+Enter")
-    page.locator(".jp-OutputArea-output", has_text=expect).first.wait_for(timeout=90_000)
+    page.evaluate("window.jupyterapp.commands.execute('notebook:clear-all-cell-outputs')")
+    cell = page.locator(".jp-Notebook .jp-Cell").nth(index)
+    cell.locator(".jp-OutputArea-output").first.wait_for(state="detached", timeout=10_000)
+
+    def run() -> None:
+        cell.locator(".jp-InputArea-editor").click()
+        page.keyboard.press("Shift+Enter")
+
+    run_until(page, run, cell.locator(".jp-OutputArea-output", has_text=expect).first, cell=index)
 
 
 def overflow(page) -> dict:
