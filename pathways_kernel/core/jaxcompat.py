@@ -143,8 +143,11 @@ def _frame_locals(name: str, module: str) -> list[Any]:
     collecting = gc.isenabled()
     gc.disable()
     try:
-        for ident, top in sys._current_frames().items():
-            frame: FrameType | None = top if ident != me else None
+        # This thread's own frame is left out of every local here: a frame that holds
+        # itself is a cycle, and it would keep its callers' arrays alive until a collection.
+        tops = [top for ident, top in sys._current_frames().items() if ident != me]
+        for top in tops:
+            frame: FrameType | None = top
             while frame is not None:
                 if frame.f_code.co_filename.endswith(module):
                     found.append(frame.f_locals.get(name))
