@@ -310,7 +310,8 @@ export class PathwaysDashboard extends Widget {
     switch (change) {
       case 'topology':
         this.data.setTopology(this.model.topology!);
-        this._message = this._message.startsWith('No backend') ? '' : this._message;
+        // A backend connected, or its topology came before the reply to our subscribe.
+        this._message = /^(No backend|Connecting)/.test(this._message) ? '' : this._message;
         this._renderChrome();
         break;
       case 'history':

@@ -395,8 +395,11 @@ export class PathwaysPanel extends Widget {
   }
 
   private _changed(change: Change): void {
-    if (change === 'topology' && this._noBackend !== null) {
-      // A backend connected.
+    if (
+      change === 'topology' &&
+      (this._noBackend !== null || this._message.startsWith('Connecting'))
+    ) {
+      // A backend connected, or its topology came before the reply to our subscribe.
       this._noBackend = null;
       this._message = '';
     }
