@@ -74,11 +74,12 @@ def run_until(page, run, done, seconds: int = 180, artifact: str = "run-failure.
 
     Right after a notebook opens, JupyterLab sometimes runs nothing: it may still ask
     which kernel the notebook's "pathways" is, or drop the execution while the session
-    settles (cell ``cell`` keeps its "[ ]:" prompt, the kernel idle). Both are retried
-    here, so a test fails only on what it checks; a screenshot is kept when it does.
+    settles (cell ``cell`` keeps its "[ ]:" prompt, the kernel idle; after "run all",
+    a later cell can be dropped so, hence ``cell=-1`` there). Both are retried here,
+    so a test fails only on what it checks; a screenshot is kept when it does.
     """
     select = page.locator(".jp-Dialog .jp-mod-accept", has_text="Select")
-    first_prompt = page.locator(".jp-Notebook .jp-Cell .jp-InputPrompt").nth(cell)
+    prompt = page.locator(".jp-Notebook .jp-Cell .jp-InputPrompt").nth(cell)
     idle = page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first
     run()
     dropped = 0
@@ -90,7 +91,7 @@ def run_until(page, run, done, seconds: int = 180, artifact: str = "run-failure.
             idle.wait_for(timeout=90_000)
             run()
             dropped = 0
-        elif idle.is_visible() and first_prompt.inner_text().strip() == "[ ]:":
+        elif idle.is_visible() and prompt.inner_text().strip() == "[ ]:":
             dropped += 1
             if dropped == 6:  # 3 s idle with nothing run: the execution was dropped
                 run()

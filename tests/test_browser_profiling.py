@@ -81,7 +81,7 @@ def test_open_in_xprof_shows_the_captured_run_and_its_trace(page, server):
     # Not awaited: the command's promise settles only when every cell has run.
     run_all = "() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }"
     button = page.locator(".jp-OutputArea-output a.pathways-open-xprof", has_text="Open in XProf")
-    run_until(page, lambda: page.evaluate(run_all), button, seconds=120, artifact="xprof-failure.png")
+    run_until(page, lambda: page.evaluate(run_all), button, seconds=120, artifact="xprof-failure.png", cell=-1)
     summary = page.locator(".jp-OutputArea-output .pathways-profile").inner_text()
     assert "profile loop" in summary and "jit_train_step" in summary, summary
     run = button.get_attribute("data-pathways-xprof-run")
