@@ -9,6 +9,7 @@ kernel (and so the proxy) alive, and bad requests fail in one line.
 from __future__ import annotations
 
 import importlib.util
+import queue
 import time
 
 import pytest
@@ -45,17 +46,26 @@ def test_interrupt_stops_the_cell_not_the_shared_service(kernel):
         + INSTALL_FLOW_HANDLERS
         + "print('armed', flush=True)\ntime.sleep(30)\n"
     )
-    deadline = time.time() + 60
-    while time.time() < deadline:  # interrupt only once the handlers are in place
-        msg = kernel.iopub(timeout=deadline - time.time())
+    start = time.time()
+    armed = None
+    while armed is None and time.time() < start + 60:  # interrupt only once the handlers are in place
+        msg = kernel.iopub(timeout=start + 60 - time.time())
         if msg and msg["parent_header"].get("msg_id") == msg_id and "armed" in msg["content"].get("text", ""):
-            break
+            armed = time.time() - start
     kernel.km.interrupt_kernel()
-    deadline = time.time() + 20
-    while time.time() < deadline:
-        reply = kernel.kc.get_shell_msg(timeout=deadline - time.time())
-        if reply["parent_header"].get("msg_id") == msg_id:
+    interrupted = time.time()
+    reply = None
+    while reply is None and time.time() < interrupted + 30:
+        try:
+            msg = kernel.kc.get_shell_msg(timeout=interrupted + 30 - time.time())
+        except queue.Empty:
             break
+        reply = msg if msg["parent_header"].get("msg_id") == msg_id else None
+    # Said in full if it fails (once in CI, not reproduced since: 12 of 12 passed alone, under load too).
+    assert reply is not None, (
+        f"no reply {time.time() - interrupted:.1f} s after the interrupt; 'armed' seen after {armed} s; "
+        f"kernel alive: {kernel.km.is_alive()}"
+    )
     assert reply["content"]["status"] == "error"
     assert reply["content"]["ename"] == "KeyboardInterrupt"
     assert kernel.km.is_alive()

@@ -126,6 +126,8 @@ export class PathwaysDashboard extends Widget {
       },
       this._window
     );
+    // Shown once a slice is chosen; hidden from the start, not only from the first frame drawn.
+    this._chips.node.hidden = true;
     this._memory = new TimeChart(
       {
         title: 'Memory used vs capacity',
