@@ -104,14 +104,23 @@ def run_until(page, run, done, seconds: int = 180, artifact: str = "run-failure.
     done.wait_for(timeout=1_000)
 
 
-def run_first_cell(page, expect: str, seconds: int = 180) -> None:
-    """Run the notebook's first cell from the keyboard, and wait until an output shows ``expect``.
+def clear_outputs(page) -> None:
+    """Clear the active notebook's outputs (and prompts), and wait until none is shown.
 
-    Outputs are cleared first, as in :func:`run_cell`: a notebook saved by an earlier
-    test must not pass an old output for a run that did not happen.
+    A notebook reopened by a later test keeps its kernel, and may come back autosaved
+    with the very output a test waits for: an old output must never pass for a run
+    that JupyterLab dropped.
     """
     page.evaluate("window.jupyterapp.commands.execute('notebook:clear-all-cell-outputs')")
     page.locator(".jp-Notebook .jp-OutputArea-output").first.wait_for(state="detached", timeout=10_000)
+
+
+def run_first_cell(page, expect: str, seconds: int = 180) -> None:
+    """Run the notebook's first cell from the keyboard, and wait until an output shows ``expect``.
+
+    Outputs are cleared first (:func:`clear_outputs`).
+    """
+    clear_outputs(page)
 
     def run() -> None:
         page.locator(".jp-Notebook .jp-Cell .jp-InputArea-editor").first.click()
@@ -185,8 +194,8 @@ def test_panel_shows_slices_and_a_failed_slice_live(page, server):
     page.get_by_role("button", name="repair slice 1").click()
     page.locator(f"{PANEL} .jp-PathwaysPanel-slice[data-slice='1'][data-state='up']").wait_for(timeout=10_000)
     # The event can come with the next publish, a moment after the topology that turned the row up.
-    newest_kind = f"() => document.querySelector('{PANEL} li.jp-PathwaysPanel-event')?.dataset.kind"
-    page.wait_for_function(f"() => ({newest_kind})() === 'slice_up'", timeout=2_000)
+    newest_js = f"document.querySelector('{PANEL} li.jp-PathwaysPanel-event')"
+    page.wait_for_function(f"() => {newest_js}?.dataset.kind === 'slice_up'", timeout=2_000)
 
     # The canvas follows the theme: its background is JupyterLab's, light or dark.
     canvas = page.locator(f"{PANEL} canvas.jp-PathwaysPanel-canvas")
@@ -349,15 +358,12 @@ READ_MODEL = "() => window.jupyterapp.shell.widgets('right').find(w => w.id === 
 def run_cell(page, index: int, expect: str) -> None:
     """Run cell ``index`` afresh, and wait until its own new output shows ``expect``.
 
-    A notebook reopened by a later test keeps its kernel (and may come back autosaved
-    with this very output), so the outputs are cleared first: an old output never
-    passes for a run that JupyterLab dropped.
+    Outputs are cleared first (:func:`clear_outputs`).
     """
     # Once the panel is live the kernel is connected: a Shift+Enter earlier can be lost.
     page.locator(f"{PANEL}[data-state='live']").wait_for(state="attached", timeout=90_000)
-    page.evaluate("window.jupyterapp.commands.execute('notebook:clear-all-cell-outputs')")
+    clear_outputs(page)
     cell = page.locator(".jp-Notebook .jp-Cell").nth(index)
-    cell.locator(".jp-OutputArea-output").first.wait_for(state="detached", timeout=10_000)
 
     def run() -> None:
         cell.locator(".jp-InputArea-editor").click()

@@ -129,6 +129,16 @@ def arrays_being_read() -> set[int]:
     return busy
 
 
+def _other_threads_frames() -> dict[int, FrameType]:
+    """The innermost frame of every thread but this one, by thread ident.
+
+    This thread's own frame is never held: a frame that holds itself is a cycle,
+    which kept its callers' arrays alive until the next collection.
+    """
+    me = threading.get_ident()
+    return {ident: frame for ident, frame in sys._current_frames().items() if ident != me}
+
+
 def _frame_locals(name: str, module: str) -> list[Any]:
     """The local ``name`` of every frame of other threads running code of ``module``.
 
@@ -138,15 +148,11 @@ def _frame_locals(name: str, module: str) -> list[Any]:
     let go of the GIL: the cyclic collector, whose finalizers can, is off for
     the walk, and the arrays found are inspected by the caller afterwards.
     """
-    me = threading.get_ident()
     found: list[Any] = []
     collecting = gc.isenabled()
     gc.disable()
     try:
-        # This thread's own frame is left out of every local here: a frame that holds
-        # itself is a cycle, and it would keep its callers' arrays alive until a collection.
-        tops = [top for ident, top in sys._current_frames().items() if ident != me]
-        for top in tops:
+        for top in _other_threads_frames().values():
             frame: FrameType | None = top
             while frame is not None:
                 if frame.f_code.co_filename.endswith(module):
@@ -195,10 +201,9 @@ def thread_positions() -> dict[int, tuple[int, int, int]]:
     position until the call returns; once its position changes, or it is
     gone, whatever it was doing then is over.
     """
-    me = threading.get_ident()
     # Read every position before looking at source lines (``_idle`` may read a
     # file, letting other threads run and move on meanwhile).
-    tops = {ident: frame for ident, frame in sys._current_frames().items() if ident != me}
+    tops = _other_threads_frames()
     positions = {ident: (id(frame), id(frame.f_code), frame.f_lasti) for ident, frame in tops.items()}
     return {ident: position for ident, position in positions.items() if not _idle(tops[ident])}
 
