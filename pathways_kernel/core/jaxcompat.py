@@ -87,6 +87,18 @@ def devices_of(array: Any) -> Iterable[Any]:
     return cast(Iterable[Any], array.sharding._internal_device_list)
 
 
+def committed(array: Any) -> bool:
+    """Whether ``array`` was placed on its devices by the user (``ArrayImpl._committed``);
+    uncommitted arrays live on JAX's default device."""
+    return bool(array._committed)
+
+
+def frameless_readable(array: Any) -> bool:
+    """Whether numpy can read ``array`` through the buffer protocol, a read with no
+    Python frame (jaxlib's ``PyArray_bf_getbuffer``: single-shard arrays only)."""
+    return len(cast(Any, devices_of(array))) == 1
+
+
 def make_error_like(array: Any, message: str) -> Any:
     """An array of ``array``'s shape, dtype and sharding whose buffers hold ``message``."""
     import jax
@@ -99,6 +111,22 @@ def replace_buffers(array: Any, other: Any) -> None:
     """Make ``array`` (the same Python object) use ``other``'s buffers
     (``ArrayImpl._replace_with``; shape, dtype and sharding must match)."""
     array._replace_with(other)
+
+
+def alias(array: Any) -> Any:
+    """A new array object on ``array``'s buffers, for reading them to the host.
+
+    A host read (``copy_to_host_async``, ``np.asarray``, ``addressable_shards``)
+    caches one single-device array per shard on the array read, live as long
+    as it is (``jax.live_arrays()`` lists them, a loss counts them); reading an
+    alias leaves those on the alias, which dies after the read. Where the
+    shims are off (``fault_injection_unsupported``), ``array`` itself.
+    """
+    if fault_injection_unsupported():
+        return array
+    view = make_error_like(array, "alias")
+    replace_buffers(view, array)
+    return view
 
 
 #: The module whose methods start host reads (see ``arrays_being_read``).
@@ -174,6 +202,11 @@ _IDLE_FRAMES = {
     (os.path.join("concurrent", "futures", "thread.py"), "_worker"),
     (os.path.join("zmq", "sugar", "poll.py"), "poll"),
     (os.path.join("ipykernel", "heartbeat.py"), "run"),
+    # The heartbeat's zmq.device (a C loop forwarding pings) and ipykernel's
+    # watchers of the process's stdout/stderr pipes (a blocking os.read):
+    # a kernel's threads that never leave their call.
+    (os.path.join("zmq", "sugar", "__init__.py"), "device"),
+    (os.path.join("ipykernel", "iostream.py"), "_watch_pipe_fd"),
 }
 #: A line that waits in a blocking C call (``time.sleep``, ``queue.get``,
 #: ``select``...) and reads no array: a thread stopped on it is idle. Loops

@@ -55,7 +55,11 @@ checked right before the swap; the per-shard copy behind ``np.asarray`` and
 and none starts during a check and its swap), and the old buffers stay alive, for C++ paths
 with no frame of ours (numpy's buffer protocol), until they are ready and
 every other thread that was not idle at the swap has moved on from where it
-was (``_GRACE_S`` at most). Without these guards, both races crash the process.
+was (``_GRACE_S`` at most). Only a single-device array can be read that way,
+so only its buffers are ever kept, and only while some other thread is inside
+a call at the swap: otherwise a loss frees its buffers at once, and
+``jax.live_arrays()`` holds no array that still reads lost data. Without
+these guards, both races crash the process.
 
 Cost: each failure walks ``jax.live_arrays()`` once or twice; the buffers kept
 for readers are not live arrays of the user's (a later failure never loses or
@@ -68,9 +72,10 @@ most ``_READ_WAIT_S``.
 
 Limits
 ------
-- The data is not actually gone from host RAM at once: the old buffers live
-  until readers in flight are surely done (``_GRACE_S`` at most; longer while
-  not ready), and as long as a numpy view
+- While another thread is inside a call at the loss (not idle: not waiting
+  on a lock, queue, sleep or socket), a lost single-device array's old
+  buffers live until that thread moves on (``_GRACE_S`` at most; longer while
+  not ready), in an array ``jax.live_arrays()`` lists; and as long as a numpy view
   taken earlier with ``np.asarray`` (zero-copy on CPU) holds them; that view
   keeps reading the old bytes, as a host copy would.
 - A host read in progress on another thread delays its array's loss until
@@ -101,7 +106,7 @@ from typing import Any
 
 from pathways_kernel.core import jaxcompat
 from pathways_kernel.core.display import TextDisplay
-from pathways_kernel.core.errors import NotSupportedError, PathwaysError
+from pathways_kernel.core.errors import NotSupportedError, PathwaysError, slice_down_error
 from pathways_kernel.core.eventlog import format_bytes
 from pathways_kernel.core.text import count
 
@@ -109,6 +114,9 @@ from pathways_kernel.core.text import count
 _lost_devices: frozenset = frozenset()
 #: Device -> slice index, for the messages of the hooks.
 _slice_of_device: dict[Any, int] = {}
+#: While every slice is down: what work placed by default (on JAX's default
+#: device, which has no live slice to move to) raises at once, one line.
+_no_slice_up: str | None = None
 
 
 def require_fault_injection(session: Any, what: str) -> None:
@@ -133,6 +141,14 @@ def lost_array_message(slice_index: int) -> str:
 
 def placed_on_lost_message(slice_index: int, what: str) -> str:
     return f"DATA_LOSS: slice {slice_index} is down; {what} placed data on it"
+
+
+def no_slice_up_message(slices: Iterable[int]) -> str:
+    down = ", ".join(map(str, slices))
+    return (
+        f"no slice is up (slices {down} are down), so nothing can run (DATA_LOSS); bring one back with "
+        "%pathways repair N (pw.repair_slice(N)) and run this again"
+    )
 
 
 def _lost_slice_of(devices: Iterable[Any]) -> int | None:
@@ -337,7 +353,10 @@ def _make_lost_when_unread(arrays: list[Any], message: str, deadline: float) -> 
     for array in arrays:
         try:
             error = jaxcompat.make_error_like(array, message)
-            _bury(array, positions)
+            # Only a read with no frame of ours needs the old buffers kept, and only
+            # while some other thread may be inside one: otherwise they go at once.
+            if positions and jaxcompat.frameless_readable(array):
+                _bury(array, positions)
         except (TypeError, ValueError, RuntimeError, AttributeError):
             array.delete()
             continue
@@ -372,6 +391,11 @@ def _lose_results(results: Any, what: str) -> None:
         if isinstance(result, array_type) and not result.is_deleted():
             slice_index = _lost_slice_of(jaxcompat.devices_of(result))
             if slice_index is not None:
+                no_slice_up = _no_slice_up
+                if no_slice_up is not None and not jaxcompat.committed(result):
+                    # Placed by default: nothing the user chose can make it work, and a lost
+                    # array would only fail later, in a long traceback naming one slice.
+                    raise slice_down_error(no_slice_up)
                 _make_lost(result, placed_on_lost_message(slice_index, what))
 
 
@@ -501,11 +525,13 @@ class FaultInjector:
             return tuple(sorted(self._down))
 
     def _publish(self) -> None:
-        global _lost_devices
+        global _lost_devices, _no_slice_up
         for index, devices in self._down.items():
             for device in devices:
                 _slice_of_device[device] = index
         _lost_devices = frozenset().union(*self._down.values())
+        slices = [s.index for s in self.session.topology.slices]
+        _no_slice_up = None if set(slices) - set(self._down) else no_slice_up_message(slices)
 
     def _move_default_device(self) -> None:
         """Keep JAX's default device on a live slice, as pathwaysutils' ``Manager``
@@ -542,12 +568,13 @@ class FaultInjector:
                 self._move_default_device()
 
     def _reset(self) -> None:
-        global _lost_devices
+        global _lost_devices, _no_slice_up
         self._unsubscribe()
         with self._lock:
             if self._down:
                 self._down.clear()
                 _lost_devices = frozenset()
+                _no_slice_up = None
                 _slice_of_device.clear()
                 _clear_dispatch_caches()
             if self._saved_default_device is not _UNSET:
