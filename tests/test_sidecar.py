@@ -96,6 +96,26 @@ def test_stats_are_what_the_monitor_reads(local_session):
     assert event.bytes == 2 * 1024 and event.detail == "<lambda> on slices [0,1]"
 
 
+def test_sidecars_of_different_slices_run_at_the_same_time(local_session):
+    """Issue 22.5: the first call ran slice 1 after slice 0 (6 s for two 3 s sidecars), and
+    slice 1's busy time counted its wait as running (6 s)."""
+    before = stats()["slices"]
+
+    @pw.sidecar
+    def nap(slice_index):
+        time.sleep(3)
+        return slice_index
+
+    started = time.monotonic()
+    assert sorted(int(v) for v in nap().values()) == [0, 1]
+    took = time.monotonic() - started
+    assert took < 5.0, f"two 3 s sidecars on two slices took {took:.1f} s"
+    after = stats()["slices"]
+    for index in (0, 1):
+        busy = after[index]["busy_s"] - before.get(index, {"busy_s": 0.0})["busy_s"]
+        assert 2.9 <= busy < 4.5, (index, busy)
+
+
 # -- through a real kernel ------------------------------------------------------
 
 
@@ -150,3 +170,36 @@ def test_notebook_feeds_a_training_loop_from_per_slice_loaders():
     assert "replay from step 10 on 1 shard" in text
     assert "batch sharded over slices [0, 1]" in text
     assert "sidecar calls" in text
+
+
+@pytest.mark.kernel
+def test_a_slice_lost_while_sidecars_run_keeps_the_live_slices_results(fresh_kernel):
+    """Issue 22.4: a slice lost during `%%pathways sidecar --slices all` raised an 84-line
+    DATA_LOSS, threw away slice 0's result, and slice 1's stats showed 0.00 s busy."""
+    reply = fresh_kernel.run(
+        "%%pathways sidecar --slices all\n"
+        "import time\n"
+        "import numpy as np\n"
+        "@pw.sidecar\n"
+        "def rows(slice_index):\n"
+        "    time.sleep(2.0 if slice_index == 1 else 0.2)\n"
+        "    return np.full(4, slice_index)\n"
+    )
+    assert reply.status == "ok", reply.error
+    reply = fresh_kernel.run(
+        "import threading\n"
+        "threading.Timer(0.8, pw.fail_slice, (1,)).start()\n"
+        "r = rows()\n"
+        "print(sorted(r), r[0].tolist())"
+    )
+    assert reply.status == "ok", reply.error
+    assert "[0] [0, 0, 0, 0]" in reply.text, reply.text
+    said = [line for line in reply.error.splitlines() if line.strip()]
+    assert len(said) == 1, reply.error
+    assert "sidecar 'rows': slice 1 was lost while it ran (DATA_LOSS)" in said[0], said
+    assert "slices [0]" in said[0], said
+    table = fresh_kernel.run("%pathways sidecar").text
+    slice1 = next(line for line in table.splitlines() if "slice 1:" in line)
+    busy = float(slice1.split(" s busy")[0].rsplit(", ", 1)[-1])
+    assert 1.5 <= busy < 3.0, table
+    assert "1 error" in slice1, table

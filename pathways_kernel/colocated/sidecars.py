@@ -34,6 +34,7 @@ import contextvars
 import dataclasses
 import inspect
 import queue
+import sys
 import threading
 import time
 import weakref
@@ -41,9 +42,10 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from pathways_kernel.core.errors import PathwaysError, one_line
+from pathways_kernel.core import parsing
+from pathways_kernel.core.errors import PathwaysError, one_line, slice_down_error
 from pathways_kernel.core.eventlog import format_bytes
-from pathways_kernel.core.text import count
+from pathways_kernel.core.text import count, shown
 
 #: Seconds a sidecar call may run before it is reported as hung.
 DEFAULT_TIMEOUT_S = 60.0
@@ -170,13 +172,17 @@ def parse_slices(slices: str | int | Sequence[int] | None) -> tuple[int, ...] | 
         return None
     if isinstance(slices, int):
         return (slices,)
-    parts = [p.strip() for p in slices.split(",")] if isinstance(slices, str) else list(slices)
-    try:
-        indices = tuple(int(p) for p in parts if str(p) != "")
-    except ValueError:
-        raise PathwaysError(f"bad --slices '{slices}': use all or comma-separated slice indices, e.g. 0,1") from None
-    if not indices or any(i < 0 for i in indices):
-        raise PathwaysError(f"bad --slices '{slices}': use all or comma-separated slice indices, e.g. 0,1")
+    if isinstance(slices, str):
+        # ASCII digits, none empty, none twice: "١" is not slice 1, "0,0" not two sidecars on slice 0.
+        try:
+            return parsing.index_list(slices)
+        except ValueError as exc:
+            raise PathwaysError(
+                f"bad --slices {shown(slices)}: {exc}; use all or comma-separated slice indices, e.g. 0,1"
+            ) from None
+    indices = tuple(int(p) for p in slices)
+    if not indices or any(i < 0 for i in indices) or len(set(indices)) < len(indices):
+        raise PathwaysError(f"bad --slices {list(slices)}: use all or distinct slice indices from 0, e.g. 0,1")
     return indices
 
 
@@ -316,28 +322,29 @@ def timed_out(name: str, slice_index: int, timeout: float) -> SidecarTimeout:
     )
 
 
-def wait(futures: dict[int, Future], name: str, timeout: float) -> dict[int, Any]:
-    """Each slice's result, in slice order.
+@dataclasses.dataclass(frozen=True)
+class _Outcome:
+    """What one slice's sidecar call came to: its result or error, and how long it ran."""
 
-    Raises:
-      SidecarTimeout: some slice had not answered when ``timeout`` elapsed.
-      SidecarError: a slice's sidecar raised (the first slice, by index).
-    """
+    tree: Any
+    error: BaseException | None
+    busy_s: float
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.error is not None else nbytes(self.tree)
+
+
+def _collect(futures: dict[int, Future], timeout: float) -> tuple[dict[int, _Outcome], int | None]:
+    """Each slice's outcome, in slice order, and the first slice still running at ``timeout`` (or ``None``)."""
     deadline = time.monotonic() + timeout
-    results: dict[int, Any] = {}
+    outcomes: dict[int, _Outcome] = {}
     for index, future in sorted(futures.items()):
         try:
-            results[index] = future.result(timeout=max(0.0, deadline - time.monotonic()))
+            outcomes[index] = future.result(timeout=max(0.0, deadline - time.monotonic()))
         except TimeoutError:
-            raise timed_out(name, index, timeout) from None
-        except SidecarError:
-            raise
-        except Exception as exc:
-            error = failure(name, index, exc)
-            if error is exc:
-                raise
-            raise error from exc
-    return results
+            return outcomes, index
+    return outcomes, None
 
 
 def nbytes(tree: Any) -> int:
@@ -397,7 +404,15 @@ def _request(args: tuple, kwargs: dict, sharding: Any) -> Any:
 
 
 class SidecarResults(dict):
-    """``{slice_index: result}``, each result a pytree of arrays on that slice."""
+    """``{slice_index: result}``, each result a pytree of arrays on that slice.
+
+    ``lost`` maps each slice lost while the call ran to the runtime's error;
+    those slices have no result.
+    """
+
+    def __init__(self, results: dict[int, Any], lost: dict[int, BaseException] | None = None):
+        super().__init__(results)
+        self.lost = dict(lost or {})
 
     def __repr__(self) -> str:
         import jax
@@ -410,6 +425,7 @@ class SidecarResults(dict):
             else:
                 shown = ", ".join(f"{leaf.dtype}{list(leaf.shape)}" for leaf in leaves)
             lines.append(f"slice {index}: {shown}")
+        lines.extend(f"slice {index}: lost while it ran (DATA_LOSS)" for index in sorted(self.lost))
         return "\n".join(lines) if lines else "no slices"
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
@@ -454,7 +470,10 @@ class Sidecar:
         self.slices = slices
         self.timeout = timeout
         self._takes_slice = "slice_index" in inspect.signature(fn).parameters
-        self._colocated: Any = None
+        # One colocated function per slice: colocated_python runs the first call of a
+        # function synchronously under a lock of its own (to learn the output's shape),
+        # which made the slices' first calls wait for one another.
+        self._colocated: dict[int, Any] = {}
         self._workers: dict[int, Worker] = {}
         self._lock = threading.Lock()
 
@@ -478,76 +497,89 @@ class Sidecar:
 
         from pathways_kernel.core.sessions import session
 
-        with self._lock:
-            if self._colocated is None:
-                from jax.experimental.colocated_python import colocated_python
-
-                self._colocated = colocated_python(_remote_call(self.fn, self.name))
-            colocated = self._colocated
         started = time.perf_counter()
         futures = {}
         for s in slices:
             call_kwargs = {**kwargs, "slice_index": s.index} if self._takes_slice else kwargs
             host_mesh = colocated_mesh(slice_mesh(s).devices, ("chips",))
             request = _request(args, call_kwargs, NamedSharding(host_mesh, PartitionSpec()))
-            futures[s.index] = self._worker(s.index).submit(self._job(colocated, request, s))
+            futures[s.index] = self._worker(s.index).submit(self._job(self._colocated_for(s.index), request, s))
+        ran, hung = _collect(futures, self.timeout)
         log = activity()
-        try:
-            results = wait(futures, self.name, self.timeout)
-        except Exception as exc:
-            if not (isinstance(exc, SidecarError) or slice_lost(exc)):
-                raise
-            if isinstance(exc, SidecarTimeout):
-                self._abandon()
-            for index, future in futures.items():
-                if not future.done():
-                    log.record(index, timeout=True)
-                elif future.exception() is not None:
-                    log.record(index, error=True)
-                else:
-                    tree, busy = future.result()
-                    log.record(index, nbytes(tree), busy)
-            session().events.emit(
-                "sidecar",
-                duration_s=time.perf_counter() - started,
-                detail=one_line(exc) if slice_lost(exc) else str(exc),
+        for index, future in futures.items():
+            outcome = ran.get(index) or (future.result() if future.done() else None)
+            if outcome is None:
+                log.record(index, timeout=True)
+            else:
+                log.record(index, outcome.nbytes, outcome.busy_s, error=outcome.error is not None)
+
+        def emit(detail: str, nbytes: int | None = None) -> None:
+            session().events.emit("sidecar", bytes=nbytes, duration_s=time.perf_counter() - started, detail=detail)
+
+        if hung is not None:
+            self._abandon()
+            error: BaseException = timed_out(self.name, hung, self.timeout)
+            emit(str(error))
+            raise error
+        for index, outcome in sorted(ran.items()):
+            if outcome.error is not None and not slice_lost(outcome.error):
+                error = failure(self.name, index, outcome.error)
+                emit(str(error))
+                raise error from outcome.error
+        lost = {index: outcome.error for index, outcome in ran.items() if outcome.error is not None}
+        results = {index: outcome.tree for index, outcome in sorted(ran.items()) if outcome.error is None}
+        where = "[" + ",".join(map(str, results)) + "]"
+        if lost:
+            gone = (
+                f"slice {next(iter(lost))} was"
+                if len(lost) == 1
+                else f"slices {', '.join(map(str, sorted(lost)))} were"
             )
-            raise
-        total = 0
-        for index, (tree, busy) in results.items():
-            size = nbytes(tree)
-            total += size
-            log.record(index, size, busy)
-        session().events.emit(
-            "sidecar",
-            bytes=total,
-            duration_s=time.perf_counter() - started,
-            detail=f"{self.name} on slices [{','.join(map(str, results))}]",
-        )
-        return SidecarResults({index: tree for index, (tree, _busy) in results.items()})
+            said = f"sidecar '{self.name}': {gone} lost while it ran (DATA_LOSS); " + (
+                f"results of slices {where} only" if results else "no slice finished: run it again on live slices"
+            )
+            emit(said)
+            if not results:
+                raise slice_down_error(said)
+            # One line, not an exception: what the live slices produced stays the call's result.
+            print(said, file=sys.stderr)
+        else:
+            emit(f"{self.name} on slices {where}", sum(outcome.nbytes for outcome in ran.values()))
+        return SidecarResults(results, lost)
 
     @staticmethod
-    def _job(colocated: Callable[[Any], Any], request: Any, s: Any) -> Callable[[], Any]:
-        def job():
+    def _job(colocated: Callable[[Any], Any], request: Any, s: Any) -> Callable[[], _Outcome]:
+        def job() -> _Outcome:
             import jax
             from jax.sharding import NamedSharding, PartitionSpec
 
             started = time.perf_counter()
-            tree = colocated(request)
-            mesh = slice_mesh(s)
-            # On Pathways the result lives on the sidecar's CPU devices; move it to the slice's chips.
-            tree = jax.tree.map(
-                lambda leaf: (
-                    leaf
-                    if set(leaf.devices()) == set(s.devices)
-                    else jax.device_put(leaf, NamedSharding(mesh, PartitionSpec()))
-                ),
-                tree,
-            )
-            jax.block_until_ready(tree)
-            return tree, time.perf_counter() - started
+            try:
+                tree = colocated(request)
+                mesh = slice_mesh(s)
+                # On Pathways the result lives on the sidecar's CPU devices; move it to the slice's chips.
+                tree = jax.tree.map(
+                    lambda leaf: (
+                        leaf
+                        if set(leaf.devices()) == set(s.devices)
+                        else jax.device_put(leaf, NamedSharding(mesh, PartitionSpec()))
+                    ),
+                    tree,
+                )
+                jax.block_until_ready(tree)
+            except Exception as exc:  # the caller decides: the sidecar's bug, or a lost slice
+                return _Outcome(None, exc, time.perf_counter() - started)
+            return _Outcome(tree, None, time.perf_counter() - started)
 
         return job
+
+    def _colocated_for(self, index: int) -> Any:
+        with self._lock:
+            if index not in self._colocated:
+                from jax.experimental.colocated_python import colocated_python
+
+                self._colocated[index] = colocated_python(_remote_call(self.fn, self.name))
+            return self._colocated[index]
 
     def _worker(self, index: int) -> Worker:
         with self._lock:
@@ -561,7 +593,7 @@ class Sidecar:
             for worker in self._workers.values():
                 worker.retire()
             self._workers.clear()
-            self._colocated = None
+            self._colocated.clear()
 
 
 def sidecar(
