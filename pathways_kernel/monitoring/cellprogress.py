@@ -6,8 +6,9 @@ a bare ``pw.loader`` loop) gets one output under that cell:
 
 * while it runs, text/html + text/plain that a daemon thread updates in place
   (``update_display``) at most ``1 / INTERVAL_S`` times a second, and only
-  when its text changed: steps n/N, steps/s, ETA, the latest loss (a scalar
-  ``loss`` in an elastic run's state, or any value given to ``pw.log``),
+  when its text changed: steps n/N, steps/s, ETA, the newest computed loss
+  (a scalar ``loss`` in an elastic run's state, or any value given to
+  ``pw.log``, as ``training.metric_log`` reads them off the devices),
   recoveries and reshards, drawn as markers on the bar at the step where
   they happened;
 * when it ends, the same output replaced by the static summary: steps done,
@@ -30,15 +31,14 @@ import collections
 import contextlib
 import contextvars
 import html
-import numbers
 import threading
 import time
-from collections.abc import Mapping
 from typing import Any
 
 from pathways_kernel.core.text import count
 from pathways_kernel.state.progress import _in_kernel
 from pathways_kernel.training import goodput
+from pathways_kernel.training.metric_log import metric_log
 
 #: Seconds between refreshes of a live view: at most 4 updates a second.
 INTERVAL_S = 0.25
@@ -87,7 +87,6 @@ class CellProgress:
         self._samples: collections.deque[tuple[float, int]] = collections.deque()
         self._markers: list[tuple[int, str, str]] = []  # (step, kind, what happened)
         self._reshards = 0
-        self._values: dict[str, float] = {}
         self._shown = ""
         self._handle: Any = None
         self._unsubscribe = account._session.events.subscribe(self._on_event)
@@ -167,17 +166,11 @@ class CellProgress:
         return (executed - first_n) / (now - first_t) if now > first_t and executed > first_n else None
 
     def _read_values(self, final: bool) -> dict[str, float]:
-        account = self.account
-        sources = dict(account.metrics)
-        if "loss" not in sources:
-            loss = _loss_of(account._output)
-            if loss is not None:
-                sources["loss"] = loss
-        for name, value in sources.items():
-            number = _scalar(value, wait=final)
-            if number is not None:
-                self._values[name] = number
-        return dict(self._values)
+        # The newest values the metric log has read off the devices; the summary waits for the rest.
+        log = metric_log(self.account._session)
+        if final:
+            log.flush()
+        return log.latest(self.account)
 
     def render(self, final: bool = False) -> tuple[str, str]:
         """The view now: (text/plain, text/html)."""
@@ -251,41 +244,6 @@ def _bar(fraction: float, markers: list[tuple[float, str, str]], final: bool) ->
         f'<div style="width:{100 * fraction:.1f}%;height:100%;background:{fill};border-radius:2px"></div>'
         f"{ticks}</div>"
     )
-
-
-def _loss_of(output: Any) -> Any:
-    """A value named ``loss`` in a step's output, at its top or one level down
-    (the state of ``%%pathways elastic`` is a dict of the ``--state`` variables)."""
-    found = _named(output, "loss")
-    if found is None and isinstance(output, Mapping):
-        for value in output.values():
-            found = _named(value, "loss")
-            if found is not None:
-                break
-    return found
-
-
-def _named(value: Any, name: str) -> Any:
-    if value is None:
-        return None
-    if isinstance(value, Mapping):
-        return value.get(name)
-    return getattr(value, name, None)
-
-
-def _scalar(value: Any, wait: bool) -> float | None:
-    """``value`` as a float if it is a scalar: a device value only once computed,
-    unless ``wait`` (the run is over); None for anything else or a lost array."""
-    if isinstance(value, numbers.Real):
-        return float(value)
-    try:
-        if getattr(value, "size", None) != 1:
-            return None
-        if hasattr(value, "is_ready") and (value.is_deleted() or (not wait and not value.is_ready())):
-            return None
-        return float(value)
-    except Exception:  # noqa: BLE001  (on a lost slice, or donated: nothing to show)
-        return None
 
 
 def _duration(seconds: float) -> str:

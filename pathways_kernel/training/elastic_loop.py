@@ -61,6 +61,7 @@ from pathways_kernel.core.sessions import Session, session
 from pathways_kernel.core.text import count
 from pathways_kernel.state import snapshots
 from pathways_kernel.training import goodput
+from pathways_kernel.training.metric_log import metric_log
 
 #: Consecutive failures (without a new good snapshot in between) before giving up.
 DEFAULT_MAX_RETRIES = 10
@@ -372,6 +373,7 @@ class Elastic:
                         self._account.step_begin(step)  # goodput
                         state = self.step_fn(state, step, mesh)
                         self._account.step_end(state)  # goodput
+                        metric_log(s).step_output(self._account, step, state)  # the loss in its state, kept
                         step += 1
                         report.steps_executed += 1
                         due = step % self.snapshot_every == 0 and step < steps
