@@ -293,6 +293,27 @@ def test_kernel_started_on_an_unreachable_proxy_still_starts_and_says_why(server
         assert k.shutdown() == 0
 
 
+def test_a_kernel_without_a_backend_says_so_once_and_cells_are_clean_after_connect(servers):
+    import os
+
+    env = dict(os.environ, PATHWAYS_BACKEND=f"proxy:grpc://127.0.0.1:{servers['refused']}")
+    k = patient(Kernel("pathways", env=env))
+    try:
+        first = k.run("1 + 1")
+        assert first.status == "ok", first.error
+        notice = [line for line in first.error.splitlines() if line.strip()]
+        assert len(notice) == 1, first.error
+        assert "The kernel started without a backend" in notice[0] and "connection refused" in notice[0]
+        assert "Error in callback" not in first.text and first.text.strip().endswith("2")
+        for code, shown in (("2 + 2", "4"), ("%pathways connect local:2x4", None), ("3 + 3", "6")):
+            reply = k.run(code)
+            assert reply.status == "ok" and reply.error == "", f"{code}: {reply.error}"
+            assert "Error in callback" not in reply.text, f"{code}: {reply.text}"
+            assert shown is None or reply.text.strip() == shown, f"{code}: {reply.text}"
+    finally:
+        assert k.shutdown() == 0
+
+
 def test_install_a_kernelspec_for_the_proxy_without_connecting(tmp_path):
     import json
     import subprocess

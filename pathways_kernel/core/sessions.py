@@ -197,6 +197,15 @@ def session() -> Session:
         return _current
 
 
+def current() -> Session | None:
+    """The process's session if one runs, else None; never starts one.
+
+    For work between cells and on background threads: starting a session
+    there would retry a backend that could not be reached at every cell.
+    """
+    return _current
+
+
 def _start(backend: Backend) -> Session:
     backend.events = EVENTS
     backend.activate()

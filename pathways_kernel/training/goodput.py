@@ -673,11 +673,17 @@ def install(shell: Any) -> None:
     if hooks is not None:
         return
 
+    from pathways_kernel.core.sessions import current
+
+    # Never a session of their own: without a backend (unreachable at start)
+    # there is no time to account, and starting one would retry it every cell.
     def started(*args: Any) -> None:
-        ledger().cell_started()
+        if (s := current()) is not None:
+            ledger(s).cell_started()
 
     def finished(*args: Any) -> None:
-        ledger().cell_finished()
+        if (s := current()) is not None:
+            ledger(s).cell_finished()
 
     shell.events.register("pre_run_cell", started)
     shell.events.register("post_run_cell", finished)
