@@ -100,6 +100,27 @@ def test_mesh_is_bound_into_the_namespace(kernel):
         ("%pathways connect grpc://127.0.0.1:1 --timeout 1e300", "argument --timeout: must be at most 3600 s"),
         ("%pathways connect sps --count 0", "argument --count: must be at least 1"),
         ("%pathways reconnect --timeout inf", "argument --timeout: expected a finite number"),
+        ("%pathways connect proxy:grpc://" + "h" * 5000 + ":1", "is not a host name"),
+        ("%pathways connect grpc://127.0.0.1:\u0662\u0669\u0660\u0660\u0660", "expected grpc://HOST:PORT"),
+        ("%pathways fail \u0661", "argument slice: expected a whole number (digits 0-9), got '\\u0661'"),
+        ("%pathways repair \uff11", "argument slice: expected a whole number"),
+        ("%pathways fail -1", "argument slice: must be at least 0"),
+        ("%pathways snapshot --step \u0661", "argument --step: expected a whole number"),
+        ("%pathways mesh --dcn \u0662,1", "bad shape"),
+        ("%pathways monitor --events \u0665", "argument --events: expected a whole number"),
+        ("%pathways monitor --rate \u0661", "argument --rate: expected a number"),
+        ("%pathways snapshot x --to ''", "argument --to: must not be empty"),
+        ("%pathways snapshot x --id ''", "argument --id: must not be empty"),
+        ("%%pathways profile --name ''\n1", "argument --name: must not be empty"),
+        ("%%pathways profile --logdir ''\n1", "argument --logdir: must not be empty"),
+        ("%%pathways sidecar --slices 0,0\n1", "slice 0 is given twice"),
+        ("%%pathways sidecar --slices \u0661\n1", "argument --slices: expected a whole number"),
+        ("%%pathways sidecar --slices 0,,1\n1", "argument --slices: an empty slice index"),
+        ("%pathways mesh --axes data,data", "argument --axes: 'data' is given twice"),
+        ("%%pathways elastic --steps 2 --state w,w\nw = w + 1", "argument --state: 'w' is given twice"),
+        ("%%pathways elastic --steps 2 --state pw\npass", "'pw' is the module pathways_kernel"),
+        ("%%pathways elastic --steps 2 --state step\npass", "--state step: the loop binds"),
+        ("%%pathways elastic --steps 2 --state mesh\npass", "--state mesh: the loop binds"),
     ],
 )
 def test_bad_input_is_one_clear_line_and_the_kernel_stays_healthy(kernel, code, fragment):
@@ -107,6 +128,13 @@ def test_bad_input_is_one_clear_line_and_the_kernel_stays_healthy(kernel, code, 
     assert fragment in line
     assert len(line) < 300  # what the user typed is not echoed back whole
     assert kernel.run("print(pw.status().devices, type(pw).__name__)").text.split() == ["8", "module"]
+
+
+def test_an_elastic_cell_that_deletes_its_state_is_one_line_and_the_state_is_kept(kernel):
+    assert kernel.run("import jax.numpy as jnp\nw = jnp.zeros(4)").status == "ok"
+    reply = kernel.run("%%pathways elastic --steps 3 --state w --no-progress\nw = w + 1\nif step == 1:\n    del w")
+    assert "the cell deleted --state w at step 1 (now back as the step began)" in one_line(reply)
+    assert kernel.run("print(float(w.sum()))").text.strip() == "4.0"
 
 
 def test_connect_before_first_computation_switches_the_backend(fresh_kernel):

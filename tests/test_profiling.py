@@ -129,6 +129,9 @@ def test_nested_and_concurrent_captures_are_refused_in_one_line(profiled):
         ("--logdir /etc/hostname/profiles", r"ProfileError: cannot write profiles there: .*is a file, not a directory"),
         ("--host-tracer-level 7", r"ProfileError: host tracer level 7 is not one of 0 \(off\)"),
         ("--name 'a b'", r"ProfileError: bad profile name 'a b'"),
+        ("--logdir /proc/x", r"ProfileError: cannot write profiles there: .*/proc/x"),
+        ("--name ''", r"UsageError: %pathways profile: argument --name: must not be empty"),
+        ("--logdir ''", r"UsageError: %pathways profile: argument --logdir: must not be empty"),
     ],
 )
 def test_bad_input_is_one_line(profiled, line, message):

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from pathways_kernel.core.errors import BackendError, SpecError
+from pathways_kernel.core.text import shown
 
 #: Seconds for all pre-flight steps together unless the user says otherwise.
 DEFAULT_TIMEOUT_S = 5.0
@@ -44,7 +45,9 @@ GET_VERSION = "/xla.ifrt.proxy.GrpcIfrtService/GetVersion"
 _H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 _H2_EMPTY_SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
 _H2_SETTINGS_TYPE = 0x04
-_TARGET = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[^:/\[\]]+):(?P<port>\d{1,5})$")
+_TARGET = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[^:/\[\]]+):(?P<port>[0-9]{1,5})$")
+#: The longest DNS name (RFC 1035), in its ASCII form.
+MAX_HOST = 253
 
 T = TypeVar("T")
 
@@ -91,24 +94,36 @@ class Report:
 def parse_target(text: str) -> Target:
     """``grpc://HOST:PORT`` -> ``Target``; raises ``SpecError`` naming the fix."""
     raw = text.strip()
+    shown_raw = shown(raw, 80)
     scheme, sep, rest = raw.partition("://")
     if not sep:
         raise SpecError(
-            f"bad proxy target '{raw}': scheme step failed: no scheme. "
-            f"Write it as grpc://HOST:PORT, e.g. grpc://{raw or 'localhost:29000'}"
+            f"bad proxy target {shown_raw}: scheme step failed: no scheme. "
+            f"Write it as grpc://HOST:PORT, e.g. grpc://{shown(raw, 80)[1:-1] if raw else 'localhost:29000'}"
         )
     if scheme.lower() != "grpc":
         raise SpecError(
-            f"bad proxy target '{raw}': scheme step failed: '{scheme}://' is not supported; "
-            f"the Pathways proxy speaks gRPC: use grpc://{rest.rstrip('/')}"
+            f"bad proxy target {shown_raw}: scheme step failed: {shown(scheme + '://')} is not supported; "
+            f"the Pathways proxy speaks gRPC: use grpc://{shown(rest.rstrip('/'), 80)[1:-1]}"
         )
     match = _TARGET.match(rest.rstrip("/"))
     if match is None or not 0 < int(match.group("port")) < 65536:
         raise SpecError(
-            f"bad proxy target '{raw}': expected grpc://HOST:PORT with a port in 1..65535, "
+            f"bad proxy target {shown_raw}: expected grpc://HOST:PORT with a port in 1..65535 (digits 0-9), "
             f"e.g. grpc://localhost:{PROXY_PORT}"
         )
-    return Target(match.group("host").strip("[]"), int(match.group("port")))
+    host = match.group("host").strip("[]")
+    try:
+        # What the resolver would do: 'idna' refuses an empty label or one over 63 characters.
+        fits = ":" in host or len(host.encode("idna")) <= MAX_HOST
+    except UnicodeError:
+        fits = False
+    if not fits:
+        raise SpecError(
+            f"bad proxy target {shown_raw}: {shown(host)} is not a host name (at most {MAX_HOST} characters, "
+            f"1 to 63 between dots); e.g. grpc://localhost:{PROXY_PORT}"
+        )
+    return Target(host, int(match.group("port")))
 
 
 def preflight(target: Target, timeout: float = DEFAULT_TIMEOUT_S, secure: bool = False) -> Report:

@@ -16,9 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from pathways_kernel.core import parsing
 from pathways_kernel.core.errors import MeshError
 from pathways_kernel.core.slices import Slice
-from pathways_kernel.core.text import count
+from pathways_kernel.core.text import count, shown
 
 DEFAULT_AXES = ("data", "model")
 
@@ -120,11 +121,12 @@ def build(
 
 def parse_shape(text: str) -> tuple[int, ...]:
     """``"2,1"`` or ``"2x1"`` -> ``(2, 1)``; raises ``MeshError`` on bad input."""
-    parts = [p for p in text.replace("x", ",").split(",") if p.strip()]
     try:
-        return tuple(int(p) for p in parts)
-    except ValueError:
-        raise MeshError(f"bad shape '{text}': expected comma-separated positive integers, e.g. 2,1") from None
+        return tuple(parsing.whole_number(p, 1) for p in text.replace("x", ",").split(","))
+    except ValueError as exc:
+        raise MeshError(
+            f"bad shape {shown(text)}: expected comma-separated positive integers, e.g. 2,1 ({exc})"
+        ) from None
 
 
 def describe(mesh: Any) -> str:

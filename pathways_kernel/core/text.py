@@ -17,3 +17,10 @@ def plural(word: str, n: int) -> str:
 def count(n: int, word: str) -> str:
     """``n`` and ``word`` agreeing: ``count(1, "scale-up") == "1 scale-up"``."""
     return f"{n} {plural(word, n)}"
+
+
+def shown(text: str, limit: int = 40) -> str:
+    """``text`` quoted for a one-line message: non-ASCII and control characters
+    escaped (so ``'\\u0661'`` shows as what it is, not as a 1), cut when long."""
+    cut = text if len(text) <= limit else text[:limit] + "..."
+    return "'" + cut.encode("unicode_escape").decode("ascii") + "'"

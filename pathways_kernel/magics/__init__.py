@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
-import re
 import shlex
 from collections.abc import Callable
 from typing import Any
@@ -21,7 +19,9 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import MagicArgumentParser
 
+from pathways_kernel.core import parsing
 from pathways_kernel.core.errors import PathwaysError, one_line
+from pathways_kernel.core.text import shown
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,33 +77,30 @@ def top_level_help() -> str:
 
 
 #: Largest whole number an option takes: steps and counts end up in int64 fields.
-MAX_INT = 2**63 - 1
-
-_INT = re.compile(r"[+-]?[0-9]+")
+MAX_INT = parsing.MAX_INT
 
 
-def _shown(text: str) -> str:
-    """``text`` quoted for a one-line message: escaped, and cut when long."""
-    return repr(text if len(text) <= 40 else text[:40] + "...")
+def _argument_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse ``type`` from a ``core.parsing`` function: its ``ValueError`` is the option's one line."""
+
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return convert
 
 
 def integer(minimum: int, maximum: int = MAX_INT) -> Callable[[str], int]:
     """An argparse ``type``: an ASCII whole number in ``[minimum, maximum]``."""
+    return _argument_type(lambda text: parsing.whole_number(text, minimum, maximum))
 
-    def parse(text: str) -> int:
-        # int() would also take full-width digits and '1_000', and refuses 5000 digits in a traceback.
-        if not _INT.fullmatch(text.strip()):
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {_shown(text)}")
-        if len(text.strip().lstrip("+-").lstrip("0")) > len(str(MAX_INT)):
-            raise argparse.ArgumentTypeError(f"must be at most {maximum}, got {_shown(text)}")
-        value = int(text)
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
-        if value > maximum:
-            raise argparse.ArgumentTypeError(f"must be at most {maximum}, got {value}")
-        return value
 
-    return parse
+#: An argparse ``type``: an ASCII whole number; the command checks its range (and names it).
+whole_number = integer(parsing.MIN_INT)
+#: An argparse ``type``: an ASCII number (inf and nan too); the command checks its range.
+number = _argument_type(parsing.number)
 
 
 def seconds(minimum: float, maximum: float, allow_minimum: bool = True) -> Callable[[str], float]:
@@ -112,11 +109,9 @@ def seconds(minimum: float, maximum: float, allow_minimum: bool = True) -> Calla
 
     def parse(text: str) -> float:
         try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number of seconds, got {_shown(text)}") from None
-        if not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"expected a finite number of seconds, got {_shown(text)}")
+            value = parsing.finite_number(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{exc} (seconds)") from None
         if value < minimum or (value == minimum and not allow_minimum):
             raise argparse.ArgumentTypeError(
                 f"must be {'at least' if allow_minimum else 'more than'} {minimum:g} s, got {value:g}"
@@ -133,13 +128,21 @@ preflight_seconds = seconds(0.0, 3600.0, allow_minimum=False)
 
 
 def name_list(text: str) -> list[str]:
-    """An argparse ``type``: comma-separated Python names, none empty (``a,b``)."""
+    """An argparse ``type``: comma-separated Python names, none empty, none twice (``a,b``)."""
     names = [n.strip() for n in text.split(",")]
     bad = next((n for n in names if not n.isidentifier()), None)
     if bad is not None:
-        what = "an empty name" if not bad else f"{_shown(bad)} is not a Python name"
-        raise argparse.ArgumentTypeError(f"{what} in {_shown(text)}: give comma-separated names, e.g. data,model")
+        what = "an empty name" if not bad else f"{shown(bad)} is not a Python name"
+        raise argparse.ArgumentTypeError(f"{what} in {shown(text)}: give comma-separated names, e.g. data,model")
+    twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if twice is not None:
+        raise argparse.ArgumentTypeError(f"{shown(twice)} is given twice in {shown(text)}")
     return names
+
+
+def slice_list(text: str) -> str | tuple[int, ...]:
+    """An argparse ``type``: ``all``, or comma-separated slice indices, none twice (``0,1``)."""
+    return "all" if text.strip() == "all" else _argument_type(parsing.index_list)(text)
 
 
 def non_empty(text: str) -> str:

@@ -7,7 +7,8 @@ from typing import Any
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from pathways_kernel.core.errors import NamespaceError, PathwaysError
-from pathways_kernel.magics import Text, subcommand
+from pathways_kernel.core.namespace import check_bindable
+from pathways_kernel.magics import Text, integer, name_list, non_empty, subcommand, whole_number
 from pathways_kernel.monitoring import cellprogress
 from pathways_kernel.state import snapshots
 from pathways_kernel.state.autosnapshots import autosnapshot as set_autosnapshot
@@ -20,16 +21,21 @@ from pathways_kernel.training.elastic_loop import (
     check_steps,
 )
 
+#: What the loop binds in the namespace for each step: never training state.
+LOOP_NAMES = ("step", "mesh")
+
 cellprogress.install()  # runs started in this kernel's cells show their progress under the cell
 
 
 @subcommand("snapshot")
 @magic_arguments(name="pathways snapshot")
 @argument("names", nargs="*", help="variables to snapshot (default: every variable holding jax arrays)")
-@argument("--step", type=int, default=None, help="record this training step with the snapshot")
-@argument("--keep", type=int, default=None, help="keep the last K snapshots per name from now on")
-@argument("--to", default=None, help="also persist to gs://BUCKET/PREFIX or a directory, in the background")
-@argument("--id", default=None, help="id of the persisted snapshot (default: NAME or NAME-stepN)")
+@argument("--step", type=integer(0), default=None, help="record this training step with the snapshot")
+@argument("--keep", type=integer(1), default=None, help="keep the last K snapshots per name from now on")
+@argument(
+    "--to", type=non_empty, default=None, help="also persist to gs://BUCKET/PREFIX or a directory, in the background"
+)
+@argument("--id", type=non_empty, default=None, help="id of the persisted snapshot (default: NAME or NAME-stepN)")
 def snapshot(shell: Any, args: Any, cell: str | None):
     """Copy variables' jax arrays to host memory (async), with their PartitionSpecs."""
     if args.keep is not None:
@@ -65,7 +71,7 @@ def snapshots_(shell: Any, args: Any, cell: str | None):
 @argument(
     "state", nargs="?", choices=("on", "off"), help="turn snapshot-after-each-cell on or off (default: show status)"
 )
-@argument("--max-bytes", type=int, default=None, help="host bytes autosnapshots may hold in all")
+@argument("--max-bytes", type=integer(0), default=None, help="host bytes autosnapshots may hold in all")
 def autosnapshot(shell: Any, args: Any, cell: str | None):
     """After each cell, snapshot the jax variables that changed (for healing after a slice loss)."""
     if args.state is None:
@@ -77,15 +83,17 @@ def autosnapshot(shell: Any, args: Any, cell: str | None):
 @magic_arguments(name="pathways elastic")
 @argument(
     "--steps",
-    type=int,
+    type=whole_number,
     required=True,
     help="steps of the whole run: the cell runs once for each of steps --start..--steps-1",
 )
-@argument("--state", required=True, help="comma-separated variables that are the training state")
-@argument("--start", type=int, default=0, help="first step (default 0), e.g. the step a snapshot is from")
-@argument("--snapshot-every", type=int, default=DEFAULT_SNAPSHOT_EVERY, help="steps between host snapshots")
-@argument("--max-retries", type=int, default=DEFAULT_MAX_RETRIES, help="consecutive slice losses before giving up")
-@argument("--axes", default=None, help="mesh axes (default: data,model; data spans slices)")
+@argument("--state", type=name_list, required=True, help="comma-separated variables that are the training state")
+@argument("--start", type=whole_number, default=0, help="first step (default 0), e.g. the step a snapshot is from")
+@argument("--snapshot-every", type=whole_number, default=DEFAULT_SNAPSHOT_EVERY, help="steps between host snapshots")
+@argument(
+    "--max-retries", type=whole_number, default=DEFAULT_MAX_RETRIES, help="consecutive slice losses before giving up"
+)
+@argument("--axes", type=name_list, default=None, help="mesh axes (default: data,model; data spans slices)")
 @argument("--no-progress", action="store_true", help="no progress display under the cell")
 def elastic(shell: Any, args: Any, cell: str | None):
     """Run the cell as an elastic training step: survives slice loss, scales back up."""
@@ -96,11 +104,13 @@ def elastic(shell: Any, args: Any, cell: str | None):
     steps, start = check_steps(args.steps, args.start, ("--steps", "--start"))
     snapshot_every = check_count(args.snapshot_every, "--snapshot-every", 1)
     max_retries = check_count(args.max_retries, "--max-retries", 1)
-    names = [n.strip() for n in args.state.split(",") if n.strip()]
-    if not names:
-        raise PathwaysError(
-            "--state names no variable; give the training state's variables, e.g. --state params,opt_state"
-        )
+    names = args.state
+    for n in names:
+        if n in LOOP_NAMES:
+            raise NamespaceError(
+                f"--state {n}: the loop binds `step` and `mesh` for each step; keep the training state in other variables"
+            )
+        check_bindable(n, None, overwrite=True)  # the run binds the state back: never pw, In, a builtin
     ns = shell.user_ns
     missing = [n for n in names if n not in ns]
     if missing:
@@ -113,10 +123,15 @@ def elastic(shell: Any, args: Any, cell: str | None):
         ns.update(state)
         ns["step"], ns["mesh"] = step, mesh
         exec(code, ns)  # noqa: S102  (the user's own cell)
+        if deleted := [n for n in names if n not in ns]:
+            ns.update({n: state[n] for n in deleted})  # what the step began with: nothing is lost
+            raise NamespaceError(
+                f"the cell deleted --state {', '.join(deleted)} at step {step} (now back as the step began): each "
+                "step must leave the state variables bound to the new state, assigned, never deleted"
+            )
         return {n: ns[n] for n in names}
 
-    axes = [a.strip() for a in args.axes.split(",") if a.strip()] if args.axes else None
-    loop = Elastic(body, snapshot_every, max_retries, axes, name=",".join(names), state_label=", ".join(names))
+    loop = Elastic(body, snapshot_every, max_retries, args.axes, name=",".join(names), state_label=", ".join(names))
     try:
         ns.update(loop.run({n: ns[n] for n in names}, steps, start, progress=not args.no_progress))
     finally:

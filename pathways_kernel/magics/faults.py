@@ -16,7 +16,7 @@ chaos_seconds = seconds(MIN_SECONDS, MAX_SECONDS)
 
 @subcommand("fail")
 @magic_arguments(name="pathways fail")
-@argument("slice", type=int, help="index of the slice to lose")
+@argument("slice", type=integer(0), help="index of the slice to lose")
 def fail(shell: Any, args: Any, cell: str | None):
     """Lose a slice (local backend): arrays with a shard on it raise DATA_LOSS from now on."""
     return api.fail_slice(args.slice)
@@ -24,7 +24,7 @@ def fail(shell: Any, args: Any, cell: str | None):
 
 @subcommand("repair")
 @magic_arguments(name="pathways repair")
-@argument("slice", type=int, help="index of the slice to bring back")
+@argument("slice", type=integer(0), help="index of the slice to bring back")
 def repair(shell: Any, args: Any, cell: str | None):
     """Bring a lost slice back, empty (local backend): lost arrays stay lost."""
     return api.repair_slice(args.slice)

@@ -10,19 +10,22 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 
 from pathways_kernel.core.errors import PathwaysError
-from pathways_kernel.magics import subcommand
+from pathways_kernel.magics import non_empty, subcommand, whole_number
 from pathways_kernel.profiling import capture
 
 
 @subcommand("profile", cell=True)
 @magic_arguments(name="pathways profile")
-@argument("--name", default=None, help="name of the capture (default: profile)")
+@argument("--name", type=non_empty, default=None, help="name of the capture (default: profile)")
 @argument(
-    "--logdir", default=None, help="where the trace goes (default: this session's dir; gs://... on the proxy backend)"
+    "--logdir",
+    type=non_empty,
+    default=None,
+    help="where the trace goes (default: this session's dir; gs://... on the proxy backend)",
 )
 @argument(
     "--host-tracer-level",
-    type=int,
+    type=whole_number,
     default=capture.DEFAULT_HOST_TRACER_LEVEL,
     help="0 off, 1 user annotations and XLA ops (default), 2 also the runtime's events, 3 verbose",
 )

@@ -7,13 +7,18 @@ from typing import Any
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from pathways_kernel.colocated.sidecars import ActivityTable, define, stats
-from pathways_kernel.magics import Text, subcommand
+from pathways_kernel.magics import Text, number, slice_list, subcommand
 
 
 @subcommand("sidecar", cell=True)
 @magic_arguments(name="pathways sidecar")
-@argument("--slices", default="all", help="slices the cell's @pw.sidecar functions run on: all (default) or e.g. 0,1")
-@argument("--timeout", type=float, default=None, help="seconds before a sidecar call is reported hung (default 60)")
+@argument(
+    "--slices",
+    type=slice_list,
+    default="all",
+    help="slices the cell's @pw.sidecar functions run on: all (default) or e.g. 0,1",
+)
+@argument("--timeout", type=number, default=None, help="seconds before a sidecar call is reported hung (default 60)")
 def sidecar(shell: Any, args: Any, cell: str | None):
     """Cell: its @pw.sidecar functions run colocated with --slices; line: sidecar calls, bytes, time, queue depth."""
     if cell is None:

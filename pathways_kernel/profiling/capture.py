@@ -247,7 +247,7 @@ def tracer_for(backend: Any, logdir: str | None) -> tuple[Any, str, str]:
     from pathways_kernel.state import storage
 
     proxy = isinstance(backend, ProxyBackend)
-    chosen = logdir or (os.environ.get(ROOT_ENV) if proxy else None)
+    chosen = logdir if logdir is not None else (os.environ.get(ROOT_ENV) if proxy else None)
     if proxy:
         if not chosen or not str(chosen).startswith("gs://"):
             raise ProfileError(
@@ -260,15 +260,22 @@ def tracer_for(backend: Any, logdir: str | None) -> tuple[Any, str, str]:
             "which traces into a local directory: drop --logdir (or give a local path)"
         )
     try:
-        location = storage.parse_url(str(chosen) if chosen else str(profile_root()))
+        location = storage.parse_url(str(chosen) if chosen is not None else str(profile_root()))
         storage.objects_for(location).check(location)
     except StorageError as exc:
         raise ProfileError(f"cannot write profiles there: {exc}") from None
     if proxy:
         return PathwaysTracer(), location.url, ""
-    if logdir:
+    if logdir is not None:
         return _JaxTracer(), location.url, ""
     return _JaxTracer(), location.url, _this_session_dir()
+
+
+def _make_dir(path: str) -> None:
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # /proc, a name that is a file, a full or read-only disk
+        raise ProfileError(f"cannot write profiles there: cannot create {path}: {exc.strerror or exc}") from None
 
 
 def _write_xspace(run_dir: str, xspace: bytes) -> None:
@@ -344,7 +351,7 @@ def profile(
     """
     import jax
 
-    name = name or "profile"
+    name = "profile" if name is None else name
     if not _NAME.match(name):
         raise ProfileError(f"bad profile name {name!r}: use letters, digits, '.', '_' or '-' (at most 80)")
     _check_host_tracer_level(host_tracer_level)
@@ -356,7 +363,7 @@ def profile(
     _claim(capture)
     try:
         if capture.local:
-            Path(target).mkdir(parents=True, exist_ok=True)
+            _make_dir(target)
         tracer.start(target, _options(run_name, host_tracer_level, python_tracer))
     except BaseException:
         _release()
