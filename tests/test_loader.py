@@ -195,3 +195,25 @@ def test_a_dropped_loader_is_collected_and_stops(local_session):
     del batches
     gc.collect()
     assert "dropped" not in stats()["loaders"]
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_a_bare_loop_after_a_loss_says_how_to_follow_the_live_slices(local_session, prefetch):
+    """Issue 22.6: every next() after a loss failed with `DATA_LOSS: slice 1 is down; device_put
+    placed data on it` and no hint. Prefetched steps were on the lost slice too."""
+    from pathwaysutils.elastic.elastic import is_error_due_to_slice_down
+
+    with pw.loader(samples, prefetch=prefetch) as batches:
+        next(batches)
+        fail_slice(1)
+        for _ in range(2):  # every next() says it, not only the first
+            with pytest.raises(pw.PathwaysError) as caught:
+                next(batches)
+            message = str(caught.value)
+            assert "\n" not in message
+            assert message.startswith("loader samples: slice 1 is down"), message
+            assert "loader.reset(1, pw.mesh())" in message and "pw.elastic" in message, message
+            # Still the runtime's slice-loss error, which an elastic loop recovers from.
+            assert is_error_due_to_slice_down(caught.value, log_traceback=False)
+        batches.reset(1, pw.mesh())  # what it says to do
+        assert np.asarray(next(batches)["ids"]).tolist() == list(range(B, 2 * B))

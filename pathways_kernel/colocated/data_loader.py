@@ -48,7 +48,7 @@ from pathways_kernel.colocated.sidecars import (
     slice_lost,
     timed_out,
 )
-from pathways_kernel.core.errors import MeshError, PathwaysError
+from pathways_kernel.core.errors import MeshError, PathwaysError, slice_down_error
 from pathways_kernel.core.eventlog import format_bytes
 from pathways_kernel.core.text import count
 from pathways_kernel.training import goodput
@@ -323,7 +323,13 @@ class Loader:
         with self._lock:
             step = self.step
             self.step += 1
-        batch = self.batch(step)
+        try:
+            batch = self.batch(step)
+        except BaseException:
+            with self._lock:
+                if self.step == step + 1:  # not reset meanwhile: the step was not delivered
+                    self.step = step
+            raise
         goodput.loop_step(self)
         return batch
 
@@ -341,6 +347,10 @@ class Loader:
             raise PathwaysError(f"loader {self.name} is closed; create a new pw.loader")
         if mesh is not None and mesh is not self._layout.mesh and mesh != self._layout.mesh:
             self.reset(step, mesh)
+        down = [i for i in self._layout.slices if not self._session.topology.slice(i).up]
+        if down:
+            # Whatever was made or prefetched for a lost slice is lost with it.
+            raise self._lost(step, down)
         with self._lock:
             self._schedule(step, 1 + self.prefetch)
             pending = self._pending.pop(step)
@@ -357,6 +367,9 @@ class Loader:
         except Exception as exc:
             if isinstance(exc, SidecarError) or slice_lost(exc):
                 self._failed(pending.blocks, exc)
+            if slice_lost(exc):
+                down = [i for i in self._layout.slices if not self._session.topology.slice(i).up]
+                raise self._lost(step, down or [min(pending.blocks)]) from None
             raise
         log = activity(self._session)
         for index, (size, busy) in sizes.items():
@@ -371,6 +384,17 @@ class Loader:
                 c["wait_s"] += time.perf_counter() - started
         self._maybe_summarize(step)
         return batch
+
+    def _lost(self, step: int, down: list[int]) -> BaseException:
+        """The one line for a batch whose slices are down: what to do (still a slice-loss
+        error, so an elastic loop recovers from it)."""
+        which = f"slice {down[0]} is" if len(down) == 1 else f"slices {', '.join(map(str, down))} are"
+        return slice_down_error(
+            f"loader {self.name}: {which} down and batches are laid out over slices "
+            f"[{','.join(map(str, self._layout.slices))}] (DATA_LOSS); follow the live slices with "
+            f"loader.reset({step}, pw.mesh()) and go on from step {step}, or run the loop under pw.elastic "
+            f"and pass its mesh (loader.batch(step, mesh)), which does that for you"
+        )
 
     def reset(self, step: int, mesh: Any = None) -> None:
         """Follow ``mesh`` (default: a mesh over the live slices, same axes) and continue from ``step``."""
