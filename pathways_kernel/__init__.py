@@ -50,8 +50,9 @@ from pathways_kernel.state.storage import persist, restore
 from pathways_kernel.training.elastic_loop import ElasticError, elastic, on_restore
 from pathways_kernel.training.goodput import flops, goodput
 from pathways_kernel.training.goodput_logging import cloud_logging as goodput_cloud_logging
-from pathways_kernel.training.metrics import log
+from pathways_kernel.training.metrics import log, metrics
 from pathways_kernel.training.steps import steps
+from pathways_kernel.training.tensorboard import metrics_to_tensorboard
 
 __version__ = "0.1.0"
 
@@ -81,6 +82,8 @@ __all__ = [
     "flops",
     "steps",
     "log",
+    "metrics",
+    "metrics_to_tensorboard",
     "restore_snapshot",
     "persist",
     "restore",
