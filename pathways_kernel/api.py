@@ -69,7 +69,7 @@ def events(last: int | None = None, kind: str | None = None) -> list[Event]:
 
 
 def events_table(last: int | None = None, kind: str | None = None) -> EventTable:
-    return EventTable(events(last, kind))
+    return EventTable(events(last, kind), kind)
 
 
 __all__ = [

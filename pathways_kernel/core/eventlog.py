@@ -1,10 +1,9 @@
 """The session's event log: every transition a user may want to see.
 
-Kinds used across the project: ``connect``, ``disconnect``,
-``connection_update``, ``slice_down``, ``slice_up``, ``reshard``,
-``snapshot``, ``restore``, ``retry``, ``scale_up``, ``transfer``,
-``compile``, ``sidecar``. Thread-safe; listeners (the telemetry hub, the
-notebook widget) are called on the appending thread and must not block.
+Kinds used across the project are ``KINDS``. Thread-safe; listeners (the
+telemetry hub, the notebook widget) are called on the appending thread and
+must not block. Times read to the millisecond (``HH:MM:SS.mmm``): a
+recovery's events fall within one second.
 """
 
 from __future__ import annotations
@@ -17,8 +16,43 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from pathways_kernel.core.errors import PathwaysError
+
 #: Events kept in memory; older ones drop off.
 MAX_EVENTS = 10_000
+
+#: The kinds the project emits (a log may hold others: any kind it holds is known too).
+KINDS = (
+    "connect",
+    "disconnect",
+    "connection_update",
+    "slice_down",
+    "slice_up",
+    "reshard",
+    "snapshot",
+    "restore",
+    "retry",
+    "scale_up",
+    "transfer",
+    "compile",
+    "sidecar",
+    "goodput",
+    "profile",
+    "job_submitted",
+    "job_pending",
+    "job_running",
+    "job_bound",
+    "job_time_limit",
+    "job_preempted",
+    "job_requeued",
+    "job_ended",
+    "job_error",
+)
+
+
+def clock(t: float) -> str:
+    """``t`` (time.time()) as local ``HH:MM:SS.mmm``."""
+    return time.strftime("%H:%M:%S", time.localtime(t)) + f".{int(t * 1000) % 1000:03d}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +73,7 @@ class Event:
         return dataclasses.asdict(self)
 
     def to_text(self) -> str:
-        parts = [time.strftime("%H:%M:%S", time.localtime(self.time)), f"{self.kind:<12}"]
+        parts = [clock(self.time), f"{self.kind:<12}"]
         if self.slices_before is not None or self.slices_after is not None:
             parts.append(f"slices {_slices(self.slices_before)} -> {_slices(self.slices_after)}")
         if self.step is not None:
@@ -111,6 +145,17 @@ class EventLog:
         return unsubscribe
 
     def last(self, n: int | None = None, kind: str | None = None) -> list[Event]:
+        """The last ``n`` events (all: None), of ``kind`` only if given, oldest first.
+
+        Raises:
+          PathwaysError: ``kind`` is none of ``KINDS`` nor of the log's kinds (names those).
+        """
+        if kind is not None and kind not in KINDS:
+            with self._lock:
+                seen = {e.kind for e in self._events}
+            if kind not in seen:
+                known = ", ".join(sorted(seen.union(KINDS)))
+                raise PathwaysError(f"no event kind '{kind}'; the kinds are: {known}")
         with self._lock:
             events = [e for e in self._events if kind is None or e.kind == kind]
         return events if n is None else events[-n:] if n > 0 else []
@@ -126,18 +171,19 @@ class EventLog:
 class EventTable:
     """A list of events rendered as text or an HTML table (newest last)."""
 
-    def __init__(self, events: list[Event]):
+    def __init__(self, events: list[Event], kind: str | None = None):
         self.events = events
+        self._empty = f"no {kind} events yet" if kind else "no events yet"
 
     def __repr__(self) -> str:
-        return "\n".join(e.to_text() for e in self.events) if self.events else "no events yet"
+        return "\n".join(e.to_text() for e in self.events) if self.events else self._empty
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         p.text(repr(self))
 
     def _repr_html_(self) -> str:
         if not self.events:
-            return "<i>no events yet</i>"
+            return f"<i>{html.escape(self._empty)}</i>"
         rows = "".join(
             "<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in _row(e)) + "</tr>" for e in self.events
         )
@@ -152,7 +198,7 @@ def _row(e: Event) -> list[str]:
         else f"{_slices(e.slices_before)} → {_slices(e.slices_after)}"
     )
     return [
-        time.strftime("%H:%M:%S", time.localtime(e.time)),
+        clock(e.time),
         e.kind,
         slices,
         "" if e.step is None else str(e.step),
