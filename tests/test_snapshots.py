@@ -252,3 +252,16 @@ def test_a_failed_copy_does_not_keep_the_lost_arrays_alive(mesh):
             snap.wait()  # still says why
     finally:
         repair_slice(1)
+
+
+def test_a_snapshot_leaves_no_device_arrays_behind_and_a_loss_counts_only_the_users(mesh):
+    """A snapshot is host memory: reading the shards must not leave per-device arrays live."""
+    y = sharded(mesh, (16, 32), P("data", "model"))
+    r = sharded(mesh, (8,), P())
+    one = jax.device_put(np.ones(5, np.float32), jax.devices()[3])
+    before = {id(a) for a in jax.live_arrays()}
+    pw.snapshot({"y": y, "r": r, "one": one}, name="leaves-nothing").wait()
+    extra = [a for a in jax.live_arrays() if id(a) not in before]
+    assert extra == [], [(a.shape, a.sharding) for a in extra]
+    report = faults.fail_slice(0)
+    assert (report.arrays, report.nbytes) == (3, y.nbytes + r.nbytes + one.nbytes), report

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from pathways_kernel.core import jaxcompat
 from pathways_kernel.core.errors import PathwaysError
 from pathways_kernel.core.eventlog import format_bytes
 from pathways_kernel.core.text import count
@@ -369,9 +370,12 @@ def take(
     for path, value in pairs:
         key = jax.tree_util.keystr(path)
         if _is_device_array(value):
-            value.copy_to_host_async()
             spec, axes = _layout(value)
             leaves.append(Leaf(key, tuple(value.shape), np.dtype(value.dtype), spec, axes))
+            # Read through an alias: the per-shard arrays a read caches die
+            # with it, not with the user's array (a snapshot is host memory).
+            value = jaxcompat.alias(value)
+            value.copy_to_host_async()
         elif isinstance(value, jax.core.Tracer):
             raise PathwaysError(
                 f"cannot snapshot {key or 'a value'} inside a traced function (jit/grad); snapshot outside it"
