@@ -280,3 +280,85 @@ def test_restore_never_rebinds_the_notebooks_own_names(nb, tmp_path):
     line = one_line_error(nb, f"%pathways checkpoint restore {tmp_path}/clash")
     assert "'pw' is the module pathways_kernel" in line, line
     assert ok(nb, "print(type(pw).__name__, 'fine' in dir())").text.strip() == "module False"
+
+
+@pytest.fixture
+def refusing_token_endpoint():
+    """An OAuth token endpoint on 127.0.0.1 that refuses every key, as Google's does a revoked one
+    (Google's own cannot be reached from a test)."""
+    import http.server
+    import json
+    import threading
+
+    class Refuse(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            body = json.dumps({"error": "invalid_grant", "error_description": "Invalid JWT Signature."}).encode()
+            self.send_response(400)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/token"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize(
+    "endpoint, why",
+    [("unreachable", "Connection refused"), ("refusing", "invalid_grant: Invalid JWT Signature.")],
+)
+def test_a_key_that_gets_no_token_is_named_never_called_missing_or_shown(tmp_path, monkeypatch, request, endpoint, why):
+    import json
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    token_uri = (
+        "http://127.0.0.1:1/token" if endpoint == "unreachable" else request.getfixturevalue("refusing_token_endpoint")
+    )
+    pem = (
+        rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        .private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+        .decode()
+    )
+    key = {
+        "type": "service_account",
+        "project_id": "test",
+        "private_key_id": "0123456789abcdef0123456789abcdef01234567",
+        "private_key": pem,
+        "client_email": "notebook@test.iam.gserviceaccount.com",
+        "client_id": "1",
+        "token_uri": token_uri,
+    }
+    key_file = tmp_path / "key.json"
+    key_file.write_text(json.dumps(key))
+    # Real Cloud Storage, not the emulator: the kernel must not inherit the test run's emulator settings.
+    for name in (
+        "STORAGE_EMULATOR_HOST",
+        "TENSORSTORE_GCS_HTTP_URL",
+        "GOOGLE_AUTH_TOKEN_FOR_TESTING",
+        "FSSPEC_GCS_TOKEN",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    k = Kernel(
+        "pathways",
+        env={"GOOGLE_APPLICATION_CREDENTIALS": str(key_file), "PATHWAYS_STORAGE_RETRY_S": "1"},
+    )
+    try:
+        ok(k, "import jax.numpy as jnp\nx = jnp.ones(4)")
+        for code in ("%pathways snapshot x --to gs://notebook-bucket/snaps", "%pathways cache gs://notebook-bucket/cc"):
+            line = one_line_error(k, code)
+            assert f"the service-account key {key_file} (GOOGLE_APPLICATION_CREDENTIALS) was found" in line, line
+            assert f"getting an access token from {token_uri} failed: {why}" in line, line
+            assert "no Google Cloud credentials" not in line and "application-default login" not in line, line
+            secrets = (key["private_key_id"], *(row for row in pem.splitlines() if "PRIVATE KEY" not in row))
+            assert not any(secret in line for secret in secrets)
+    finally:
+        k.shutdown()

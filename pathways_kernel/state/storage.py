@@ -225,10 +225,11 @@ def storage_error(exc: BaseException, what: str, where: Location | str) -> Stora
             f"{what} {where} failed: Cloud Storage refused it (rate limit or quota exceeded); retry later"
         )
     if isinstance(exc, aexc.DefaultCredentialsError):
-        return StorageError(
-            f"{what} {where} failed: no Google Cloud credentials; run `gcloud auth application-default login` "
-            "(or set STORAGE_EMULATOR_HOST to use an emulator)"
-        )
+        return StorageError(f"{what} {where} failed: {no_credentials(exc)}")
+    if isinstance(exc, (aexc.RefreshError, aexc.TransportError)):
+        # The credentials were found; the token endpoint failed (before the check on connections below,
+        # which would blame Cloud Storage for it).
+        return StorageError(f"{what} {where} failed: {no_token(exc)}")
     if isinstance(exc, (gexc.Forbidden, gexc.Unauthorized)) or re.search(
         r"PERMISSION_DENIED|UNAUTHENTICATED|http_response_code='40[13]'", text
     ):
@@ -254,6 +255,62 @@ def storage_error(exc: BaseException, what: str, where: Location | str) -> Stora
     if isinstance(exc, OSError):
         return StorageError(f"{what} {where} failed: {exc.strerror or exc}")
     raise exc
+
+
+#: Where google-auth reads a credentials file (a service-account key) before gcloud's own.
+CREDENTIALS_ENV = "GOOGLE_APPLICATION_CREDENTIALS"
+
+
+def no_credentials(exc: BaseException) -> str:
+    """Why google-auth found no usable credentials: none at all, or a credentials file it cannot use."""
+    key = os.environ.get(CREDENTIALS_ENV)
+    if not key:
+        return (
+            "no Google Cloud credentials; run `gcloud auth application-default login` "
+            "(or set STORAGE_EMULATOR_HOST to use an emulator)"
+        )
+    # google-auth's message names the file and what is wrong with it, never the key's contents.
+    why = exc.args[0] if exc.args and isinstance(exc.args[0], str) else str(exc)
+    return f"the credentials file {key} ({CREDENTIALS_ENV}) cannot be used: {_short_text(why)}; fix or replace it"
+
+
+def no_token(exc: BaseException) -> str:
+    """The credentials were found, but getting an access token failed: which ones, from where, and why.
+
+    Names the key file and its token endpoint, never the key: its fields are read
+    here only for ``type`` and ``token_uri``.
+    """
+    key = os.environ.get(CREDENTIALS_ENV)
+    found, token_uri = "the application default credentials were found", ""
+    if key:
+        try:
+            with open(key, encoding="utf-8") as f:
+                info = json.load(f)
+            kind = "service-account key" if info.get("type") == "service_account" else "credentials file"
+            token_uri = str(info.get("token_uri") or "")
+        except (OSError, ValueError, AttributeError):
+            kind = "credentials file"
+        found = f"the {kind} {key} ({CREDENTIALS_ENV}) was found"
+    source = f" from {token_uri}" if token_uri else ""
+    return (
+        f"{found}, but getting an access token{source} failed: {_token_failure(exc)}; check that this machine "
+        "reaches the token endpoint (proxy, firewall) and that the key is still valid (not deleted or disabled)"
+    )
+
+
+def _token_failure(exc: BaseException) -> str:
+    """The root of a token request's failure: the endpoint's own error, or the network's."""
+    from google.auth import exceptions as aexc
+
+    if isinstance(exc, aexc.RefreshError) and exc.args and isinstance(exc.args[0], str):
+        return _short_text(exc.args[0])  # e.g. "invalid_grant: Invalid JWT Signature."
+    root, seen = exc, set()
+    while (cause := root.__cause__ or root.__context__) is not None and id(cause) not in seen:
+        seen.add(id(root))
+        root = cause
+    if isinstance(root, OSError) and root.strerror:
+        return root.strerror
+    return _short(root)
 
 
 _NO_SPACE = re.compile(r"No space left|Disk quota exceeded|os_error_code='(28|122)'")
@@ -293,8 +350,11 @@ def _is_connection_error(exc: BaseException) -> bool:
 
 
 def _short(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    text = re.sub(r"\[http_response_body=.*", "", text)
+    return _short_text(re.sub(r"\[http_response_body=.*", "", " ".join(str(exc).split())))
+
+
+def _short_text(text: str) -> str:
+    text = " ".join(text.split())
     return (text[:160] + "...") if len(text) > 160 else text
 
 
@@ -499,11 +559,8 @@ def _gcs_client():
             else:
                 try:
                     client = storage.Client()
-                except aexc.DefaultCredentialsError:
-                    raise StorageError(
-                        "no Google Cloud credentials for gs://: run `gcloud auth application-default login` "
-                        "(or set STORAGE_EMULATOR_HOST to use an emulator)"
-                    ) from None
+                except aexc.DefaultCredentialsError as exc:
+                    raise StorageError(f"gs:// needs Google Cloud credentials: {no_credentials(exc)}") from None
             _clients[key] = client
         return _clients[key]
 
