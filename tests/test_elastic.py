@@ -526,17 +526,20 @@ def test_steps_run_while_the_newest_snapshot_copies_and_the_loop_waits_for_it_on
     copying: list[list[int]] = []
 
     def step_fn(state, step, mesh):
+        if step == 4:
+            hold_copier(release)  # the snapshot of step 5 will queue behind
         copying.append([s.step for s in store.list() if s.name == "elastic:overlap" and not s.done()])
-        if step == 3:
+        if step == 8:
             threading.Timer(0.3, release.set).start()
         return state + 1
 
-    hold_copier(release)
-    final = pw.elastic(step_fn, snapshot_every=5, name="overlap")(sharded(0.0), steps=10)
-    np.testing.assert_array_equal(np.asarray(final), np.full(8, 10.0, np.float32))
-    # Steps 0-3 ran while the snapshot of step 0 was still copying; by step 5 it was waited for.
-    assert copying[:4] == [[0]] * 4
-    assert all(0 not in pending for pending in copying[5:])
+    final = pw.elastic(step_fn, snapshot_every=5, name="overlap")(sharded(0.0), steps=15)
+    np.testing.assert_array_equal(np.asarray(final), np.full(8, 15.0, np.float32))
+    # The copy of the state the run was given was done before its first step.
+    assert copying[:5] == [[]] * 5
+    # Steps 5-8 ran while the snapshot of step 5 was still copying; by step 10 it was waited for.
+    assert copying[5:9] == [[5]] * 4
+    assert all(5 not in pending for pending in copying[10:])
 
 
 def test_a_loss_while_the_newest_snapshot_copies_goes_back_to_the_snapshot_before():
@@ -604,3 +607,65 @@ def test_a_step_compiled_ahead_is_the_one_a_recovery_runs(lost):
     assert int(final["count"]) == 12 and train.last_run.retries == 1 and train.last_run.scale_ups == 1
     # The first steps compile for the state as given and as the step lays it out; the recovery compiles nothing.
     assert all(step < 2 for step in compiled_at), compiled_at
+
+
+# -- a run can always go back to where it began, and heals to where it ended ------
+SLOW_STEP = """
+import threading, jax, jax.numpy as jnp, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+w = jax.device_put(np.zeros((64, 64), np.float32), NamedSharding(pw.mesh(), P('data')))
+
+@jax.jit
+def slow_step(x):  # hundreds of ops: seconds to trace and compile, for w + 1
+    for _ in range(300):
+        x = x + jnp.sin(x) * 0.0
+    return x + 1
+"""
+
+
+def test_a_loss_during_a_kernels_first_elastic_run_goes_back_to_the_state_it_was_given(fresh_kernel):
+    assert fresh_kernel.run(SLOW_STEP).status == "ok"
+    # The kernel's first elastic run imports for a while before its first step;
+    # slice 1 goes down 0.5 s into the cell, while the first step compiles.
+    reply = fresh_kernel.run(
+        "threading.Timer(0.5, pw.fail_slice, (1,)).start()\n"
+        "get_ipython().run_cell_magic('pathways', 'elastic --steps 20 --state w --snapshot-every 5', 'w = slow_step(w)')"
+    )
+    try:
+        assert reply.status == "ok", reply.error
+        assert "elastic 'w': 20 steps" in reply.text and "1 recovery" in reply.text, reply.text
+        assert (
+            fresh_kernel.run("print(float(w.min()), float(w.max()), pw.is_lost(w))").text.strip() == "20.0 20.0 False"
+        )
+    finally:
+        fresh_kernel.run("%pathways repair 1")
+
+
+def test_a_loss_while_a_run_copies_the_state_it_was_given_is_not_blamed_on_the_user():
+    release = threading.Event()
+    hold_copier(release)  # the copy of the given state queues behind
+    threading.Timer(0.3, lambda: (faults.fail_slice(1), release.set())).start()
+    train = pw.elastic(counting(), snapshot_every=5, name="copying-start")
+    with pytest.raises(pw.ElasticError) as raised:
+        train(sharded(0.0), steps=20)
+    assert "the slice went down while the run copied the state it was given, before its first step" in str(raised.value)
+    assert "already lost when the run began" not in str(raised.value)
+
+
+def test_a_finished_run_heals_to_the_state_it_returned(kernel):
+    setup = (
+        "import jax, numpy as np\nfrom jax.sharding import NamedSharding, PartitionSpec as P\n"
+        "weights = jax.device_put(np.zeros(8, np.float32), NamedSharding(pw.mesh(), P('data')))"
+    )
+    assert kernel.run(setup).status == "ok"
+    reply = kernel.run("%%pathways elastic --steps 20 --state weights --snapshot-every 5\nweights = weights + 1")
+    assert reply.status == "ok", reply.error
+    # The snapshot of the run's end copies after the cell; the store waits for it.
+    assert kernel.run("print(pw.snapshot_store().latest('elastic:weights').step)").text.strip() == "20"
+    try:
+        healing = kernel.run("%pathways fail 1")
+        assert healing.status == "ok", healing.error
+        assert "step 20 of elastic 'weights'" in healing.text, healing.text
+        assert kernel.run("print(float(weights[0]), pw.is_lost(weights))").text.strip() == "20.0 False"
+    finally:
+        kernel.run("%pathways repair 1")

@@ -30,10 +30,13 @@ on at the next step boundary: the live state is resharded onto the larger
 mesh (``ScaleUpSignalError``, as in pathwaysutils, interrupts the step loop).
 
 A run resumes only from its own snapshots (each run has its own ``run``
-number, recorded with its snapshots; the first is of the state it was given):
-an earlier run's snapshot under the same name is of some other state. If the
-state was already lost when the run began, the run says so in one line
-instead of going back to anything.
+number, recorded with its snapshots): an earlier run's snapshot under the
+same name is of some other state. The first is of the state it was given,
+taken before anything else and complete before the first step, so a run can
+always go back to where it began; the last, taken as the run returns and not
+waited for, is of what it returned, for healing after the cell. If the state
+was already lost when the run began (or is lost while that first copy is
+made), the run says which in one line instead of going back to anything.
 
 Callbacks registered with ``on_restore(callback)`` (per session) are called
 as ``callback(step, mesh)`` after every reshard or rollback, so that data
@@ -308,9 +311,7 @@ class Elastic:
             raise PathwaysError(f"wait_s must be a number of seconds, at least 0, got {wait_s!r}")
         self.step_fn = step_fn
         self.snapshot_every = snapshot_every
-        from pathwaysutils.elastic.manager import ElasticRetryLimit
-
-        self.retry_policy = ElasticRetryLimit(max_retries) if max_retries is not None else (lambda attempt, error: True)
+        self.max_retries = max_retries
         self.axes = tuple(axes) if axes else None
         self.name = name or getattr(step_fn, "__name__", "elastic")
         #: What the state is called in messages (the magic's --state variables).
@@ -333,9 +334,8 @@ class Elastic:
           ElasticError: retries exhausted, or no slice came back in time.
           Exception: anything the step raises that is not a slice loss.
         """
-        from pathwaysutils.elastic.manager import ScaleUpSignalError
-
         steps, start = check_steps(steps, start)
+        began = time.perf_counter()
         s = session()
         watch = _SliceWatch(s)
         run = next(_RUNS)
@@ -343,17 +343,31 @@ class Elastic:
         self.last_run = report
         store = snapshots.store(s)
         snap_name = f"elastic:{self.name}"
-        began = time.perf_counter()
-        # goodput: where this run's time goes (and, in a notebook, its progress under the cell)
-        self._account = goodput.begin(self.name, "elastic", s, start, steps, progress)
         try:
+            # The state as given, copied before anything else (a kernel's first
+            # run spends seconds importing below, and a loss meanwhile must not
+            # find nothing to go back to): what the run goes back to until its
+            # next snapshot (never an earlier run's).
+            first = store.snap(state, snap_name, start, run)
+        except BaseException:
+            watch.close()
+            raise
+        report.snapshots += 1
+        # goodput: where this run's time goes, from its start (and, in a notebook, its progress under the cell)
+        self._account = goodput.begin(self.name, "elastic", s, start, steps, progress, began=began)
+        try:
+            # Imported once the state is copied: the first import takes a while.
+            from pathwaysutils.elastic.manager import ElasticRetryLimit, ScaleUpSignalError
+
+            retry = ElasticRetryLimit(self.max_retries) if self.max_retries is not None else None
             mesh = s.mesh(self.axes)
             self._start_prepare(s, mesh)
-            step = start
-            # The state as given: what the run goes back to if it loses a slice
-            # before its next snapshot (never an earlier run's).
-            first = pending = store.snap(state, snap_name, step, run)
-            report.snapshots += 1
+            step = snapped = start
+            # The first step waits for that copy: a run can always go back to where it began.
+            if not _wait_quietly(first):
+                raise self._nothing_to_restore(lost_during_run=bool(watch.lost))
+            del first
+            pending: snapshots.Snapshot | None = None
             failures, resumed_at = 0, start
             # What the previous attempt left to do first: a recovery or a scale-up.
             # They run inside the try, so a slice lost meanwhile is one more retry.
@@ -361,7 +375,7 @@ class Elastic:
             while True:
                 try:
                     if recover:
-                        mesh, state, step = self._recover(s, watch, mesh, state, step, store, snap_name, first, report)
+                        mesh, state, step = self._recover(s, watch, mesh, state, step, store, snap_name, report)
                         self._account.recovery_end(step)  # goodput: steps from here on are redone
                         recover, resumed_at = False, step
                     if scale_up:
@@ -386,21 +400,15 @@ class Elastic:
                         # progress (errors of asynchronous steps surface late), so
                         # failures reset.
                         if pending is not None and (due or pending.done()):
-                            copied = _wait_quietly(pending)
-                            if copied and pending.step > resumed_at:
+                            if _wait_quietly(pending) and pending.step > resumed_at:
                                 failures = 0
-                            if pending is first:
-                                first = None  # not held longer than the store holds it
-                                if not copied:
-                                    # The state was lost before the run could copy it: every
-                                    # step since computed on lost data, and nothing is left to go back to.
-                                    raise self._nothing_to_restore(lost_at_start=True)
                             pending = None
                         if due:
                             with self._account.spent("snapshot_stall"):  # goodput
                                 pending = store.snap(state, snap_name, step, run)
                             self._account.snapshot_source(state)  # goodput: its wait starts with the steps' compute
                             report.snapshots += 1
+                            snapped = step
                     self._check_boundary(s, watch, mesh)
                     _block(state)
                     self._check_boundary(s, watch, mesh)
@@ -413,7 +421,7 @@ class Elastic:
                     failures += 1
                     self._account.recovery_begin()  # goodput: loss detected
                     s.events.emit("retry", step=step, detail=f"attempt {failures}: {_reason(error)}")
-                    if not self.retry_policy(failures, error):
+                    if retry is not None and not retry(failures, error):
                         raise ElasticError(
                             f"elastic '{self.name}' gave up after {count(failures, 'consecutive slice loss')} at step {step}; "
                             f"restore the slices (%pathways repair N) and run it again, or raise --max-retries"
@@ -427,6 +435,12 @@ class Elastic:
                         watch.changed.wait(min(RETRY_BACKOFF_S * 2 ** (failures - 2), MAX_BACKOFF_S))
             report.steps = step - start
             report.slices = _mesh_slices(s, mesh)
+            if snapped != step:
+                # What the run returns, copied while the next cell runs (never
+                # waited for here): a later loss heals to it, not to an older step.
+                with self._account.spent("snapshot_stall"):  # goodput
+                    store.snap(state, snap_name, step, run)
+                report.snapshots += 1
             return state
         finally:
             report.duration_s = time.perf_counter() - began
@@ -513,12 +527,15 @@ class Elastic:
         _hooks(s).notify(step, new_mesh)
         return new_mesh, state
 
-    def _nothing_to_restore(self, lost_at_start: bool) -> ElasticError:
-        when = (
-            "it was already lost when the run began"
-            if lost_at_start
-            else "the session's snapshot store dropped this run's snapshots (max_bytes too small?)"
-        )
+    def _nothing_to_restore(self, lost_during_run: bool | None = None) -> ElasticError:
+        """``lost_during_run``: the run's copy of the state it was given failed,
+        and a slice went down during the run (``True``) or before it (``False``);
+        ``None``: that copy was made, and the store dropped it since."""
+        when = {
+            None: "the session's snapshot store dropped this run's snapshots (max_bytes too small?)",
+            True: "the slice went down while the run copied the state it was given, before its first step",
+            False: "it was already lost when the run began",
+        }[lost_during_run]
         label = self.state_label
         return ElasticError(
             f"elastic '{self.name}': a slice was lost and there is no snapshot of {label} from this run to go back to "
@@ -534,12 +551,10 @@ class Elastic:
         step: int,
         store: Any,
         snap_name: str,
-        first: snapshots.Snapshot | None,
         report: RunReport,
     ):
         """Go on with the live slices: move the state if none of it was lost,
-        else roll back to this run's newest snapshot (``first``: the run's
-        initial snapshot while its copy is not yet known to have succeeded)."""
+        else roll back to this run's newest snapshot."""
         start = time.perf_counter()
         before = _mesh_slices(s, mesh)
         with goodput.spent("slice_wait"):  # goodput
@@ -565,7 +580,7 @@ class Elastic:
         if state is None:
             snap = store.latest(snap_name, run=report.run)
             if snap is None:
-                raise self._nothing_to_restore(lost_at_start=first is not None and first.done() and not first.ok())
+                raise self._nothing_to_restore()
             placed = [_placed(leaf.spec, leaf.shape, new_mesh) if leaf.on_device else None for leaf in snap.leaves]
             state = snapshots.restore(snap, new_mesh, shardings=placed)
             resumed, how = snap.step, f"snapshot of step {snap.step}"

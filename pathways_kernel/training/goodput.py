@@ -119,7 +119,7 @@ WATCHERS: list[Any] = []
 class Account:
     """The wall time of one run, split into productive time and badput."""
 
-    def __init__(self, name: str, kind: str, session: Any):
+    def __init__(self, name: str, kind: str, session: Any, began: float | None = None):
         self.name = name
         self.kind = kind
         self.seconds = dict.fromkeys(CATEGORIES, 0.0)
@@ -147,8 +147,10 @@ class Account:
         self._chip_seconds = 0.0
         self._unsubscribe = session.events.subscribe(self._on_event)
         self._field = _FieldLog(name, session)
-        self.started = time.time()
-        self._since = self._began = time.perf_counter()
+        # ``began``: when the run started, if before now (the setup until now is the loop's own)
+        now = time.perf_counter()
+        self._since = self._began = now if began is None else min(began, now)
+        self.started = time.time() - (now - self._began)
         self._field.job_start()
 
     # -- transitions ----------------------------------------------------------
@@ -413,14 +415,21 @@ def _is_ready(tree: Any) -> bool:
 
 # -- what the thread's run is doing --------------------------------------------
 def begin(
-    name: str, kind: str, session: Any = None, first_step: int = 0, stop_step: int | None = None, progress: bool = True
+    name: str,
+    kind: str,
+    session: Any = None,
+    first_step: int = 0,
+    stop_step: int | None = None,
+    progress: bool = True,
+    began: float | None = None,
 ) -> Account:
     """Start accounting a run of steps ``first_step..stop_step - 1`` on this
-    thread; end it with ``Account.end()``. ``progress``: a notebook may show it."""
+    thread; end it with ``Account.end()``. ``progress``: a notebook may show it.
+    ``began``: the ``time.perf_counter()`` the run started at, if earlier."""
     from pathways_kernel.core.sessions import session as current_session
 
     _listen_for_compiles()
-    account = Account(name, kind, session or current_session())
+    account = Account(name, kind, session or current_session(), began)
     account.first_step, account.stop_step, account.progress = first_step, stop_step, progress
     ledger(account._session).started(account)
     for watch in WATCHERS:
