@@ -669,3 +669,14 @@ def test_a_finished_run_heals_to_the_state_it_returned(kernel):
         assert kernel.run("print(float(weights[0]), pw.is_lost(weights))").text.strip() == "20.0 False"
     finally:
         kernel.run("%pathways repair 1")
+
+
+def test_a_runs_snapshot_copied_after_its_final_one_does_not_become_the_newest():
+    store = snapshots.SnapshotStore()
+    for step in (10, 20, 15):  # the copy of step 15 finished after the final one's
+        host = {"w": np.full(4, float(step), np.float32)}
+        snap = snapshots.Snapshot.from_host(host, name="elastic:order", step=step, created=1000.0 + step)
+        snap.run = 7
+        store.add(snap)
+    assert sorted(s.step for s in store.list() if s.name == "elastic:order") == [15, 20]
+    assert store.latest("elastic:order", run=7).step == 20

@@ -583,7 +583,13 @@ class SnapshotStore:
 
     def _file(self, snap: Snapshot) -> None:
         with self._lock:
-            self._done.setdefault(snap.name, collections.deque()).append(snap)
+            queue = self._done.setdefault(snap.name, collections.deque())
+            # Two copies run at once: an elastic run's snapshot done after a
+            # later one of the same run (its final one) goes before it.
+            at = len(queue)
+            while at and snap.run is not None and queue[at - 1].run == snap.run and queue[at - 1].step > snap.step:
+                at -= 1
+            queue.insert(at, snap)
             self._evict()
 
     def _forget_pending(self, snap: Snapshot | None) -> None:
