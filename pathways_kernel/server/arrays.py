@@ -1,0 +1,301 @@
+"""Arrays the server holds for its client, and the host buffers it moves them through.
+
+An array is a list of single-device JAX arrays (one per device of its sharding,
+in the sharding's device order) plus the IFRT sharding the client gave it. The
+client picks array and host-buffer handles; handles the server makes (executables,
+futures, arrays of a request that named none) live above ``SERVER_HANDLES``.
+A handle can hold an error instead of an array ("poisoned"): every later use of
+it fails with that error, which is how a lost slice or a failed execution
+reaches the user as the status Pathways gives.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import ml_dtypes
+import numpy as np
+from jax._src import array as jax_array
+from jax._src.lib import xla_client as xc
+from jax._src.sharding_impls import GSPMDSharding
+
+from pathways_kernel.server import protos
+from pathways_kernel.server.errors import INVALID_ARGUMENT, UNIMPLEMENTED, ServerError
+
+SERVER_HANDLES = 1 << 62
+
+_KINDS = {
+    "KIND_PRED": np.bool_,
+    "KIND_S8": np.int8,
+    "KIND_S16": np.int16,
+    "KIND_S32": np.int32,
+    "KIND_S64": np.int64,
+    "KIND_U8": np.uint8,
+    "KIND_U16": np.uint16,
+    "KIND_U32": np.uint32,
+    "KIND_U64": np.uint64,
+    "KIND_F16": np.float16,
+    "KIND_F32": np.float32,
+    "KIND_F64": np.float64,
+    "KIND_C64": np.complex64,
+    "KIND_C128": np.complex128,
+    "KIND_BF16": ml_dtypes.bfloat16,
+    "KIND_S4": ml_dtypes.int4,
+    "KIND_U4": ml_dtypes.uint4,
+    "KIND_F8E4M3FN": ml_dtypes.float8_e4m3fn,
+    "KIND_F8E5M2": ml_dtypes.float8_e5m2,
+}
+
+
+def dtype_from_proto(proto) -> np.dtype:
+    name = proto.DESCRIPTOR.fields_by_name["kind"].enum_type.values_by_number[proto.kind].name
+    if name not in _KINDS:
+        raise ServerError(UNIMPLEMENTED, f"dtype {name} is not served by the local Pathways server")
+    return np.dtype(_KINDS[name])
+
+
+def dtype_to_proto(dtype: np.dtype, proto) -> None:
+    for name, numpy_type in _KINDS.items():
+        if np.dtype(numpy_type) == dtype:
+            proto.kind = proto.DESCRIPTOR.fields_by_name["kind"].enum_type.values_by_name[name].number
+            return
+    raise ServerError(UNIMPLEMENTED, f"dtype {dtype} is not served by the local Pathways server")
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """An IFRT sharding: its devices, and how the array is split over them
+    (``op`` is None for a single-device array)."""
+
+    device_ids: tuple[int, ...]
+    op: Any  # xla_client.OpSharding | None
+    memory_kind: str = ""
+
+    def jax_devices(self) -> tuple:
+        devices = jax.devices()
+        return tuple(devices[i] for i in self.device_ids)
+
+    def jax_sharding(self):
+        if self.op is None:
+            return jax.sharding.SingleDeviceSharding(jax.devices()[self.device_ids[0]])
+        return GSPMDSharding(self.jax_devices(), self.op)
+
+    def to_proto(self, proto) -> None:
+        """Writes this sharding into an ``xla.ifrt.ShardingProto``."""
+        serialized = proto.serialized_sharding
+        if self.op is None:
+            single = protos.ifrt("SingleDeviceShardingProto")(
+                device_id=self.device_ids[0], memory_kind=self.memory_kind or "device"
+            )
+            serialized.type_name = "xla::ifrt::SingleDeviceSharding"
+            serialized.data = single.SerializeToString()
+            return
+        hlo = protos.ifrt("HloShardingProto")(memory_kind=self.memory_kind or "device")
+        hlo.devices.device_ids.extend(self.device_ids)
+        hlo.xla_op_sharding.ParseFromString(self.op.SerializeToString())
+        serialized.type_name = "xla::ifrt::HloSharding"
+        serialized.data = hlo.SerializeToString()
+
+    def with_devices(self, device_ids) -> Sharding:
+        return Sharding(tuple(device_ids), self.op, self.memory_kind)
+
+
+def replicated(device_ids) -> Sharding:
+    op = xc.OpSharding()
+    op.type = xc.OpSharding.Type.REPLICATED
+    return Sharding(tuple(device_ids), op)
+
+
+def sharding_from_proto(proto) -> Sharding:
+    kind, data = proto.serialized_sharding.type_name, proto.serialized_sharding.data
+    if kind == "xla::ifrt::SingleDeviceSharding":
+        single = protos.ifrt("SingleDeviceShardingProto").FromString(data)
+        return Sharding((single.device_id,), None, single.memory_kind)
+    if kind == "xla::ifrt::HloSharding":
+        hlo = protos.ifrt("HloShardingProto").FromString(data)
+        op = xc.OpSharding()
+        op.ParseFromString(hlo.xla_op_sharding.SerializeToString())
+        return Sharding(tuple(hlo.devices.device_ids), op, hlo.memory_kind)
+    if kind == "xla::ifrt::ConcreteEvenSharding":
+        even = protos.ifrt("ConcreteEvenShardingProto").FromString(data)
+        if even.is_fully_replicated:
+            return replicated(even.devices.device_ids)
+    raise ServerError(UNIMPLEMENTED, f"sharding {kind or '(none)'} is not served by the local Pathways server")
+
+
+@dataclass
+class ServerArray:
+    """One array: ``shards[i]`` lives on device ``sharding.device_ids[i]``."""
+
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    sharding: Sharding
+    shards: list  # single-device jax.Array, one per device
+    deleted: bool = False
+
+    def jax_array(self, sharding=None) -> jax.Array:
+        """The shards as one JAX array (under ``sharding`` if given: an executable's
+        own parameter sharding over the same devices)."""
+        self.check_live()
+        if sharding is None:
+            if self.sharding.op is None:
+                return self.shards[0]
+            sharding = self.sharding.jax_sharding()
+        aval = jax.core.ShapedArray(self.shape, self.dtype)
+        return jax_array.ArrayImpl(aval, sharding, list(self.shards), committed=True, _skip_checks=True)
+
+    def check_live(self) -> None:
+        if self.deleted:
+            raise ServerError(INVALID_ARGUMENT, "Array has been deleted")
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self.shards) if not self.deleted else 0
+
+    @classmethod
+    def from_jax(cls, array: jax.Array, sharding: Sharding) -> ServerArray:
+        by_device = {shard.device.id: shard.data for shard in array.addressable_shards}
+        return cls(np.dtype(array.dtype), tuple(array.shape), sharding, [by_device[d] for d in sharding.device_ids])
+
+
+class Poisoned:
+    """What a handle holds after the work that should have made its array failed."""
+
+    def __init__(self, error: ServerError):
+        self.error = error
+
+
+class ArrayStore:
+    """Handle -> array (or the error that stands in for it)."""
+
+    def __init__(self):
+        self._entries: dict[int, ServerArray | Poisoned] = {}
+        self._lock = threading.Lock()
+        self._server_handles = itertools.count(SERVER_HANDLES)
+
+    def new_handle(self) -> int:
+        return next(self._server_handles)
+
+    def handles_for(self, requested, count: int) -> list[int]:
+        """The client's handles for ``count`` new arrays, or new server handles if it named none."""
+        requested = list(requested)
+        return requested if requested else [self.new_handle() for _ in range(count)]
+
+    def get(self, handle: int) -> ServerArray:
+        with self._lock:
+            entry = self._entries.get(handle)
+        if entry is None:
+            raise ServerError.not_found(f"Unknown array handle: {handle}")
+        if isinstance(entry, Poisoned):
+            raise entry.error
+        return entry
+
+    def put(self, handle: int, entry: ServerArray | Poisoned) -> None:
+        with self._lock:
+            self._entries[handle] = entry
+
+    def poison(self, handles, error: ServerError) -> None:
+        with self._lock:
+            for handle in handles:
+                self._entries[handle] = Poisoned(error)
+
+    def destruct(self, handles) -> list[int]:
+        """Forgets ``handles``; returns those it did not know."""
+        missing = []
+        with self._lock:
+            for handle in handles:
+                if self._entries.pop(handle, None) is None:
+                    missing.append(handle)
+        return missing
+
+    def lose(self, device_ids: set[int], error: ServerError) -> int:
+        """Poisons every array with a shard on ``device_ids`` (their buffers are freed); returns how many."""
+        with self._lock:
+            lost = [
+                h
+                for h, e in self._entries.items()
+                if isinstance(e, ServerArray) and device_ids & set(e.sharding.device_ids)
+            ]
+            for handle in lost:
+                self._entries[handle] = Poisoned(error)
+        return len(lost)
+
+    def bytes_per_device(self) -> dict[int, int]:
+        """Bytes of live arrays on each device (an array aliased by two handles counts once)."""
+        result: dict[int, int] = {}
+        seen: set[int] = set()
+        with self._lock:
+            entries = list(self._entries.values())
+        for entry in entries:
+            if isinstance(entry, ServerArray) and not entry.deleted:
+                for device, shard in zip(entry.sharding.device_ids, entry.shards, strict=True):
+                    if id(shard) not in seen:
+                        seen.add(id(shard))
+                        result[device] = result.get(device, 0) + shard.nbytes
+        return result
+
+
+class HostBufferStore:
+    """Host buffers of one session; a lookup waits for an upload still on its way
+    (the client may send the request naming a buffer before the buffer itself)."""
+
+    def __init__(self):
+        self._buffers: dict[int, bytes | ServerError] = {}
+        self._cond = threading.Condition()
+        self._closed = False
+
+    def store(self, handle: int, data: bytes | ServerError) -> None:
+        """Keeps ``data`` under ``handle``; an error instead fails the lookup of it."""
+        with self._cond:
+            self._buffers[handle] = data
+            self._cond.notify_all()
+
+    def lookup(self, handle: int, timeout: float = 600.0) -> bytes:
+        with self._cond:
+            if not self._cond.wait_for(lambda: handle in self._buffers or self._closed, timeout):
+                raise ServerError.not_found(f"host buffer {handle} never arrived")
+            if handle not in self._buffers:
+                raise ServerError.not_found(f"host buffer {handle}: session closed")
+            data = self._buffers[handle]
+        if isinstance(data, ServerError):
+            raise data
+        return data
+
+    def take(self, handle: int, timeout: float = 600.0) -> bytes:
+        data = self.lookup(handle, timeout)
+        self.delete(handle)
+        return data
+
+    def delete(self, handle: int) -> None:
+        with self._cond:
+            self._buffers.pop(handle, None)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._buffers.clear()
+            self._cond.notify_all()
+
+
+def from_host_bytes(data: bytes, dtype: np.dtype, shape, byte_strides) -> np.ndarray:
+    """The numpy view of a host buffer laid out as the client describes it."""
+    shape = tuple(shape)
+    if byte_strides is None:
+        return np.frombuffer(data, dtype=dtype, count=int(np.prod(shape, dtype=np.int64))).reshape(shape)
+    return np.ndarray(shape, dtype=dtype, buffer=data, strides=tuple(byte_strides))
+
+
+def to_host_bytes(value: np.ndarray, byte_strides) -> bytes:
+    """``value`` laid out as the client asks (row-major unless it gives strides)."""
+    if byte_strides is None:
+        return np.ascontiguousarray(value).tobytes()
+    strides = tuple(byte_strides)
+    size = max([0] + [(n - 1) * s for n, s in zip(value.shape, strides, strict=True) if n]) + value.itemsize
+    out = bytearray(size if value.size else 0)
+    if value.size:
+        np.ndarray(value.shape, dtype=value.dtype, buffer=out, strides=strides)[...] = value
+    return bytes(out)

@@ -1,0 +1,158 @@
+"""``pathways-local``: serve emulated slices to JAX's proxy client, and fail or
+repair them.
+
+    pathways-local serve --slices 2x4 [--port 0] [--host 127.0.0.1] [--socket PATH]
+    pathways-local fail SLICE --server TARGET
+    pathways-local repair SLICE --server TARGET
+    pathways-local status --server TARGET
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import logging
+import os
+import signal
+import stat
+import sys
+import threading
+
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+def _slices(text: str) -> tuple[int, int]:
+    try:
+        slices, chips = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not SLICESxCHIPS, e.g. 2x4") from None
+    if slices < 1 or chips < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: slices and chips must be at least 1")
+    return slices, chips
+
+
+def _private_socket(path: str) -> str:
+    """``path``, after making sure its directory exists and only this user can enter it."""
+    path = os.path.abspath(path)
+    directory = os.path.dirname(path)
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    info = os.stat(directory)
+    if info.st_uid != os.getuid() or stat.S_IMODE(info.st_mode) & 0o077:
+        raise SystemExit(
+            f"pathways-local: {directory} must be a directory only you can enter (chmod 700), "
+            "since whoever reaches the socket can run programs as you"
+        )
+    if os.path.exists(path):
+        os.unlink(path)
+    return path
+
+
+def serve(args: argparse.Namespace) -> int:
+    slices, chips = args.slices
+    logging.basicConfig(level=os.environ.get("PATHWAYS_LOCAL_LOG", "WARNING"), format="pathways-local: %(message)s")
+    # Before JAX starts: the server's devices are CPU devices, whatever the caller's environment says.
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", slices * chips)
+    from concurrent import futures
+
+    import grpc
+
+    from pathways_kernel.server import control, service
+    from pathways_kernel.server.devices import Topology
+
+    backend = service.Server(Topology(slices, chips))
+    grpc_server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="pathways-local-grpc"),
+        options=[
+            ("grpc.so_reuseport", 0),
+            ("grpc.max_receive_message_length", -1),
+            ("grpc.max_send_message_length", -1),
+        ],
+    )
+    grpc_server.add_generic_rpc_handlers([service.handlers(backend), control.handlers(backend)])
+    if args.socket:
+        path = _private_socket(args.socket)
+        try:
+            grpc_server.add_insecure_port(f"unix:{path}")
+        except RuntimeError:
+            print(f"pathways-local: cannot listen on {path}", file=sys.stderr)
+            return 1
+        target = f"grpc://unix:{path}"
+    else:
+        try:
+            port = grpc_server.add_insecure_port(f"{args.host}:{args.port}")
+        except RuntimeError:
+            port = 0
+        if not port:
+            print(
+                f"pathways-local: cannot listen on {args.host}:{args.port} (in use?); "
+                "pick another with --port, or --port 0 for a free one",
+                file=sys.stderr,
+            )
+            return 1
+        target = f"grpc://{args.host}:{port}"
+        if args.host not in LOOPBACK:
+            print(
+                f"pathways-local: WARNING: listening on {args.host}:{port} without authentication or encryption: "
+                f"anyone who can reach it can run programs as {getpass.getuser()} and read your arrays",
+                file=sys.stderr,
+                flush=True,
+            )
+    jax.devices()  # start the backend before saying we serve
+    grpc_server.start()
+    print(f"pathways-local: serving {slices} slices x {chips} chips on {target}", flush=True)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    stop.wait()
+    grpc_server.stop(grace=1).wait()
+    return 0
+
+
+def _control(args: argparse.Namespace) -> int:
+    from pathways_kernel.core.errors import PathwaysError
+    from pathways_kernel.server import control
+
+    try:
+        if args.command == "status":
+            result = control.status(args.server)
+        else:
+            result = getattr(control, args.command)(args.server, args.slice)
+    except PathwaysError as error:
+        print(f"pathways-local: {error}", file=sys.stderr)
+        return 1
+    print(json.dumps(result))
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="pathways-local", description=__doc__.split("\n\n")[0])
+    commands = top.add_subparsers(dest="command", required=True)
+    serve_cmd = commands.add_parser("serve", help="serve S slices of C chips (CPU devices) to JAX's proxy client")
+    serve_cmd.add_argument("--slices", type=_slices, default=(2, 4), help="SLICESxCHIPS, e.g. 2x4 (default)")
+    serve_cmd.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)"
+    )
+    serve_cmd.add_argument("--port", type=int, default=0, help="port (default 0: a free one, printed)")
+    serve_cmd.add_argument("--socket", help="listen on this Unix socket instead (its directory must be 0700)")
+    for name, text in (("fail", "lose a slice"), ("repair", "bring a lost slice back, empty")):
+        cmd = commands.add_parser(name, help=text)
+        cmd.add_argument("slice", type=int)
+        cmd.add_argument("--server", required=True, help="the server's target, grpc://HOST:PORT or grpc://unix:PATH")
+    status_cmd = commands.add_parser("status", help="slices, which are down, bytes on each device")
+    status_cmd.add_argument("--server", required=True)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.command == "serve":
+        return serve(args)
+    return _control(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+"""Status codes the server answers with, as the client reads them (absl codes)."""
+
+from __future__ import annotations
+
+CANCELLED = 1
+UNKNOWN = 2
+INVALID_ARGUMENT = 3
+NOT_FOUND = 5
+FAILED_PRECONDITION = 9
+UNIMPLEMENTED = 12
+INTERNAL = 13
+UNAVAILABLE = 14
+DATA_LOSS = 15
+
+
+class ServerError(Exception):
+    """A request failed; ``code`` and ``message`` go back to the client as its status."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    @classmethod
+    def not_found(cls, message: str) -> ServerError:
+        return cls(NOT_FOUND, message)
+
+    @classmethod
+    def invalid(cls, message: str) -> ServerError:
+        return cls(INVALID_ARGUMENT, message)

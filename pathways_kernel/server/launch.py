@@ -1,0 +1,113 @@
+"""Start a local Pathways server as a child process, reachable only by this user.
+
+    server = start(2, 4)            # grpc://unix:/tmp/pathways-local-XXXX/server.sock
+    os.environ["JAX_BACKEND_TARGET"] = server.target
+    control.fail(server.target, 1)
+    server.stop()
+
+The server listens on a Unix domain socket in a fresh 0700 directory, so no
+other user can connect; ``stop`` ends it by its pid and removes the directory.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+
+from pathways_kernel.core.errors import BackendError
+
+FIRST_LINE = "pathways-local: serving "
+
+
+@dataclass
+class LocalServer:
+    """A running server: its target (for ``JAX_BACKEND_TARGET``), pid and process."""
+
+    target: str
+    process: subprocess.Popen
+    directory: str | None = None
+    stderr_lines: list[str] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Ends the server (SIGTERM, then SIGKILL after ``timeout``) and removes its socket directory."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self.directory:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def start(
+    slices: int,
+    chips: int,
+    *,
+    socket_path: str | None = None,
+    host: str | None = None,
+    port: int = 0,
+    timeout: float = 120.0,
+    env: dict[str, str] | None = None,
+) -> LocalServer:
+    """Starts ``pathways-local serve`` for ``slices`` x ``chips`` and waits for its first line.
+
+    Without ``host`` it listens on a Unix socket (``socket_path``, or one in a new 0700
+    directory). Raises BackendError with the server's own last line if it does not start.
+    """
+    directory = None
+    command = [sys.executable, "-m", "pathways_kernel.server", "serve", "--slices", f"{slices}x{chips}"]
+    if host is not None:
+        command += ["--host", host, "--port", str(port)]
+    else:
+        if socket_path is None:
+            directory = tempfile.mkdtemp(prefix="pathways-local-")  # mkdtemp makes it 0700
+            socket_path = os.path.join(directory, "server.sock")
+        command += ["--socket", socket_path]
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+        start_new_session=True,  # an interrupt in the parent does not reach the server
+    )
+    lines: queue.Queue = queue.Queue()
+    server = LocalServer("", process, directory)
+
+    def pump(stream, sink) -> None:
+        for line in stream:
+            sink(line.rstrip("\n"))
+
+    threading.Thread(target=pump, args=(process.stdout, lines.put), daemon=True).start()
+    threading.Thread(target=pump, args=(process.stderr, server.stderr_lines.append), daemon=True).start()
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            line = lines.get(timeout=0.2)
+        except queue.Empty:
+            line = None
+        if line and line.startswith(FIRST_LINE):
+            server.target = line.rsplit(" ", 1)[1]
+            return server
+        if process.poll() is not None or time.monotonic() > deadline:
+            server.stop()
+            time.sleep(0.2)  # let the stderr pump catch the last line
+            said = next((s for s in reversed(server.stderr_lines) if s.strip()), "no output")
+            raise BackendError(f"the local Pathways server did not start: {said}")

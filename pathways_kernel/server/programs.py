@@ -1,0 +1,184 @@
+"""Programs the client compiles on the server, and their execution.
+
+The client sends a StableHLO portable artifact (``xla::ifrt::XlaProgram``) and its
+XLA compile options; the server compiles it for its own CPU devices with the
+device assignment the client chose, and executes it on arrays it holds.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import jax
+import ml_dtypes
+import numpy as np
+from jax._src import xla_bridge
+from jax._src.interpreters import mlir as jax_mlir
+from jax._src.lib import xla_client as xc
+from jax._src.sharding_impls import GSPMDSharding
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import stablehlo
+
+from pathways_kernel.server import protos
+from pathways_kernel.server.arrays import ServerArray, Sharding, replicated
+from pathways_kernel.server.devices import Topology
+from pathways_kernel.server.errors import INVALID_ARGUMENT, UNIMPLEMENTED, ServerError
+
+_compile_lock = threading.Lock()
+
+
+@dataclass
+class Program:
+    """A loaded executable and what the client needs to know about it."""
+
+    executable: object  # jaxlib LoadedExecutable
+    device_ids: tuple[int, ...]
+    num_replicas: int
+    output_shapes: list[tuple[int, ...]]
+    output_dtypes: list[np.dtype]
+    parameter_shardings: list = field(default_factory=list)  # jax shardings, one per parameter
+    output_shardings: list[Sharding] = field(default_factory=list)
+    name: str = ""
+
+    def run(self, args: list[ServerArray]) -> list[ServerArray]:
+        """Executes on ``args``; returns the outputs (their buffers may still be computing)."""
+        if len(args) != len(self.parameter_shardings):
+            raise ServerError.invalid(f"{self.name} takes {len(self.parameter_shardings)} arguments, got {len(args)}")
+        inputs = [
+            _as_input(arg, sharding, self.device_ids)
+            for arg, sharding in zip(args, self.parameter_shardings, strict=True)
+        ]
+        results = self.executable.execute_sharded(inputs)
+        per_output = results.disassemble_into_single_device_arrays()
+        for arg in args:
+            if any(shard.is_deleted() for shard in arg.shards):
+                arg.deleted = True  # donated
+        return [
+            ServerArray(np.dtype(shards[0].dtype), shape, sharding, list(shards))
+            for shards, shape, sharding in zip(per_output, self.output_shapes, self.output_shardings, strict=True)
+        ]
+
+
+def _as_input(arg: ServerArray, sharding, device_ids) -> jax.Array:
+    arg.check_live()
+    if len(device_ids) == 1 and arg.sharding.op is None:
+        return arg.shards[0]
+    by_device = dict(zip(arg.sharding.device_ids, arg.shards, strict=True))
+    missing = [d for d in device_ids if d not in by_device]
+    if missing:
+        raise ServerError.invalid(f"an argument has no shard on device {missing[0]} of the executable")
+    aval = jax.core.ShapedArray(arg.shape, arg.dtype)
+    from jax._src import array as jax_array
+
+    return jax_array.ArrayImpl(aval, sharding, [by_device[d] for d in device_ids], committed=True, _skip_checks=True)
+
+
+_ELEMENT_TYPES = {
+    "i1": np.bool_,
+    "i8": np.int8,
+    "i16": np.int16,
+    "i32": np.int32,
+    "i64": np.int64,
+    "ui8": np.uint8,
+    "ui16": np.uint16,
+    "ui32": np.uint32,
+    "ui64": np.uint64,
+    "f16": np.float16,
+    "f32": np.float32,
+    "f64": np.float64,
+    "bf16": ml_dtypes.bfloat16,
+    "complex<f32>": np.complex64,
+    "complex<f64>": np.complex128,
+}
+
+
+def _module_and_outputs(data: bytes):
+    """The module text of a portable artifact and the shapes and dtypes its ``main`` returns."""
+    context = jax_mlir.make_ir_context()
+    with context:
+        module = stablehlo.deserialize_portable_artifact(context, data)
+        text = str(module)
+        shapes = None
+        for op in module.body.operations:
+            if ir.StringAttr(op.attributes["sym_name"]).value == "main":
+                function_type = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
+                results = [ir.RankedTensorType(t) for t in function_type.results]
+                shapes = [tuple(t.shape) for t in results]
+                dtypes = [np.dtype(_ELEMENT_TYPES.get(str(t.element_type), np.float32)) for t in results]
+    if shapes is None:
+        raise ServerError.invalid("the program has no main function")
+    return text, shapes, dtypes
+
+
+def device_assignment(options_proto) -> tuple[list[int], int, int]:
+    """Device ids in the order XLA numbers them (replica-major), replicas, partitions."""
+    assignment = options_proto.executable_build_options.device_assignment
+    replicas, partitions = assignment.replica_count, assignment.computation_count
+    ids = [assignment.computation_devices[p].replica_device_ids[r] for r in range(replicas) for p in range(partitions)]
+    return ids, replicas, partitions
+
+
+def compile_program(request, topology: Topology) -> Program:
+    """Compiles a CompileRequest for the server's devices; raises ServerError with the
+    compiler's message if XLA rejects it."""
+    if request.program.type_name != "xla::ifrt::XlaProgram":
+        raise ServerError(
+            UNIMPLEMENTED, f"program type {request.program.type_name} is not served by the local Pathways server"
+        )
+    if request.host_callbacks:
+        raise ServerError(
+            UNIMPLEMENTED,
+            "host callbacks (jax.debug.print, pure_callback, io_callback) are not served by the local Pathways server",
+        )
+    options_proto = protos.xla("CompileOptionsProto")()
+    if request.compile_options.type_name == "xla::ifrt::XlaCompileOptions":
+        options_proto = protos.ifrt("XlaCompileOptionsProto").FromString(request.compile_options.data).compile_options
+    ids, replicas, _ = device_assignment(options_proto)
+    for device in ids:
+        topology.check_device(device)
+    try:
+        text, shapes, dtypes = _module_and_outputs(request.program.data)
+    except ServerError:
+        raise
+    except Exception as error:  # noqa: BLE001 - the client's bytes, its problem
+        raise ServerError(INVALID_ARGUMENT, f"cannot read the program: {error}") from error
+    options = xc.CompileOptions.ParseFromString(options_proto.SerializeToString())
+    devices = jax.devices()
+    backend = xla_bridge.get_backend("cpu")
+    try:
+        with _compile_lock:
+            executable = backend.compile_and_load(text, xc.DeviceList(tuple(devices[i] for i in ids)), options)
+    except Exception as error:  # noqa: BLE001 - XLA's message is what the user needs
+        raise ServerError(
+            INVALID_ARGUMENT, f"the CPU compiler rejected the program: {' '.join(str(error).split())}"
+        ) from error
+    program = Program(executable, tuple(ids), replicas, shapes, dtypes)
+    program.name = _name(text)
+    program.parameter_shardings = _parameter_shardings(executable, ids, replicas, len(_parameter_count(executable)))
+    program.output_shardings = _output_shardings(executable, ids, replicas, len(shapes))
+    return program
+
+
+def _name(text: str) -> str:
+    head = text.split("\n", 1)[0]
+    return head.split("@", 1)[1].split(" ", 1)[0] if "@" in head else "main"
+
+
+def _parameter_count(executable) -> list:
+    return executable.get_parameter_layouts()
+
+
+def _parameter_shardings(executable, ids, replicas, count):
+    devices = tuple(jax.devices()[i] for i in ids)
+    if len(ids) == 1:
+        return [jax.sharding.SingleDeviceSharding(devices[0])] * count
+    ops = executable.get_parameter_shardings() if replicas == 1 else None
+    return [GSPMDSharding(devices, ops[i] if ops else replicated(ids).op) for i in range(count)]
+
+
+def _output_shardings(executable, ids, replicas, count) -> list[Sharding]:
+    if len(ids) == 1:
+        return [Sharding(tuple(ids), None)] * count
+    ops = executable.get_output_shardings() if replicas == 1 else None
+    return [Sharding(tuple(ids), ops[i]) if ops else replicated(ids) for i in range(count)]

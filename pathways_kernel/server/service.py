@@ -1,0 +1,761 @@
+"""The gRPC service JAX's proxy client talks to (``xla.ifrt.proxy.GrpcIfrtService``).
+
+A session is one client's ``IfrtSession`` stream. Its requests are taken in the
+order they come (a request may name arrays the previous one made), but anything
+that waits (compilation, a value becoming ready, a copy to the host) is answered
+from a worker pool when it completes, so responses go back out of order, matched
+by ``op_id``, and a slow copy does not hold up the session.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import Callable
+
+import grpc
+import numpy as np
+
+from pathways_kernel.server import protos
+from pathways_kernel.server.arrays import (
+    ArrayStore,
+    HostBufferStore,
+    ServerArray,
+    dtype_from_proto,
+    dtype_to_proto,
+    from_host_bytes,
+    sharding_from_proto,
+    to_host_bytes,
+)
+from pathways_kernel.server.devices import Topology
+from pathways_kernel.server.errors import DATA_LOSS, INTERNAL, UNIMPLEMENTED, ServerError
+from pathways_kernel.server.programs import Program, compile_program
+
+log = logging.getLogger("pathways_kernel.server")
+
+SERVICE = "xla.ifrt.proxy.GrpcIfrtService"
+SESSION_METADATA = "ifrt-proxy-grpc-ifrt-session-metadata-bin"
+STORE_METADATA = "ifrt-proxy-grpc-host-buffer-store-metadata-bin"
+# Protocol versions this server answers; the client says which it speaks.
+PROTOCOL_MIN, PROTOCOL_MAX = 16, 25
+_CHUNK = 4 << 20
+
+
+class Server:
+    """What all sessions share: the devices, the slices' state, the sessions."""
+
+    def __init__(self, topology: Topology):
+        self.topology = topology
+        self.pool = concurrent.futures.ThreadPoolExecutor(16, thread_name_prefix="pathways-local")
+        self.sessions: dict[int, Session] = {}
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def open_session(self, version) -> Session:
+        with self._lock:
+            session = Session(self, next(self._ids), version)
+            self.sessions[session.id] = session
+        return session
+
+    def close_session(self, session: Session) -> None:
+        with self._lock:
+            self.sessions.pop(session.id, None)
+        session.host_buffers.close()
+
+    def session(self, session_id: int) -> Session:
+        with self._lock:
+            session = self.sessions.get(session_id)
+        if session is None:
+            raise ServerError.not_found(f"Session id {session_id} does not exist")
+        return session
+
+    def fail_slice(self, slice_index: int) -> int:
+        """Loses ``slice_index``: it refuses work and every array with a shard on it is gone."""
+        self.topology.fail(slice_index)
+        devices = {d for d in range(self.topology.device_count) if self.topology.slice_of(d) == slice_index}
+        error = ServerError(DATA_LOSS, f"slice {slice_index} was lost; arrays with a shard on it are gone")
+        with self._lock:
+            sessions = list(self.sessions.values())
+        return sum(s.arrays.lose(devices, error) for s in sessions)
+
+    def repair_slice(self, slice_index: int) -> None:
+        self.topology.repair(slice_index)
+
+    def status(self) -> dict:
+        with self._lock:
+            sessions = list(self.sessions.values())
+        per_device: dict[int, int] = {}
+        for session in sessions:
+            for device, nbytes in session.arrays.bytes_per_device().items():
+                per_device[device] = per_device.get(device, 0) + nbytes
+        status = self.topology.status()
+        status["sessions"] = len(sessions)
+        status["bytes_per_device"] = [per_device.get(d, 0) for d in range(self.topology.device_count)]
+        return status
+
+
+def _failed(error: ServerError) -> concurrent.futures.Future:
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    future.set_exception(error)
+    return future
+
+
+def _done() -> concurrent.futures.Future:
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    future.set_result(None)
+    return future
+
+
+def _wait_ready(arrays: list[ServerArray]) -> None:
+    for array in arrays:
+        for shard in array.shards:
+            shard.block_until_ready()
+
+
+class Session:
+    """One client's IfrtSession: its arrays, executables, futures and host buffers."""
+
+    def __init__(self, server: Server, session_id: int, version):
+        self.server = server
+        self.id = session_id
+        self.version = version
+        self.arrays = ArrayStore()
+        self.host_buffers = HostBufferStore()
+        self.programs: dict[int, Program] = {}
+        self.futures: dict[int, concurrent.futures.Future] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def topology(self) -> Topology:
+        return self.server.topology
+
+    # ---- the stream -------------------------------------------------------
+
+    def serve(self, requests, context) -> object:
+        """Yields responses for ``requests`` as they complete."""
+        out: queue.Queue = queue.Queue()
+        pending = [0]
+        done_reading = threading.Event()
+        lock = threading.Lock()
+
+        def respond(response) -> None:
+            out.put(response)
+            with lock:
+                pending[0] -= 1
+                if pending[0] == 0 and done_reading.is_set():
+                    out.put(None)
+
+        def read() -> None:
+            try:
+                for request in requests:
+                    with lock:
+                        pending[0] += 1
+                    self._process(request, respond)
+            except Exception:  # noqa: BLE001 - the client went away mid-stream
+                log.debug("session %s: stream closed", self.id, exc_info=True)
+            finally:
+                done_reading.set()
+                with lock:
+                    if pending[0] == 0:
+                        out.put(None)
+
+        reader = threading.Thread(target=read, name=f"pathways-local-session-{self.id}", daemon=True)
+        reader.start()
+        try:
+            while True:
+                try:
+                    response = out.get(timeout=1.0)
+                except queue.Empty:
+                    if not context.is_active():
+                        return
+                    continue
+                if response is None:
+                    return
+                yield response
+        finally:
+            self.server.close_session(self)
+
+    def _process(self, request, respond: Callable) -> None:
+        kind = request.WhichOneof("request")
+        op_id = request.request_metadata.op_id
+        log.debug("session %s op %s: %s", self.id, op_id, kind)
+        response = protos.proxy("IfrtResponse")()
+        response.response_metadata.op_id = op_id
+        handler = getattr(self, f"_{kind}", None) if kind else None
+        try:
+            if handler is None:
+                raise ServerError(
+                    UNIMPLEMENTED, f"the local Pathways server does not serve {kind or 'an empty request'}"
+                )
+            deferred = handler(getattr(request, kind), response)
+        except Exception as error:  # noqa: BLE001 - a bug here must reach the user, not hang the client
+            if not isinstance(error, ServerError):
+                log.exception("%s failed", kind)
+                error = ServerError(INTERNAL, f"{kind}: {error}")
+            # Handles the client named for this request's results now hold the error, so
+            # later uses (and the client's destruct of them) find them.
+            self.arrays.poison(_result_handles(getattr(request, kind)) if kind else [], error)
+            respond(_error_response(op_id, error))
+            return
+        if deferred is None:
+            respond(response)
+            return
+
+        def finish() -> None:
+            try:
+                deferred()
+                respond(response)
+            except ServerError as error:
+                respond(_error_response(op_id, error))
+            except Exception as error:  # noqa: BLE001
+                log.exception("%s failed", kind)
+                respond(_error_response(op_id, ServerError(INTERNAL, f"{kind}: {error}")))
+
+        self.server.pool.submit(finish)
+
+    # ---- init, devices, layouts ------------------------------------------
+
+    def _init_request(self, request, response):
+        init = response.init_response
+        topology = self.topology
+        init.session_id = self.id
+        init.platform_name = "cpu"
+        init.platform_version = f"pathways-local {topology.slices}x{topology.chips}"
+        init.runtime_type = "pjrt_ifrt"
+        for i in range(topology.device_count):
+            device = init.all_devices.add()
+            device.id = device.local_device_id = device.local_hardware_id = i
+            device.default_memory_id = i
+            device.memory_ids.append(i)
+            device.platform_name = "cpu"
+            device.device_kind = "cpu"
+            device.debug_string = f"TFRT_CPU_{i}"
+            device.to_string = f"CpuDevice(id={i})"
+            attributes = device.attributes.attributes
+            attributes["slice_index"].int64_value = topology.slice_of(i)
+            attributes["coords"].int64_list_value.elements.extend(topology.coords(i))
+            attributes["core_on_chip"].int64_value = 0
+            attributes["num_cores"].int64_value = 1
+            init.addressable_device_ids.append(i)
+            init.primary_device_ids.append(i)
+            memory = init.memories.add()
+            memory.id = i
+            memory.memory_space_kind = "device"
+            memory.device_ids.append(i)
+            memory.debug_string = memory.to_string = f"MEMORY_SPACE_{i}"
+
+    def _get_default_device_assignment_request(self, request, response):
+        replicas, partitions = request.num_replicas, request.num_partitions
+        count = self.topology.device_count
+        if replicas * partitions > count:
+            raise ServerError.invalid(
+                f"{replicas} replicas x {partitions} partitions need more than the {count} devices here"
+            )
+        assignment = response.get_default_device_assignment_response.device_assignment
+        assignment.replica_count, assignment.computation_count = replicas, partitions
+        for partition in range(partitions):
+            devices = assignment.computation_devices.add()
+            devices.replica_device_ids.extend((partition * replicas + r) % count for r in range(replicas))
+
+    def _get_default_layout_request(self, request, response):
+        self.topology.check_device(request.device_id)
+        rank = len(request.dims)
+        minor_to_major = ",".join(str(i) for i in reversed(range(rank)))
+        response.get_default_layout_response.serialized_pjrt_layout = f"{{{minor_to_major}}}".encode()
+
+    # ---- programs ----------------------------------------------------------
+
+    def _compile_request(self, request, response):
+        def compile_() -> None:
+            program = compile_program(request, self.topology)
+            handle = self.arrays.new_handle()
+            ready = self.arrays.new_handle()
+            with self._lock:
+                self.programs[handle] = program
+                self.futures[ready] = _done()
+            compiled = response.compile_response
+            compiled.loaded_executable_handle = handle
+            compiled.name = program.name
+            compiled.num_devices = len(program.device_ids)
+            compiled.device_ids.extend(program.device_ids)
+            compiled.addressable_device_ids.extend(program.device_ids)
+            compiled.fingerprint_value = program.executable.fingerprint or b""
+            compiled.ready_future_handle = ready
+
+        return compile_
+
+    def _program(self, handle: int) -> Program:
+        with self._lock:
+            program = self.programs.get(handle)
+        if program is None:
+            raise ServerError.not_found(f"Unknown loaded executable handle: {handle}")
+        return program
+
+    def _loaded_executable_metadata_request(self, request, response):
+        program = self._program(request.loaded_executable_handle)
+        metadata = response.loaded_executable_metadata_response
+        executable = program.executable
+        op_sharding = protos.xla("OpSharding")
+        if program.num_replicas == 1 and len(program.device_ids) > 1:
+            metadata.parameter_shardings.SetInParent()
+            for op in executable.get_parameter_shardings() or []:
+                metadata.parameter_shardings.shardings.append(op_sharding.FromString(op.SerializeToString()))
+            metadata.output_shardings.SetInParent()
+            for op in executable.get_output_shardings() or []:
+                metadata.output_shardings.shardings.append(op_sharding.FromString(op.SerializeToString()))
+        _status(
+            metadata.parameter_layouts_error, UNIMPLEMENTED, "layouts are not reported by the local Pathways server"
+        )
+        _status(metadata.output_layouts_error, UNIMPLEMENTED, "layouts are not reported by the local Pathways server")
+        kinds = metadata.output_memory_kinds
+        kinds.SetInParent()
+        for memory_kinds in executable.get_output_memory_kinds():
+            kinds.memory_kind_lists.add().memory_kinds.extend(memory_kinds)
+        _status(metadata.donated_input_indices_error, UNIMPLEMENTED, "donated inputs are not reported")
+        stats = executable.get_compiled_memory_stats()
+        memory = metadata.compiled_memory_stats
+        for name in (
+            "generated_code_size_in_bytes",
+            "argument_size_in_bytes",
+            "output_size_in_bytes",
+            "alias_size_in_bytes",
+            "temp_size_in_bytes",
+            "peak_memory_in_bytes",
+            "host_generated_code_size_in_bytes",
+            "host_argument_size_in_bytes",
+            "host_output_size_in_bytes",
+            "host_alias_size_in_bytes",
+            "host_temp_size_in_bytes",
+        ):
+            setattr(memory, name, int(getattr(stats, name)))
+        metadata.size_of_generated_code_in_bytes = int(executable.size_of_generated_code_in_bytes())
+
+    def _loaded_executable_cost_analysis_request(self, request, response):
+        program = self._program(request.loaded_executable_handle)
+        analysis = response.loaded_executable_cost_analysis_response
+        analysis.attributes.SetInParent()
+        for key, value in (program.executable.cost_analysis() or {}).items():
+            analysis.attributes.attributes[key].float_value = float(value)
+
+    def _loaded_executable_human_readable_program_text_request(self, request, response):
+        program = self._program(request.loaded_executable_handle)
+        texts = program.executable.get_hlo_text() if hasattr(program.executable, "get_hlo_text") else ""
+        response.loaded_executable_human_readable_program_text_response.human_readable_program_text = str(texts)
+
+    def _loaded_executable_destruct_request(self, request, response):
+        with self._lock:
+            program = self.programs.pop(request.loaded_executable_handle, None)
+        if program is None:
+            raise ServerError.not_found(f"Unknown loaded executable handle: {request.loaded_executable_handle}")
+        response.loaded_executable_destruct_response.SetInParent()
+
+    def _loaded_executable_is_deleted_request(self, request, response):
+        response.loaded_executable_is_deleted_response.is_deleted = False
+
+    def _loaded_executable_delete_request(self, request, response):
+        handle = self.arrays.new_handle()
+        with self._lock:
+            self.futures[handle] = _failed(
+                ServerError(UNIMPLEMENTED, "LoadedExecutable::Delete is no longer supported")
+            )
+        response.loaded_executable_delete_response.future_handle = handle
+
+    def _loaded_executable_execute_request(self, request, response):
+        """Dispatches the execution. As on Pathways, a failure (a lost slice, a lost argument)
+        does not fail the dispatch: the outputs hold the error and the user meets it when
+        reading them, which also keeps the client, which only logs execute errors, in step."""
+        program = self._program(request.loaded_executable_handle)
+        handles = list(request.result_array_handle) or [self.arrays.new_handle() for _ in program.output_shapes]
+        status_handle = request.result_status_handle
+        if not status_handle and request.execute_options.fill_status:
+            status_handle = self.arrays.new_handle()
+        try:
+            self.topology.check_up(program.device_ids)
+            args = [self.arrays.get(h) for h in request.args_handles]
+            outputs = program.run(args)
+        except ServerError as error:
+            self.arrays.poison(handles, error)
+            status = _failed(error)
+            outputs = None
+        else:
+            for handle, output in zip(handles, outputs, strict=True):
+                self.arrays.put(handle, output)
+            status = self.server.pool.submit(_wait_ready, outputs)
+        executed = response.loaded_executable_execute_response
+        executed.SetInParent()
+        if status_handle:
+            executed.status_handle = status_handle
+            with self._lock:
+                self.futures[status_handle] = status
+        if not request.result_array_handle:
+            for i, handle in enumerate(handles):
+                described = executed.outputs.add()
+                dtype_to_proto(outputs[i].dtype if outputs else program.output_dtypes[i], described.dtype)
+                described.shape.dims.extend(program.output_shapes[i])
+                program.output_shardings[i].to_proto(described.sharding)
+                described.array_handle = handle
+
+    def _take_future(self, handle: int) -> concurrent.futures.Future:
+        with self._lock:
+            future = self.futures.pop(handle, None)
+        if future is None:
+            raise ServerError.not_found(f"Unknown future handle: {handle}")
+        return future
+
+    def _loaded_executable_fetch_execute_result_request(self, request, response):
+        future = self._take_future(request.result_status_handle)
+        response.loaded_executable_fetch_execute_result_response.SetInParent()
+        return future.result
+
+    def _check_future_request(self, request, response):
+        future = self._take_future(request.future_handle)
+        response.check_future_response.SetInParent()
+        return future.result
+
+    def _loaded_host_callback_poll_request(self, request, response):
+        raise ServerError(UNIMPLEMENTED, "host callbacks are not served by the local Pathways server")
+
+    # ---- arrays --------------------------------------------------------------
+
+    def _make_array_from_host_buffer_request(self, request, response):
+        handle = request.array_handle if request.HasField("array_handle") else self.arrays.new_handle()
+        try:
+            sharding = sharding_from_proto(request.sharding)
+            for device in sharding.device_ids:
+                self.topology.check_device(device)
+            self.topology.check_up(sharding.device_ids)
+            dtype = dtype_from_proto(request.dtype)
+            data = self.host_buffers.take(request.host_buffer_handle)
+            strides = list(request.byte_strides.strides) if request.HasField("byte_strides") else None
+            value = from_host_bytes(data, dtype, request.shape.dims, strides)
+            array = ServerArray.from_jax(_device_put(value, sharding), sharding)
+        except ServerError as error:
+            self.arrays.poison([handle], error)
+            raise
+        self.arrays.put(handle, array)
+        response.make_array_from_host_buffer_response.array_handle = handle
+
+    def _make_arrays_from_host_buffer_shards_request(self, request, response):
+        handles = self.arrays.handles_for(request.array_handles, len(request.specs))
+        try:
+            arrays = [self._array_from_shards(spec) for spec in request.specs]
+        except ServerError as error:
+            self.arrays.poison(handles, error)
+            raise
+        for handle, array in zip(handles, arrays, strict=True):
+            self.arrays.put(handle, array)
+        response.make_arrays_from_host_buffer_shards_response.array_handles.extend(handles)
+
+    def _array_from_shards(self, spec) -> ServerArray:
+        import jax
+
+        sharding = sharding_from_proto(spec.array_spec.sharding)
+        self.topology.check_up(sharding.device_ids)
+        dtype = dtype_from_proto(spec.array_spec.dtype)
+        devices = jax.devices()
+        shards: dict[int, object] = {}
+        for indices, buffer in zip(spec.addressable_shard_indices, spec.host_buffers, strict=True):
+            strides = list(buffer.byte_strides.strides) if buffer.HasField("byte_strides") else None
+            value = from_host_bytes(
+                self.host_buffers.take(buffer.host_buffer_handle), dtype, buffer.shape.dims, strides
+            )
+            for index in indices.indices:
+                shards[index] = jax.device_put(value, devices[sharding.device_ids[index]])
+        return ServerArray(dtype, tuple(spec.array_spec.shape.dims), sharding, [shards[i] for i in range(len(shards))])
+
+    def _make_error_arrays_request(self, request, response):
+        handles = self.arrays.handles_for(request.array_handles, len(request.array_specs))
+        self.arrays.poison(handles, ServerError(request.error.code or INTERNAL, request.error.message))
+        response.make_error_arrays_response.array_handles.extend(handles)
+
+    def _copy_to_host_buffer_request(self, request, response):
+        try:
+            array = self.arrays.get(request.array_handle)
+            array.check_live()
+        except ServerError as error:
+            # The client may look the buffer up without waiting for this answer.
+            self.host_buffers.store(request.host_buffer_handle, error)
+            raise
+        strides = list(request.byte_strides.strides) if request.HasField("byte_strides") else None
+        response.copy_to_host_buffer_response.SetInParent()
+
+        def copy() -> None:
+            try:
+                value = to_host_bytes(np.asarray(array.jax_array()), strides)
+            except ServerError as error:
+                value = error
+            self.host_buffers.store(request.host_buffer_handle, value)
+            if isinstance(value, ServerError):
+                raise value
+
+        return copy
+
+    def _check_value_ready_request(self, request, response):
+        arrays = [self.arrays.get(h) for h in request.value_handles]
+        response.check_value_ready_response.SetInParent()
+        return lambda: _wait_ready(arrays)
+
+    def _disassemble_into_single_device_arrays_request(self, request, response):
+        array = self.arrays.get(request.array_handle)
+        array.check_live()
+        handles = self.arrays.handles_for(request.result_handles, len(array.shards))
+        for handle, device, shard in zip(handles, array.sharding.device_ids, array.shards, strict=True):
+            single = array.sharding.with_devices([device])
+            self.arrays.put(
+                handle,
+                ServerArray(
+                    array.dtype, tuple(shard.shape), type(single)((device,), None, single.memory_kind), [shard]
+                ),
+            )
+        response.disassemble_into_single_device_arrays_response.array_handles.extend(handles)
+
+    def _assemble_array_from_single_device_arrays_request(self, request, response):
+        handle = request.result_handle or self.arrays.new_handle()
+        try:
+            sharding = sharding_from_proto(request.sharding)
+            pieces = [self.arrays.get(h) for h in request.single_device_array_handles]
+            by_device = {}
+            for piece in pieces:
+                piece.check_live()
+                by_device[piece.sharding.device_ids[0]] = piece.shards[0]
+            missing = [d for d in sharding.device_ids if d not in by_device]
+            if missing:
+                raise ServerError.invalid(f"no single-device array on device {missing[0]} of the sharding")
+            dtype = dtype_from_proto(request.dtype) if request.HasField("dtype") else pieces[0].dtype
+            array = ServerArray(dtype, tuple(request.shape.dims), sharding, [by_device[d] for d in sharding.device_ids])
+        except ServerError as error:
+            self.arrays.poison([handle], error)
+            raise
+        self.arrays.put(handle, array)
+        response.assemble_array_from_single_device_arrays_response.array_handle = handle
+
+    def _fully_replicated_shard_request(self, request, response):
+        array = self.arrays.get(request.array_handle)
+        array.check_live()
+        handle = request.result_handle or self.arrays.new_handle()
+        device = array.sharding.device_ids[0]
+        shard = array.shards[0]
+        self.arrays.put(
+            handle, ServerArray(array.dtype, tuple(shard.shape), type(array.sharding)((device,), None), [shard])
+        )
+        response.fully_replicated_shard_response.array_handle = handle
+
+    def _copy_arrays_request(self, request, response):
+        import jax
+
+        handles = self.arrays.handles_for(request.result_handles, len(request.array_handles))
+        try:
+            targets = list(request.device_ids)
+            for device in targets:
+                self.topology.check_device(device)
+            self.topology.check_up(targets)
+            devices = jax.devices()
+            copies = []
+            for source in [self.arrays.get(h) for h in request.array_handles]:
+                source.check_live()
+                destination = source.sharding.with_devices(targets) if targets else source.sharding
+                shards = [
+                    jax.device_put(s, devices[d]) for s, d in zip(source.shards, destination.device_ids, strict=True)
+                ]
+                copies.append(ServerArray(source.dtype, source.shape, destination, shards))
+        except ServerError as error:
+            self.arrays.poison(handles, error)
+            raise
+        for handle, copy in zip(handles, copies, strict=True):
+            self.arrays.put(handle, copy)
+        response.copy_arrays_response.array_handles.extend(handles)
+
+    def _reshard_arrays_request(self, request, response):
+        handles = self.arrays.handles_for(request.result_handles, len(request.array_handles))
+        try:
+            results = []
+            for handle, spec in zip(request.array_handles, request.array_specs, strict=True):
+                source = self.arrays.get(handle)
+                sharding = sharding_from_proto(spec.sharding)
+                self.topology.check_up(sharding.device_ids)
+                results.append(ServerArray.from_jax(_device_put(source.jax_array(), sharding), sharding))
+        except ServerError as error:
+            self.arrays.poison(handles, error)
+            raise
+        for handle, result in zip(handles, results, strict=True):
+            self.arrays.put(handle, result)
+        response.reshard_arrays_response.array_handles.extend(handles)
+
+    def _delete_array_request(self, request, response):
+        errors = []
+        for handle in request.array_handle:
+            try:
+                array = self.arrays.get(handle)
+                array.deleted = True
+                array.shards = []
+            except ServerError as error:
+                errors.append(error)
+        future_handle = self.arrays.new_handle()
+        with self._lock:
+            self.futures[future_handle] = _failed(errors[0]) if errors else _done()
+        response.delete_array_response.deletion_future_handle = future_handle
+
+    def _is_array_deleted_request(self, request, response):
+        response.is_array_deleted_response.deleted = self.arrays.get(request.array_handle).deleted
+
+    def _destruct_array_request(self, request, response):
+        missing = self.arrays.destruct(request.array_handle)
+        if missing:
+            raise ServerError.not_found(f"Unknown array handle(s): {','.join(map(str, missing))}")
+        response.destruct_array_response.SetInParent()
+
+
+# Where each request names the handles of the arrays it makes.
+_RESULT_FIELDS = {
+    "MakeArrayFromHostBufferRequest": "array_handle",
+    "MakeArraysFromHostBufferShardsRequest": "array_handles",
+    "MakeErrorArraysRequest": "array_handles",
+    "AssembleArrayFromSingleDeviceArraysRequest": "result_handle",
+    "RemapArraysRequest": "result_handles",
+    "BitcastArraysRequest": "result_handles",
+    "ReshardArraysRequest": "result_handles",
+    "DisassembleIntoSingleDeviceArraysRequest": "result_handles",
+    "CopyArraysRequest": "result_handles",
+    "FullyReplicatedShardRequest": "result_handle",
+    "LoadedExecutableExecuteRequest": "result_array_handle",
+}
+
+
+def _result_handles(request) -> list[int]:
+    """The array handles the client chose for what ``request`` makes."""
+    name = _RESULT_FIELDS.get(request.DESCRIPTOR.name)
+    if name is None:
+        return []
+    value = getattr(request, name)
+    return [h for h in ([value] if isinstance(value, int) else value) if h]
+
+
+def _device_put(value, sharding):
+    import jax
+
+    return jax.device_put(value, sharding.jax_sharding())
+
+
+def _status(proto, code: int, message: str) -> None:
+    proto.code = code
+    proto.message = message
+
+
+def _error_response(op_id: int, error: ServerError):
+    response = protos.proxy("IfrtResponse")()
+    response.response_metadata.op_id = op_id
+    _status(response.response_metadata.status, error.code, error.message)
+    return response
+
+
+# ---- the gRPC service ------------------------------------------------------------
+
+
+def _metadata(context, key: str) -> bytes | None:
+    for item in context.invocation_metadata():
+        if item.key == key:
+            return item.value
+    return None
+
+
+def handlers(server: Server) -> grpc.GenericRpcHandler:
+    """The GrpcIfrtService methods, served by ``server``."""
+    version_request, version_response = protos.proxy("GrpcGetVersionRequest"), protos.proxy("GrpcGetVersionResponse")
+    request_type, response_type = protos.proxy("IfrtRequest"), protos.proxy("IfrtResponse")
+    store_request, store_response = (
+        protos.proxy("GrpcHostBufferStoreRequest"),
+        protos.proxy("GrpcHostBufferStoreResponse"),
+    )
+    lookup_request, lookup_response = (
+        protos.proxy("GrpcHostBufferLookupRequest"),
+        protos.proxy("GrpcHostBufferLookupResponse"),
+    )
+    delete_request, delete_response = (
+        protos.proxy("GrpcHostBufferDeleteRequest"),
+        protos.proxy("GrpcHostBufferDeleteResponse"),
+    )
+
+    def get_version(request, context):
+        low = max(request.min_version.protocol_version, PROTOCOL_MIN)
+        high = min(request.max_version.protocol_version, PROTOCOL_MAX)
+        if low > high:
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"the client speaks IFRT proxy protocol {request.min_version.protocol_version}.."
+                f"{request.max_version.protocol_version}, the local Pathways server {PROTOCOL_MIN}..{PROTOCOL_MAX}: "
+                "install a jaxlib whose range overlaps",
+            )
+        response = version_response()
+        response.version.protocol_version = high
+        response.version.ifrt_serdes_version_number = request.max_version.ifrt_serdes_version_number
+        return response
+
+    def ifrt_session(requests, context):
+        raw = _metadata(context, SESSION_METADATA)
+        if raw is None:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"Missing metadata for GrpcIfrtService.IfrtSession: {SESSION_METADATA}",
+            )
+        metadata = protos.proxy("GrpcIfrtSessionMetadata").FromString(raw)
+        session = server.open_session(metadata.version)
+        yield from session.serve(requests, context)
+
+    codes = {code.value[0]: code for code in grpc.StatusCode}
+
+    def _abort(context, error: ServerError):
+        context.abort(codes[error.code], error.message)
+
+    def host_buffer_store(chunks, context):
+        raw = _metadata(context, STORE_METADATA)
+        if raw is None:
+            context.abort(grpc.StatusCode.INTERNAL, "Missing gRPC metadata for GrpcHostBufferService.Store")
+        metadata = protos.proxy("GrpcHostBufferStoreMetadata").FromString(raw)
+        data = b"".join(chunk.data for chunk in chunks)
+        if len(data) != metadata.buffer_size:
+            context.abort(grpc.StatusCode.DATA_LOSS, f"expected {metadata.buffer_size} bytes but got {len(data)}")
+        try:
+            server.session(metadata.session_id).host_buffers.store(metadata.handle, data)
+        except ServerError as error:
+            _abort(context, error)
+        return store_response()
+
+    def host_buffer_lookup(request, context):
+        try:
+            data = server.session(request.session_id).host_buffers.lookup(request.handle)
+        except ServerError as error:
+            _abort(context, error)
+        view = memoryview(data)
+        for offset in range(0, max(len(data), 1), _CHUNK):
+            yield lookup_response(data=bytes(view[offset : offset + _CHUNK]))
+
+    def host_buffer_delete(request, context):
+        try:
+            server.session(request.session_id).host_buffers.delete(request.handle)
+        except ServerError as error:
+            _abort(context, error)
+        return delete_response()
+
+    return grpc.method_handlers_generic_handler(
+        SERVICE,
+        {
+            "GetVersion": grpc.unary_unary_rpc_method_handler(
+                get_version, version_request.FromString, version_response.SerializeToString
+            ),
+            "IfrtSession": grpc.stream_stream_rpc_method_handler(
+                ifrt_session, request_type.FromString, response_type.SerializeToString
+            ),
+            "HostBufferStore": grpc.stream_unary_rpc_method_handler(
+                host_buffer_store, store_request.FromString, store_response.SerializeToString
+            ),
+            "HostBufferLookup": grpc.unary_stream_rpc_method_handler(
+                host_buffer_lookup, lookup_request.FromString, lookup_response.SerializeToString
+            ),
+            "HostBufferDelete": grpc.unary_unary_rpc_method_handler(
+                host_buffer_delete, delete_request.FromString, delete_response.SerializeToString
+            ),
+        },
+    )

@@ -1,0 +1,255 @@
+"""The local Pathways server, driven by JAX's own proxy client.
+
+Each test starts ``pathways-local`` (a real process owning 2 slices x 4 CPU
+devices) and one client process running this file as a script with
+``JAX_PLATFORMS=proxy`` + ``pathwaysutils.initialize()``: JAX, pathwaysutils and
+their proxy client exactly as a Pathways user runs them, with no hook of ours in
+the client's JAX. The client prints one JSON object; the test reads what the
+user would have seen.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from pathways_kernel.server import launch
+
+HERE = os.path.abspath(__file__)
+STEPS = 20
+BATCH = 64
+
+
+def client_env(target: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
+    env.update(
+        JAX_PLATFORMS="proxy",
+        JAX_BACKEND_TARGET=target,
+        IFRT_PROXY_USE_INSECURE_GRPC_CREDENTIALS="true",
+        PATHWAYS_PROXY_CONNECTION_TIMEOUT_SECS="30",
+    )
+    return env
+
+
+def run_client(mode: str, target: str, *args: str, timeout: float = 240, env=None, prefix=()) -> dict:
+    out = subprocess.run(
+        [*prefix, sys.executable, HERE, mode, target, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env or client_env(target),
+    )
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    said = "\n".join(line for line in out.stderr.splitlines() if line.strip())
+    assert out.returncode == 0 and lines, f"client {mode} failed (rc {out.returncode}):\n{said[-3000:]}"
+    return json.loads(lines[-1])
+
+
+@pytest.fixture
+def server():
+    started = launch.start(2, 4)
+    yield started
+    started.stop()
+
+
+# ---- the programs the client runs -------------------------------------------------
+
+
+def batch(step: int):
+    rng = np.random.default_rng(step)
+    x = rng.normal(size=(BATCH, 8)).astype(np.float32)
+    return x, (np.tanh(x @ np.arange(1, 9, dtype=np.float32)[:, None] / 8) + 0.5).astype(np.float32)
+
+
+def initial_params():
+    rng = np.random.default_rng(0)
+    return {
+        "w1": rng.normal(size=(8, 16)).astype(np.float32) * 0.3,
+        "b1": np.zeros((16,), np.float32),
+        "w2": rng.normal(size=(16, 1)).astype(np.float32) * 0.3,
+    }
+
+
+def train_data_parallel(devices, steps: int = STEPS):
+    """Data-parallel MLP training with donated parameters; returns host params and losses."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(np.array(devices).reshape(2, 4), ("data", "model"))
+    data = NamedSharding(mesh, P(("data", "model")))
+    replicated = NamedSharding(mesh, P())
+
+    def loss_fn(p, x, y):
+        h = jnp.tanh(x @ p["w1"] + p["b1"])
+        return jnp.mean((h @ p["w2"] - y) ** 2)
+
+    @jax.jit
+    def step_fn(p, x, y):
+        loss, grads = jax.value_and_grad(loss_fn)(p, x, y)
+        return jax.tree.map(lambda a, g: a - 0.1 * g, p, grads), loss
+
+    step_fn = jax.jit(step_fn, donate_argnums=0)
+    params = jax.device_put(initial_params(), replicated)
+    losses = []
+    for step in range(steps):
+        x, y = (jax.device_put(a, data) for a in batch(step))
+        old = params
+        params, loss = step_fn(params, x, y)
+        losses.append(float(loss))
+    donated = all(a.is_deleted() for a in jax.tree.leaves(old))
+    return {k: np.asarray(v) for k, v in params.items()}, losses, donated
+
+
+def client_basics(target: str, out_path: str) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import pathwaysutils
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    result: dict = {
+        "slice_indices": [d.slice_index for d in jax.devices()],
+        "coords": [list(d.coords) for d in jax.devices()],
+        "pathways": pathwaysutils.is_pathways_backend_used(),
+        "arange": (jnp.arange(8.0) + 1).tolist(),
+    }
+    mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))
+    x = np.arange(64.0, dtype=np.float32).reshape(8, 8)
+    xs = jax.device_put(x, NamedSharding(mesh, P("data", "model")))
+    product = jax.jit(lambda a: a @ a.T + 1.0)(xs)
+    result["sharded_equal"] = bool(np.allclose(np.asarray(product), x @ x.T + 1.0))
+    result["sharded_spec"] = str(product.sharding.spec)
+    other = Mesh(np.array(jax.devices()[4:]), ("d",))
+    moved = jax.device_put(xs, NamedSharding(other, P("d")))
+    result["moved_equal"] = bool(np.array_equal(np.asarray(moved), x))
+    result["moved_devices"] = sorted(d.id for d in moved.sharding.device_set)
+    gone = jnp.ones(4) * 3
+    gone.block_until_ready()
+    gone.delete()
+    result["deleted"] = gone.is_deleted()
+    result["flops"] = jax.jit(lambda a: a @ a).lower(xs).compile().cost_analysis().get("flops", 0.0)
+    params, losses, donated = train_data_parallel(jax.devices())
+    result["losses"] = losses
+    result["donated"] = donated
+    np.savez(out_path, **params)
+    return result
+
+
+def client_reference(out_path: str) -> dict:
+    """The same training in plain CPU JAX with 8 devices, in this process."""
+    import jax
+
+    params, losses, _ = train_data_parallel(jax.devices())
+    np.savez(out_path, **params)
+    return {"losses": losses}
+
+
+def client_slice_loss(target: str) -> dict:
+    import jax
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+    from pathwaysutils.elastic import elastic
+
+    devices = jax.devices()
+    slice0 = Mesh(np.array(devices[:4]), ("d",))
+    both = Mesh(np.array(devices).reshape(2, 4), ("s", "d"))
+    slice1 = Mesh(np.array(devices[4:]), ("d",))
+    a0 = jax.device_put(np.arange(8.0), NamedSharding(slice0, P("d")))
+    a01 = jax.device_put(np.arange(8.0), NamedSharding(both, P(("s", "d"))))
+    a1 = jax.device_put(np.arange(8.0), NamedSharding(slice1, P("d")))
+    double = jax.jit(lambda a: a * 2)
+    double(a0).block_until_ready()
+
+    def attempt(fn) -> dict:
+        try:
+            value = fn()
+            return {"ok": np.asarray(value).tolist()}
+        except jax.errors.JaxRuntimeError as error:
+            return {"error": str(error).splitlines()[0], "slice_down": elastic.is_error_due_to_slice_down(error)}
+
+    result: dict = {"health_before": sorted(elastic.get_active_slice_indices())}
+    cli = [sys.executable, "-m", "pathways_kernel.server"]
+    failed = subprocess.run([*cli, "fail", "1", "--server", target], capture_output=True, text=True, timeout=60)
+    result["fail_cli"] = [failed.returncode, failed.stderr.strip()]
+    result["read_a01"] = attempt(lambda: a01)
+    result["read_a01_again"] = attempt(lambda: a01)
+    result["jit_a01"] = attempt(lambda: double(a01))
+    result["read_a1"] = attempt(lambda: a1)
+    result["read_a0"] = attempt(lambda: a0)
+    result["jit_a0"] = attempt(lambda: double(a0))
+    result["new_on_slice1"] = attempt(lambda: jax.device_put(np.ones(4), NamedSharding(slice1, P("d"))) + 1)
+    result["health_down"] = sorted(elastic.get_active_slice_indices())
+    repaired = subprocess.run([*cli, "repair", "1", "--server", target], capture_output=True, text=True, timeout=60)
+    result["repair_cli"] = [repaired.returncode, repaired.stderr.strip()]
+    result["health_repaired"] = sorted(elastic.get_active_slice_indices())
+    result["read_a1_after_repair"] = attempt(lambda: a1)
+    result["new_after_repair"] = attempt(lambda: jax.device_put(np.ones(4), NamedSharding(slice1, P("d"))) + 1)
+    status = subprocess.run([*cli, "status", "--server", target], capture_output=True, text=True, timeout=60)
+    result["status"] = json.loads(status.stdout)
+    return result
+
+
+CLIENTS = {"basics": client_basics, "slice_loss": client_slice_loss}
+
+
+# ---- the tests -----------------------------------------------------------------------
+
+
+def test_jax_runs_through_the_server_as_on_pathways(server, tmp_path):
+    got = run_client("basics", server.target, str(tmp_path / "server.npz"))
+    reference_env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
+    reference_env.update(JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="8")
+    expected = run_client("reference", "-", str(tmp_path / "cpu.npz"), env=reference_env)
+
+    assert got["slice_indices"] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert got["coords"][:4] == [[0, 0, 0], [1, 0, 0], [0, 1, 0], [1, 1, 0]]
+    assert got["pathways"] is True
+    assert got["arange"] == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
+    assert got["sharded_equal"] is True
+    assert got["moved_equal"] is True and got["moved_devices"] == [4, 5, 6, 7]
+    assert got["deleted"] is True
+    assert got["flops"] > 0
+    assert got["donated"] is True
+    np.testing.assert_allclose(got["losses"], expected["losses"], rtol=1e-5)
+    ours, theirs = np.load(tmp_path / "server.npz"), np.load(tmp_path / "cpu.npz")
+    for name in theirs.files:
+        np.testing.assert_allclose(ours[name], theirs[name], rtol=1e-5, atol=1e-7)
+
+
+def test_a_slice_lost_on_the_server_fails_its_arrays_and_work(server):
+    got = run_client("slice_loss", server.target)
+
+    assert got["health_before"] == [0, 1]
+    assert got["fail_cli"][0] == 0, got["fail_cli"]
+    for key in ("read_a01", "read_a01_again", "jit_a01", "read_a1", "new_on_slice1"):
+        assert "DATA_LOSS" in got[key].get("error", ""), (key, got[key])
+        assert got[key]["slice_down"] is True, key
+    assert got["read_a0"] == {"ok": [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]}
+    assert got["jit_a0"] == {"ok": [0.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0]}
+    assert got["health_down"] == [0]
+    assert got["repair_cli"][0] == 0
+    assert got["health_repaired"] == [0, 1]
+    assert got["read_a1_after_repair"]["slice_down"] is True  # repair brings the slice back empty
+    assert got["new_after_repair"] == {"ok": [2.0, 2.0, 2.0, 2.0]}
+    assert got["status"]["down"] == []
+
+
+if __name__ == "__main__":
+    mode, target, *rest = sys.argv[1:]
+    if mode == "reference":
+        import jax
+
+        jax.config.update("jax_num_cpu_devices", 8)
+        print(json.dumps(client_reference(*rest)), flush=True)
+    else:
+        import pathwaysutils
+
+        pathwaysutils.initialize()
+        print(json.dumps(CLIENTS[mode](target, *rest)), flush=True)
