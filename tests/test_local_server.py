@@ -196,7 +196,72 @@ def client_slice_loss(target: str) -> dict:
     return result
 
 
-CLIENTS = {"basics": client_basics, "slice_loss": client_slice_loss}
+def elastic_training(target: str, inject=None) -> tuple[dict, list]:
+    """A loop written the pathwaysutils way (``Manager()`` + ``elastic_retry``), resuming
+    from the last host copy; ``inject(step, manager)`` acts on the server between steps."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+    from pathwaysutils.elastic import manager as elastic_manager
+
+    manager = elastic_manager.Manager()
+    attempts: list[list[int]] = []
+    host = {"step": 0, "params": {"w": np.zeros((8, 1), np.float32), "b": np.zeros((1,), np.float32)}}
+
+    @jax.jit
+    def train_step(params, x, y):
+        def loss_fn(p):
+            return jnp.mean((x @ p["w"] + p["b"] - y) ** 2)
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        return jax.tree.map(lambda p, g: p - 0.05 * g, params, grads), loss
+
+    @manager.elastic_retry(minimum_slice_count=1, poll_interval=0.2, timeout=120)
+    def train():
+        active = sorted(manager.active_slice_indices)
+        attempts.append(active)
+        devices = [d for i in active for d in manager.slice_to_devices[i]]
+        mesh = Mesh(np.array(devices).reshape(len(active), -1), ("data", "model"))
+        data = NamedSharding(mesh, P(("data", "model")))
+        params = jax.device_put(host["params"], NamedSharding(mesh, P()))
+        for step in range(host["step"], 24):
+            if manager.available_inactive_slices:
+                raise elastic_manager.ScaleUpSignalError()
+            x, y = (jax.device_put(a, data) for a in batch(step))
+            params, loss = train_step(params, x, y)
+            float(loss)
+            host.update(step=step + 1, params=jax.device_get(params))
+            if inject:
+                inject(step, manager)
+        return host["params"]
+
+    final = train()
+    manager.close()
+    return {k: np.asarray(v).tolist() for k, v in final.items()}, attempts
+
+
+def client_elastic(target: str) -> dict:
+    import time
+
+    from pathways_kernel.server import control
+
+    expected, clean_attempts = elastic_training(target)
+
+    def inject(step, manager):
+        if step == 6:
+            control.fail(target, 1)
+        if step == 12 and 1 in manager.inactive_slice_indices:
+            control.repair(target, 1)
+            deadline = time.monotonic() + 60  # the Manager's own monitor sees the repair
+            while not manager.available_inactive_slices and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+    final, attempts = elastic_training(target, inject)
+    return {"expected": expected, "clean_attempts": clean_attempts, "final": final, "attempts": attempts}
+
+
+CLIENTS = {"basics": client_basics, "slice_loss": client_slice_loss, "elastic": client_elastic}
 
 
 # ---- the tests -----------------------------------------------------------------------
@@ -239,6 +304,15 @@ def test_a_slice_lost_on_the_server_fails_its_arrays_and_work(server):
     assert got["read_a1_after_repair"]["slice_down"] is True  # repair brings the slice back empty
     assert got["new_after_repair"] == {"ok": [2.0, 2.0, 2.0, 2.0]}
     assert got["status"]["down"] == []
+
+
+def test_pathwaysutils_elastic_loop_survives_a_server_side_loss_and_scale_up(server):
+    got = run_client("elastic", server.target)
+
+    assert got["clean_attempts"] == [[0, 1]]
+    assert got["attempts"] == [[0, 1], [0], [0, 1]]
+    for name in ("w", "b"):
+        np.testing.assert_allclose(got["final"][name], got["expected"][name], rtol=1e-5, atol=1e-6)
 
 
 if __name__ == "__main__":
