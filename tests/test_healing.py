@@ -1,6 +1,7 @@
 """Notebook healing through a real kernel: variables on a lost slice come back
 from their snapshots between cells; the user is told in one block."""
 
+import re
 import time
 
 import pytest
@@ -139,7 +140,151 @@ def test_a_finished_elastic_cell_heals_from_its_newest_snapshot_and_names_the_st
     reply = fresh_kernel.run("%%pathways elastic --steps 50 --state params --snapshot-every 10\nparams = params + 1")
     assert reply.status == "ok", reply.error
     healed = fresh_kernel.run("%pathways fail 1").text
-    # The run's last snapshot is of step 40: the variable goes back there, and says so.
-    assert "params (" in healed and "step 40 of elastic 'params'" in healed, healed
-    assert "continue with %%pathways elastic --start 40" in healed
-    assert fresh_kernel.run("print(float(params[0]))").text.strip() == "40.0"
+    # The run snapshots the state it returns (step 50): the variable goes back there, and says so.
+    assert "params (" in healed and "step 50 of elastic 'params'" in healed, healed
+    assert "continue with %%pathways elastic --start 50" in healed
+    assert fresh_kernel.run("print(float(params[0]))").text.strip() == "50.0"
+
+
+ELASTIC_SETUP = (
+    "import re, jax, numpy as np\n"
+    "from jax.sharding import NamedSharding, PartitionSpec as P\n"
+    "params = jax.device_put(np.zeros(8), NamedSharding(pw.mesh(), P('data')))\n"
+)
+
+
+def _elastic_step(healed: str) -> int:
+    """The step a heal block says the run's state went back to."""
+    match = re.search(r"params \([^)]*step (\d+) of elastic 'params'\)", healed)
+    assert match is not None, healed
+    return int(match.group(1))
+
+
+def test_a_variable_healed_from_an_elastic_snapshot_heals_again_at_the_next_loss(fresh_kernel):
+    assert fresh_kernel.run(ELASTIC_SETUP).status == "ok"
+    reply = fresh_kernel.run("%%pathways elastic --steps 20 --state params --snapshot-every 5\nparams = params + 1")
+    assert reply.status == "ok", reply.error
+    steps = []
+    for _ in range(2):
+        healed = fresh_kernel.run("pw.fail_slice(1); pw.repair_slice(1)").text
+        assert "no snapshot" not in healed and "unusable" not in healed, healed
+        steps.append(_elastic_step(healed))
+        check = fresh_kernel.run("print(float(params[0]), pw.is_lost(params))").text.strip()
+        assert check == f"{float(steps[-1])} False", check
+    assert steps[0] == steps[1]
+
+
+def test_every_slice_down_then_repaired_heals_named_snapshots_and_elastic_state(fresh_kernel):
+    setup = ELASTIC_SETUP + "y = jax.device_put(np.arange(16.0), NamedSharding(pw.mesh(), P('data')))\n"
+    assert fresh_kernel.run(setup).status == "ok"
+    reply = fresh_kernel.run("%%pathways elastic --steps 20 --state params --snapshot-every 5\nparams = params + 1")
+    assert reply.status == "ok", reply.error
+    assert fresh_kernel.run("%pathways snapshot y").status == "ok"
+    assert fresh_kernel.run("pw.snapshot_store().latest('y')").status == "ok"  # waits for the copy
+    first = fresh_kernel.run("%pathways fail 0").text
+    assert "restored from snapshots onto slices [1]:" in first and "y (" in first, first
+    step = _elastic_step(first)
+    everything = fresh_kernel.run("%pathways fail 1")
+    assert everything.status == "ok", everything.error
+    waiting = everything.text
+    assert "could not restore" not in waiting and "unusable" not in waiting, waiting
+    assert "no slice is up" in waiting and "when a slice comes back" in waiting, waiting
+    assert "params" in waiting and "y" in waiting, waiting
+    back = fresh_kernel.run("%pathways repair 0").text
+    assert "restored from snapshots onto slices [0]:" in back, back
+    assert "y (" in back and f"step {step} of elastic 'params'" in back, back
+    assert "slice 1 lost" not in fresh_kernel.run("%pathways repair 1").text
+    check = fresh_kernel.run("print(pw.is_lost(y), float(y.sum()), pw.is_lost(params), float(params[0]))")
+    assert check.text.strip() == f"False 120.0 False {float(step)}", check.text + check.error
+    assert "snapshot 'y'" in fresh_kernel.run("%pathways snapshots").text
+
+
+BIG_SETUP = """
+import os, signal, jax, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+sh = NamedSharding(pw.mesh(), P('data'))
+a, b, c = (jax.device_put(np.full(32 * 2**20, float(i), np.float32), sh) for i in (1, 2, 3))
+
+def interrupt_at(kind):
+    # The signal Jupyter's interrupt sends, once, the moment the session emits `kind`.
+    def on(event):
+        if event.kind == kind and not fired:
+            fired.append(event)
+            os.kill(os.getpid(), signal.SIGINT)
+    fired = []
+    return pw.session().events.subscribe(on)
+
+def reads_lost(v):
+    try:
+        np.asarray(v)
+        float(v.sum())
+    except Exception as e:
+        return 'DATA_LOSS' in str(e)
+    return False
+"""
+
+
+def _run_interrupted(kernel, code: str, delay: float | None) -> str:
+    """Run ``code``, interrupting the kernel ``delay`` s later (as the stop button does) unless
+    ``None``; all it showed."""
+    msg_id = kernel.kc.execute(code)
+    if delay is not None:
+        time.sleep(delay)
+        kernel.km.interrupt_kernel()
+    shown = []
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        msg = kernel.iopub(timeout=deadline - time.time())
+        if msg is None or msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        kind, content = msg["header"]["msg_type"], msg["content"]
+        if kind == "stream":
+            shown.append(content["text"])
+        elif kind in ("display_data", "execute_result"):
+            shown.append(content["data"].get("text/plain", "") + "\n")
+        elif kind == "error":
+            shown.append("\n".join(content["traceback"]))
+        elif kind == "status" and content["execution_state"] == "idle":
+            return "".join(shown)
+    raise AssertionError("the cell never finished: " + "".join(shown))
+
+
+def _run_silently(kernel, code: str) -> None:
+    """Run ``code`` as a silent execution: IPython runs no pre/post-cell hooks (no healing) for it."""
+    msg_id = kernel.kc.execute(code, silent=True)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        msg = kernel.iopub(timeout=deadline - time.time())
+        if (
+            msg is not None
+            and msg["parent_header"].get("msg_id") == msg_id
+            and msg["header"]["msg_type"] == "status"
+            and msg["content"]["execution_state"] == "idle"
+        ):
+            return
+    raise AssertionError("silent execution never finished")
+
+
+@pytest.mark.parametrize(
+    ("how", "code", "delay"),
+    [
+        ("during the loss", "stop = interrupt_at('slice_down'); pw.fail_slice(1)", None),
+        ("during healing", "stop = interrupt_at('restore'); pw.fail_slice(1)", None),
+        ("0.3 s in", "stop = lambda: None; pw.fail_slice(1)", 0.3),
+        ("1 s in", "stop = lambda: None; pw.fail_slice(1)", 1.0),
+    ],
+    ids=["during-the-loss", "during-healing", "0.3s-in", "1s-in"],
+)
+def test_interrupted_healing_tells_the_truth_and_the_next_cell_finishes_it(fresh_kernel, how, code, delay):
+    assert fresh_kernel.run(BIG_SETUP).status == "ok"
+    assert fresh_kernel.run("%pathways snapshot a b c").status == "ok"
+    assert fresh_kernel.run("[pw.snapshot_store().latest(n) for n in 'abc']").status == "ok"  # copies complete
+    shown = _run_interrupted(fresh_kernel, code, delay)
+    assert "Error in callback" not in shown and "Healer" not in shown, f"{how}: {shown}"
+    # Before any later cell heals: whatever pw.is_lost says is what reading says.
+    _run_silently(fresh_kernel, "stop(); _truth = [(pw.is_lost(v), reads_lost(v)) for v in (a, b, c)]")
+    truth = fresh_kernel.run("print(_truth)").text
+    assert all(said == seen for said, seen in eval(truth.strip().splitlines()[-1])), f"{how}: {truth}"
+    check = fresh_kernel.run("print([float(v[0]) for v in (a, b, c)], [pw.is_lost(v) for v in (a, b, c)])")
+    assert check.status == "ok", f"{how}: {check.error}"
+    assert check.text.strip().endswith("[1.0, 2.0, 3.0] [False, False, False]"), f"{how}: {check.text}"

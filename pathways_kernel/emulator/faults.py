@@ -108,6 +108,7 @@ from pathways_kernel.core import jaxcompat
 from pathways_kernel.core.display import TextDisplay
 from pathways_kernel.core.errors import NotSupportedError, PathwaysError, slice_down_error
 from pathways_kernel.core.eventlog import format_bytes
+from pathways_kernel.core.interrupts import deferred_interrupts
 from pathways_kernel.core.text import count
 
 #: Devices of slices that are down now; read lock-free by the dispatch hooks.
@@ -483,7 +484,9 @@ class FaultInjector:
         anyone see it up while data on it already raises.
         """
         require_fault_injection(self.session, "fail_slice")
-        with self._lock:
+        # Interrupted halfway, a slice would be down with arrays on it still
+        # readable, where is_lost says False and computing with them raises.
+        with self._lock, deferred_interrupts():
             topology = self.session.topology
             target = _slice(topology, index)
             if not target.up:
@@ -506,7 +509,7 @@ class FaultInjector:
 
     def repair(self, index: int, detail: str = "repaired") -> FaultReport:
         require_fault_injection(self.session, "repair_slice")
-        with self._lock:
+        with self._lock, deferred_interrupts():
             topology = self.session.topology
             target = _slice(topology, index)
             if target.up:

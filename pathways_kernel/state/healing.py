@@ -10,11 +10,19 @@ newest host snapshot of it, onto the mesh of the live slices, with the same
 and rebound to the same name. A variable's snapshots are those filed under
 its name (``%pathways snapshot``, ``%pathways autosnapshot on``) and, while
 it still holds what a ``%%pathways elastic`` run left in it (even one
-interrupted mid-step), that run's own snapshots; the run's other state
-variables then go back to the same step with it, so that they stay
-consistent. Variables without a snapshot are left as they are, unusable, and
-named. The user sees one short block saying which names came back, from how
-long ago and which step, and which did not.
+interrupted mid-step) or what healing restored from that run's snapshot,
+that run's own snapshots; the run's other state variables then go back to
+the same step with it, so that they stay consistent. Variables without a
+snapshot are left as they are, unusable, and named. The user sees one short
+block saying which names came back, from how long ago and which step, and
+which did not.
+
+A pass that cannot finish stays due: while no slice is up it restores
+nothing and says the variables wait for a slice, and the first check after
+one is back restores them; an interrupted pass (Jupyter's interrupt during
+a long restore) says what is still lost, and the next cell's check goes on.
+Each variable is either still lost or rebound to its restored value, never
+in between, so ``pw.is_lost`` tells the truth throughout.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from typing import Any
 
 from pathways_kernel.core.display import TextDisplay
 from pathways_kernel.core.errors import PathwaysError, one_line
+from pathways_kernel.core.interrupts import deferred_interrupts
 from pathways_kernel.emulator import faults
 from pathways_kernel.state import snapshots
 
@@ -49,9 +58,18 @@ class HealingReport(TextDisplay):
     restored: tuple[Healed, ...] = ()
     unusable: tuple[str, ...] = ()
     failed: tuple[tuple[str, str], ...] = ()  # (name, why the restore failed)
+    #: Variables with a snapshot that wait for a slice to come back (none is up).
+    waiting: tuple[str, ...] = ()
+    #: The pass was interrupted; these variables are still lost (the next cell restores them).
+    interrupted: tuple[str, ...] | None = None
 
     def __bool__(self) -> bool:
-        return bool(self.restored or self.unusable or self.failed)
+        return bool(self.restored or self.unusable or self.failed or self.waiting or self.interrupted is not None)
+
+    @property
+    def due(self) -> bool:
+        """Whether a later pass has work left: variables wait for a slice, or this one was interrupted."""
+        return bool(self.waiting) or self.interrupted is not None
 
     def header(self) -> str:
         lost = ("slices " if len(self.lost_slices) > 1 else "slice ") + ", ".join(map(str, self.lost_slices))
@@ -64,6 +82,13 @@ class HealingReport(TextDisplay):
             out.append(f"restored from snapshots onto slices [{live}]: " + ", ".join(map(_describe, self.restored)))
         for run, step in sorted({(h.run, h.step) for h in self.restored if h.run is not None}):
             out.append(f"elastic '{run}' is back at step {step}: continue with %%pathways elastic --start {step}")
+        if self.waiting:
+            out.append(
+                f"no slice is up: {', '.join(self.waiting)} will be restored from snapshots when a slice comes back"
+            )
+        if self.interrupted is not None:
+            still = f": {', '.join(self.interrupted)} still lost" if self.interrupted else ""
+            out.append(f"healing was interrupted{still}; the next cell restores what is left")
         if self.unusable:
             out.append(f"no snapshot, now unusable (DATA_LOSS): {', '.join(self.unusable)}; recompute or reload them")
         out.extend(f"could not restore {name}, now unusable: {why}" for name, why in self.failed)
@@ -92,21 +117,29 @@ def _age(seconds: float) -> str:
     return f"{seconds / 60:.0f} min"
 
 
-def heal(
-    namespace: dict[str, Any], lost_slices: tuple[int, ...] = (), hidden: frozenset[str] = frozenset()
-) -> HealingReport:
-    """Restore every variable of ``namespace`` that holds lost data; see the module doc."""
+@dataclasses.dataclass(frozen=True)
+class _Job:
+    """Variables restored together from one snapshot."""
+
+    names: tuple[str, ...]
+    snap: snapshots.Snapshot
+    origin: snapshots.Origin | None = None  # the elastic run the snapshot is of
+
+    @property
+    def run(self) -> str | None:
+        return None if self.origin is None else self.origin.snap_name.removeprefix("elastic:")
+
+
+def _plan(
+    namespace: dict[str, Any], store: snapshots.SnapshotStore, hidden: frozenset[str]
+) -> tuple[list[_Job], list[str]]:
+    """What to restore from which snapshot, and the lost variables with no snapshot."""
     import jax
 
-    from pathways_kernel.core.sessions import session
-
-    current = session()
-    store = snapshots.store(current)
-    live = tuple(s.index for s in current.topology.up_slices)
-    restored, unusable, failed = [], [], []
-    values = snapshots.device_values(namespace)
+    jobs: list[_Job] = []
+    unusable: list[str] = []
     done: set[str] = set()
-    for name, value in values.items():
+    for name, value in snapshots.device_values(namespace).items():
         if name in hidden or name in _IPYTHON_NAMES or name in done:
             continue
         if not any(faults.is_lost(leaf) for leaf in jax.tree.leaves(value)):
@@ -114,31 +147,70 @@ def heal(
         own = store.latest(name)
         origin = store.origin(name, value)
         from_run = store.latest(origin.snap_name, run=origin.run) if origin is not None else None
-        if from_run is not None and (own is None or from_run.created >= own.created):
+        if origin is not None and from_run is not None and (own is None or from_run.created >= own.created):
             # The run's whole state goes back to one step: each of its
             # variables that still holds what the run left in it.
-            group = [n for n in origin.group if n == name or _same_run(store.origin(n, namespace.get(n)), origin)]
-            try:
-                tree = snapshots.restore(from_run)
-            except (PathwaysError, jax.errors.JaxRuntimeError) as exc:
-                failed.extend((n, one_line(exc)) for n in group)
-                done.update(group)
-                continue
-            for n in group:
-                namespace[n] = tree[n]
-                restored.append(Healed(n, from_run.age_s, from_run.step, origin.snap_name.removeprefix("elastic:")))
+            group = tuple(n for n in origin.group if n == name or _same_run(store.origin(n, namespace.get(n)), origin))
+            jobs.append(_Job(group, from_run, origin))
             done.update(group)
-            continue
-        if own is None:
+        elif own is not None:
+            jobs.append(_Job((name,), own))
+            done.add(name)
+        else:
             unusable.append(name)
-            continue
-        try:
-            namespace[name] = snapshots.restore(own)
-        except (PathwaysError, jax.errors.JaxRuntimeError) as exc:
-            failed.append((name, one_line(exc)))
-            continue
-        restored.append(Healed(name, own.age_s, own.step))
-    return HealingReport(lost_slices, live, tuple(restored), tuple(unusable), tuple(failed))
+    return jobs, unusable
+
+
+def heal(
+    namespace: dict[str, Any], lost_slices: tuple[int, ...] = (), hidden: frozenset[str] = frozenset()
+) -> HealingReport:
+    """Restore every variable of ``namespace`` that holds lost data; see the module doc.
+
+    Never raises ``KeyboardInterrupt``: an interrupted pass returns a report
+    whose ``interrupted`` names what is still lost.
+    """
+    import jax
+
+    from pathways_kernel.core.sessions import session
+
+    current = session()
+    store = snapshots.store(current)
+    live = tuple(s.index for s in current.topology.up_slices)
+    report = HealingReport(lost_slices, live)
+    restored: list[Healed] = []
+    failed: list[tuple[str, str]] = []
+    jobs: list[_Job] = []
+    try:
+        jobs, unusable = _plan(namespace, store, hidden)
+        report = dataclasses.replace(report, unusable=tuple(unusable))
+        if not live:
+            return dataclasses.replace(report, waiting=tuple(n for job in jobs for n in job.names))
+        for job in jobs:
+            try:
+                tree = snapshots.restore(job.snap)
+            except (PathwaysError, jax.errors.JaxRuntimeError) as exc:
+                failed.extend((n, one_line(exc)) for n in job.names)
+                continue
+            with deferred_interrupts():
+                _bind(namespace, store, job, tree, restored)
+    except KeyboardInterrupt:
+        finished = {h.name for h in restored} | {n for n, _ in failed}
+        still = tuple(n for job in jobs for n in job.names if n not in finished)
+        return dataclasses.replace(report, restored=tuple(restored), failed=tuple(failed), interrupted=still)
+    return dataclasses.replace(report, restored=tuple(restored), failed=tuple(failed))
+
+
+def _bind(
+    namespace: dict[str, Any], store: snapshots.SnapshotStore, job: _Job, tree: Any, restored: list[Healed]
+) -> None:
+    """Rebind ``job``'s variables to their restored values (all or none: interrupts are held back)."""
+    for n in job.names:
+        namespace[n] = tree[n] if job.origin is not None else tree
+        if job.origin is not None:
+            # What healing restored from the run's snapshot is that run's state
+            # again: the next loss goes back to the same snapshot.
+            store.note_origin(n, namespace[n], job.origin.snap_name, job.origin.run, job.origin.group)
+        restored.append(Healed(n, job.snap.age_s, job.snap.step, job.run))
 
 
 def _same_run(a: snapshots.Origin | None, b: snapshots.Origin) -> bool:
@@ -154,30 +226,42 @@ class Healer:
         self.shell = shell
         self.events = EVENTS
         self._seen = self.events.last(1)[0].seq if len(self.events) else 0
+        # Slices lost whose healing is not done yet (it waits for a slice, or was interrupted).
+        self._due: set[int] = set()
         # Unusable variables already reported, with the arrays they held then:
         # one that is still lost is not announced again at the next loss.
         self._reported: dict[str, tuple[int, ...]] = {}
 
     def check(self, *_: Any) -> HealingReport | None:
-        """Heal if a slice went down since the last check; display the report."""
+        """Heal if a slice went down since the last check, or a pass is still due; display the report.
+
+        An interrupt is never IPython's business here (it would print its
+        callback-error dump): the pass stays due and the next check goes on.
+        """
+        try:
+            return self._check()
+        except KeyboardInterrupt:
+            from IPython.display import display
+
+            display(HealingReport(tuple(sorted(self._due)), (), interrupted=()))
+            return None
+
+    def _check(self) -> HealingReport | None:
         new = self.events.since(self._seen)
-        if not new:
+        if new:
+            self._seen = new[-1].seq
+        lost = {
+            i for e in new if e.kind == "slice_down" for i in set(e.slices_before or ()) - set(e.slices_after or ())
+        }
+        if not lost and not self._due:
             return None
-        self._seen = new[-1].seq
-        lost = tuple(
-            sorted(
-                {
-                    i
-                    for e in new
-                    if e.kind == "slice_down"
-                    for i in set(e.slices_before or ()) - set(e.slices_after or ())
-                }
-            )
-        )
-        if not lost:
-            return None
+        self._due |= lost
+        if not lost and not self._slice_up():
+            return None  # still waiting for a slice; the block said so already
         hidden = frozenset(getattr(self.shell, "user_ns_hidden", {}))
-        report = heal(self.shell.user_ns, lost, hidden)
+        report = heal(self.shell.user_ns, tuple(sorted(self._due)), hidden)
+        if not report.due:
+            self._due.clear()
         report = dataclasses.replace(
             report, unusable=tuple(n for n in report.unusable if not self._already_reported(n))
         )
@@ -186,6 +270,12 @@ class Healer:
 
             display(report)
         return report
+
+    @staticmethod
+    def _slice_up() -> bool:
+        from pathways_kernel.core.sessions import session
+
+        return bool(session().topology.up_slices)
 
     def _already_reported(self, name: str) -> bool:
         import jax
