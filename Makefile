@@ -9,7 +9,7 @@ PY_SOURCES := pyproject.toml $(shell find pathways_kernel kernelspecs -name '*.p
 LAB_BUNDLE := pathways_kernel/labextension/package.json
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: all lab test lint test-ts test-py test-compat bench clean
+.PHONY: all lab test lint test-ts test-py test-compat bench notebooks clean
 
 all: $(VENV)/.installed
 
@@ -79,6 +79,12 @@ test-compat: $(VENV)/.installed
 	  echo "== jax/jaxlib $$v"; \
 	  PATH=$(CURDIR)/$$env/bin:$$PATH JUPYTER_PATH=$(CURDIR)/$(VENV)/share/jupyter $$env/bin/python -m pytest -q -p no:cacheprovider $(COMPAT_TESTS); \
 	done
+
+# Every notebook in notebooks/ run top to bottom on the `pathways` kernel and saved with its
+# outputs, so it reads well before anyone runs it (cells tagged needs-cluster are skipped;
+# slurm.ipynb's rehearsal runs on a real Slurm). `make test` checks they are saved so.
+notebooks: $(VENV)/.installed /usr/sbin/slurmctld
+	$(PY) tests/notebooks.py
 
 bench: $(VENV)/.installed
 	@for script in bench/*.py; do echo "== $$script"; $(PY) $$script; done

@@ -1,14 +1,25 @@
-"""Executing the project's notebooks headless on the `pathways` kernel, for tests."""
+"""Executing the project's notebooks headless on the `pathways` kernel, for tests and `make notebooks`.
+
+    python tests/notebooks.py [NAME.ipynb ...]    # run and save them with their outputs (default: all)
+
+Cells tagged ``needs-cluster`` need a real Pathways proxy or job, which cannot
+run here: they are skipped, and saved without outputs.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import os
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
 
 NOTEBOOKS = Path(__file__).parent.parent / "notebooks"
+#: The tag of cells that need a real cluster.
+NEEDS_CLUSTER = "needs-cluster"
 
 
 def execute(name: str, keep: Callable[[nbformat.NotebookNode], bool] = lambda cell: True, timeout: int = 180):
@@ -36,3 +47,50 @@ def outputs_text(cell) -> str:
         elif "data" in out:
             parts.append(out["data"].get("text/plain", ""))
     return "".join(parts)
+
+
+def save_with_outputs(name: str, timeout: int = 600) -> nbformat.NotebookNode:
+    """Run ``notebooks/NAME`` top to bottom (skipping ``needs-cluster`` cells) and write it back
+    with its outputs, so it reads well before anyone runs it; a cell's error stops it unsaved."""
+    path = NOTEBOOKS / name
+    nb = nbformat.read(path, as_version=4)
+    for cell in code_cells(nb):
+        cell.outputs, cell.execution_count = [], None
+    with _environment(name):
+        NotebookClient(nb, timeout=timeout, kernel_name="pathways", skip_cells_with_tag=NEEDS_CLUSTER).execute()
+    nbformat.validate(nb)
+    nbformat.write(nb, path)
+    return nb
+
+
+@contextlib.contextmanager
+def _environment(name: str) -> Iterator[None]:
+    """What a notebook's cluster-free cells need: for slurm.ipynb's rehearsal, a real Slurm
+    (tests/slurm.py) running a two-node ``--no-kill`` job named pw-rehearsal."""
+    if name != "slurm.ipynb":
+        yield
+        return
+    from slurm import Cluster
+
+    cluster = Cluster().start()
+    before = os.environ.get("SLURM_CONF")
+    try:
+        cluster.submit("#!/bin/bash\nsleep 300\n", "--nodes=2", "--no-kill", "--time=10", "--job-name=pw-rehearsal")
+        os.environ["SLURM_CONF"] = str(cluster.conf)
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = before
+        cluster.stop()
+
+
+def main(names: list[str]) -> None:
+    for name in names or sorted(p.name for p in NOTEBOOKS.glob("*.ipynb")):
+        print(f"== {name}", flush=True)
+        save_with_outputs(name)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
