@@ -115,6 +115,18 @@ def test_pending_job_shows_its_reason_live_then_running_job_is_connected_through
     assert slurm.job(job)["JobState"] == "RUNNING"
 
 
+def test_pw_connect_takes_a_slurm_job_id_as_the_magic_does(slurm, kernel, cancel):
+    port = free_port()
+    job = slurm.submit_env(template_path(), proxy_env(port), "--nodes=1", "--time=20", "--job-name=pw-twin")
+    cancel.append(job)
+    # `slurm:4` also reads as HOST:PORT; the Python twin must still find the job.
+    for spec in (f"slurm:{job}", "slurm:pw-twin"):
+        reply = kernel.run(f"pw.connect({spec!r}, insecure=True)")
+        assert reply.status == "error"
+        assert "the Pathways client failed after pre-flight passed" in reply.error, reply.error
+        assert f"grpc://127.0.0.1:{port}" in reply.error
+
+
 def test_connect_by_name_and_the_job_id_in_the_error_of_a_job_without_the_convention(slurm, kernel, cancel):
     job = slurm.submit(SLEEP, "--nodes=1", "--time=10", "--job-name=plain-sleep")
     cancel.append(job)
@@ -230,8 +242,11 @@ def test_cancel_permission_denied_is_one_line(slurm, cancel, monkeypatch, tmp_pa
     assert slurm.job(job)["JobState"] in ("PENDING", "RUNNING")
 
 
-def test_node_down_loses_its_slice_with_slurms_reason_and_its_return_restores_it(slurm, kernel, cancel):
-    job = slurm.submit(SLEEP, "--nodes=2", "--time=5", "--job-name=pw-bound")
+WAIT_SLICE = "import time\nwhile pw.topology().slice({i}).up is {up}: time.sleep(0.05)"
+
+
+def test_with_no_kill_a_failed_node_leaves_the_job_and_its_slice_comes_back_only_with_a_new_job(slurm, kernel, cancel):
+    job = slurm.submit(SLEEP, "--nodes=2", "--no-kill", "--time=5", "--job-name=pw-bound")
     cancel.append(job)
     reply = kernel.run(
         f"%pathways connect local:2x4 --slurm {job} --feature slice --force\n"
@@ -245,36 +260,110 @@ def test_node_down_loses_its_slice_with_slurms_reason_and_its_return_restores_it
     limit = kernel.run("%pathways events --kind job_time_limit --last 1").text
     assert f"slurm job {job}: time limit in 4:5" in limit and "TimeLimit=00:05:00" in limit
 
-    slurm.set_node("tpu-1", "down", "cooling failure")
-    wait = "import time\nwhile pw.topology().slice({i}).up {op} True: time.sleep(0.05)"
-    assert kernel.run(wait.format(i=1, op="is"), timeout=10).status == "ok"
-    down = kernel.run("%pathways events --kind slice_down --last 1").text
-    assert "slices [0,1] -> [0]" in down and "slurm node tpu-1 DOWN: cooling failure" in down
-    lost = kernel.run("float(x.sum())")
-    assert lost.status == "error" and "DATA_LOSS" in lost.error
-    assert "job_requeued" in kernel.run("%pathways events --kind job_requeued").text
-
-    slurm.set_node("tpu-1", "resume")
-    assert kernel.run(wait.format(i=1, op="is not"), timeout=10).status == "ok"
-    up = kernel.run("%pathways events --kind slice_up --last 1").text
-    assert "slices [0] -> [0,1]" in up and "slurm node tpu-1 back in service" in up
-    fresh = kernel.run("print(float(jax.device_put(jnp.ones(16), NamedSharding(pw.mesh(), P('data'))).sum()))")
-    assert fresh.text.strip() == "16.0", fresh.error
-    # DRAIN and FAIL take a slice out of service as DOWN does.
+    # DRAIN and FAIL leave the node in the job: its slice is out while they last.
     for state in ("drain", "fail"):
         slurm.set_node("tpu-0", state, f"{state} test")
-        assert kernel.run(wait.format(i=0, op="is"), timeout=10).status == "ok"
+        assert kernel.run(WAIT_SLICE.format(i=0, up=True), timeout=20).status == "ok"
         detail = kernel.run("print(pw.events(kind='slice_down')[-1].detail)").text
         assert "slurm node tpu-0 " in detail and state.upper() in detail and f"{state} test" in detail, detail
         slurm.set_node("tpu-0", "resume")
-        assert kernel.run(wait.format(i=0, op="is not"), timeout=10).status == "ok"
+        assert kernel.run(WAIT_SLICE.format(i=0, up=False), timeout=20).status == "ok"
+        assert "slurm node tpu-0 back in service" in kernel.run("%pathways events --kind slice_up --last 1").text
+
+    # DOWN: the job runs on without the node (--no-kill), and its slice is lost.
+    x_lost = kernel.run("float(x.sum())")
+    assert x_lost.status == "error" and "DATA_LOSS" in x_lost.error  # slice 0 was lost by the drain
+    kernel.run("x = jax.device_put(jnp.arange(16.0), NamedSharding(pw.mesh(), P('data')))")
+    slurm.set_node("tpu-1", "down", "cooling failure")
+    assert kernel.run(WAIT_SLICE.format(i=1, up=True), timeout=20).status == "ok"
+    down = kernel.run("%pathways events --kind slice_down --last 1").text
+    assert "slices [0,1] -> [0]" in down and "slurm node tpu-1 DOWN: cooling failure" in down, down
+    assert slurm.job(job)["JobState"] == "RUNNING" and slurm.job(job)["NodeList"] == "tpu-0"
+    lost = kernel.run("float(x.sum())")
+    assert lost.status == "error" and "DATA_LOSS" in lost.error
+
+    # Back in service, the node is idle, outside the job: not a slice_up.
+    slurm.set_node("tpu-1", "resume")
+    slurm.wait_nodes("idle", names=["tpu-1"])
+    stays = kernel.run(
+        "deadline = time.monotonic() + 3\n"
+        "while time.monotonic() < deadline and not pw.topology().slice(1).up: time.sleep(0.05)\n"
+        "print(pw.status())"
+    )
+    assert "slices    1/2 up" in stays.text, stays.text
+
+    # The job ending takes the last slice: nothing of the allocation is left.
     slurm.run("scancel", job)
-    ended = "while not pw.events(kind='job_ended'): time.sleep(0.05)\nprint(pw.events(kind='job_ended')[-1].detail)"
-    assert f"slurm job {job} (pw-bound): CANCELLED" in kernel.run(ended, timeout=10).text
+    ended = "while 'CANCELLED' not in pw.status().target: time.sleep(0.05)"  # COMPLETING first
+    assert kernel.run(ended, timeout=20).status == "ok"
+    status = kernel.run("print(pw.status())").text
+    assert f"slurm job {job} · CANCELLED" in status and "slices    0/2 up" in status, status
+    ended = kernel.run("print(pw.events(kind='job_ended')[-1].detail)").text
+    assert f"slurm job {job} (pw-bound): CANCELLED" in ended
+
+    # A new job with the nodes, bound in the same session, brings both slices back.
+    again = slurm.submit(SLEEP, "--nodes=2", "--no-kill", "--time=5", "--job-name=pw-again")
+    cancel.append(again)
+    rebound = kernel.run(f"%pathways connect local:2x4 --slurm {again} --feature slice")
+    assert rebound.status == "ok", rebound.error
+    assert "2/2 up" in rebound.text, rebound.text
+    ups = kernel.run("print(*[e.detail for e in pw.events(kind='slice_up')[-2:]], sep='\\n')").text.splitlines()
+    assert [u.split(":")[0] for u in ups] == [f"slurm job {again} running on tpu-{i}" for i in (0, 1)], ups
+    still_lost = kernel.run("float(x.sum())")
+    assert still_lost.status == "error" and "DATA_LOSS" in still_lost.error
+    fresh = kernel.run("print(float(jax.device_put(jnp.ones(16), NamedSharding(pw.mesh(), P('data'))).sum()))")
+    assert fresh.text.strip() == "16.0", fresh.error
+    slurm.run("scancel", again)
+
+
+def test_a_requeued_job_takes_every_slice_down_and_an_elastic_run_waits_for_it_to_run_again(slurm, kernel, cancel):
+    # Without --no-kill a node failure ends the job's allocation: Slurm requeues it (PENDING, BeginTime).
+    job = slurm.submit(SLEEP, "--nodes=2", "--time=10", "--job-name=pw-requeue")
+    cancel.append(job)
+    slurm.wait_job(job, "RUNNING")
+    setup = kernel.run(
+        f"%pathways connect local:2x4 --slurm {job} --nodes-per-slice 1 --force\n" + ELASTIC_SETUP + f"JOB = {job!r}\n"
+        "import threading\n"
+        "def requeue():\n"
+        "    x = jax.device_put(jnp.arange(16.0), NamedSharding(pw.mesh(), P('data')))\n"
+        "    subprocess.run(['scontrol', 'update', 'nodename=tpu-1', 'state=down', 'reason=requeue rehearsal'], check=True)\n"
+        "    deadline = time.monotonic() + 20\n"
+        "    while pw.topology().up_slices and time.monotonic() < deadline: time.sleep(0.05)\n"
+        "    seen['pending'] = str(pw.status())\n"
+        "    try: float(x.sum())\n"
+        "    except Exception as exc: seen['x'] = str(exc)\n"
+        "    threading.Thread(target=run_again).start()\n"
+        "def run_again():\n"
+        "    subprocess.run(['scontrol', 'update', 'nodename=tpu-1', 'state=resume'], check=True)\n"
+        "    while subprocess.run(['squeue', '-h', '-j', JOB, '-o', '%T'], capture_output=True, text=True).stdout.strip() != 'PENDING': time.sleep(0.1)\n"
+        "    subprocess.run(['scontrol', 'update', 'jobid=' + JOB, 'starttime=now'], check=True)\n"
+        "seen = {}\n"
+    )
+    assert setup.status == "ok", setup.error
+    assert kernel.run("faults.update(down=-1)").status == "ok"
+    reference = kernel.run(ELASTIC_STEP, timeout=120)
+    assert reference.status == "ok", reference.error
+    assert kernel.run("expected = np.asarray(w); faults.clear(); w = init()").status == "ok"
+    seq = kernel.run("print(pw.events()[-1].seq)").text.strip()
+    run = kernel.run(REQUEUE_STEP, timeout=240)
+    assert run.status == "ok", run.error
+    seen = kernel.run("print(seen['pending']); print(seen['x'])").text
+    # While the job is pending, no slice is up, pw.status() says why, and arrays on every slice are lost.
+    assert "slices    0/2 up" in seen and f"slurm job {job} · PENDING (BeginTime)" in seen, seen
+    assert "DATA_LOSS" in seen
+    assert kernel.run("np.testing.assert_allclose(np.asarray(w), expected, rtol=1e-5)").status == "ok"
+    events = kernel.run(f"print(*[(e.kind, e.detail) for e in pw.session().events.since({seq})], sep='\\n')").text
+    downs = [line for line in events.splitlines() if line.startswith("('slice_down'")]
+    assert len(downs) == 2 and all(f"slurm job {job} requeued (PENDING" in d for d in downs), events
+    assert "slurm node tpu-1 DOWN: requeue rehearsal" in downs[-1], downs
+    for kind in ("job_requeued", "retry", "job_running", "slice_up"):
+        assert f"('{kind}'" in events, events
+    assert f"slurm job {job} running again on tpu-1" in events
+    assert "2/2 up" in kernel.run("%pathways status").text
 
 
 def test_a_crashed_slurmd_loses_its_slice_once_slurm_marks_the_node_down(slurm, kernel, cancel):
-    job = slurm.submit(SLEEP, "--nodes=2", "--time=5", "--job-name=pw-crash")
+    job = slurm.submit(SLEEP, "--nodes=2", "--no-kill", "--time=5", "--job-name=pw-crash")
     cancel.append(job)
     assert kernel.run(f"%pathways connect local:2x4 --slurm {job} --force").status == "ok"
     slurm.kill_slurmd("tpu-1")
@@ -286,10 +375,11 @@ def test_a_crashed_slurmd_loses_its_slice_once_slurm_marks_the_node_down(slurm, 
         slurm.start_slurmd("tpu-1")
     down = kernel.run("%pathways events --kind slice_down --last 1").text
     assert "slurm node tpu-1 DOWN" in down and "Not responding" in down, down
-    # ReturnToService=1: a node that was down for not responding comes back when its slurmd registers.
-    back = kernel.run("while not pw.topology().slice(1).up: time.sleep(0.05)", timeout=40)
-    assert back.status == "ok", back.error
-    assert "slurm node tpu-1 back in service" in kernel.run("%pathways events --kind slice_up --last 1").text
+    # ReturnToService=1: the node is back when its slurmd registers, but no longer in the job (--no-kill).
+    slurm.wait_nodes("idle", names=["tpu-1"])
+    assert slurm.job(job)["NodeList"] == "tpu-0"
+    assert "slices    1/2 up" in kernel.run("print(pw.status())").text
+    slurm.run("scancel", job)
 
 
 ELASTIC_SETUP = """
@@ -321,22 +411,28 @@ ELASTIC_STEP = """%%pathways elastic --steps 30 --state w --snapshot-every 5
 if step == 12 and 'down' not in faults:
     faults['down'] = step
     node('down', until=False)
-if step == 21 and 'up' not in faults:
-    faults['up'] = step
-    node('resume', until=True)
+batch = NamedSharding(mesh, P('data'))
+w = update(w, jax.device_put(xs[step], batch), jax.device_put(ys[step], batch))
+"""
+
+
+REQUEUE_STEP = """%%pathways elastic --steps 30 --state w --snapshot-every 5
+if step == 12 and 'down' not in faults:
+    faults['down'] = step
+    requeue()
 batch = NamedSharding(mesh, P('data'))
 w = update(w, jax.device_put(xs[step], batch), jax.device_put(ys[step], batch))
 """
 
 
 def test_elastic_cell_on_local_slurm_survives_a_node_down_and_matches_the_fault_free_run(slurm, kernel, cancel):
-    job = slurm.submit(SLEEP, "--nodes=2", "--time=10", "--job-name=pw-elastic")
+    job = slurm.submit(SLEEP, "--nodes=2", "--no-kill", "--time=10", "--job-name=pw-elastic")
     cancel.append(job)
     slurm.wait_job(job, "RUNNING")
     setup = kernel.run(f"%pathways connect local:2x4 --slurm {job} --nodes-per-slice 1 --force\n" + ELASTIC_SETUP)
     assert setup.status == "ok", setup.error
     # Fault-free first: the faults are marked as already done, so the cell injects none.
-    assert kernel.run("faults.update(down=-1, up=-1)").status == "ok"
+    assert kernel.run("faults.update(down=-1)").status == "ok"
     reference = kernel.run(ELASTIC_STEP, timeout=120)
     assert reference.status == "ok", reference.error
     assert kernel.run("expected = np.asarray(w); faults.clear(); w = init()").status == "ok"
@@ -345,10 +441,14 @@ def test_elastic_cell_on_local_slurm_survives_a_node_down_and_matches_the_fault_
     assert run.status == "ok", run.error
     assert kernel.run("np.testing.assert_allclose(np.asarray(w), expected, rtol=1e-5)").status == "ok"
     kinds = kernel.run(f"print([e.kind for e in pw.session().events.since({seq})])").text
-    for kind in ("slice_down", "retry", "slice_up", "scale_up"):
+    for kind in ("slice_down", "retry"):
         assert f"'{kind}'" in kinds, kinds
     down = kernel.run("%pathways events --kind slice_down --last 1").text
     assert "slurm node tpu-1 DOWN: elastic rehearsal" in down
+    # The job ran on with tpu-0 (--no-kill), and so did the run, on slice 0.
+    assert slurm.job(job)["JobState"] == "RUNNING" and slurm.job(job)["NodeList"] == "tpu-0"
+    slurm.set_node("tpu-1", "resume")
+    slurm.run("scancel", job)
 
 
 def test_a_submitted_job_is_cancelled_at_kernel_shutdown_and_others_are_not(slurm, cancel, capfd):
@@ -464,3 +564,141 @@ def test_a_job_preempted_by_a_higher_tier_partition_loses_every_slice_and_gets_t
     assert [u.split(":")[0] for u in ups] == [f"slurm job {job} running again on tpu-{i}" for i in (0, 1)], ups
     fresh = kernel.run("print(float(jax.device_put(jnp.ones(16), NamedSharding(pw.mesh(), P('data'))).sum()))")
     assert fresh.text.strip() == "16.0", fresh.error
+
+
+class Recorder:
+    """A slice sink that records what the watch did to each slice: the watch's judgement is what is tested."""
+
+    def __init__(self, slices: int = 2):
+        self.slices, self.calls, self.downs = slices, [], set()
+
+    def slice_count(self) -> int:
+        return self.slices
+
+    def down_slices(self) -> tuple[int, ...]:
+        return tuple(sorted(self.downs))
+
+    def down(self, index: int, detail: str) -> None:
+        self.calls.append(("down", index, detail))
+        self.downs.add(index)
+
+    def up(self, index: int, detail: str) -> None:
+        self.calls.append(("up", index, detail))
+        self.downs.discard(index)
+
+
+def watch_of(slurm, job, sink, monkeypatch):
+    """A watch of ``job`` whose polls the test makes (no thread), so that a failure can fall between two."""
+    from pathways_kernel.backends.slurm import Slurm
+    from pathways_kernel.backends.slurm_watch import JobWatch
+    from pathways_kernel.core.eventlog import EventLog
+
+    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+    client = Slurm()
+    events = EventLog()
+    watch = JobWatch(client, client.job(job), events, sink, feature="slice")
+    watch.poll()
+    return watch, events
+
+
+def test_a_node_that_fails_and_returns_between_two_polls_still_loses_its_slice(slurm, cancel, monkeypatch):
+    job = slurm.submit(SLEEP, "--nodes=2", "--no-kill", "--time=30", "--job-name=pw-flap")
+    cancel.append(job)
+    slurm.wait_job(job, "RUNNING")
+    sink = Recorder()
+    watch, _ = watch_of(slurm, job, sink, monkeypatch)
+    assert sink.calls == []
+    # As with ReturnToService=2: the node is DOWN for less than a poll, then back in service.
+    slurm.set_node("tpu-1", "down", "flap")
+    slurm.set_node("tpu-1", "resume")
+    slurm.wait_nodes("idle", names=["tpu-1"])
+    watch.poll()
+    assert sink.calls == [("down", 1, f"slurm node tpu-1 (IDLE now); it left slurm job {job}")]
+    watch.poll()
+    assert len(sink.calls) == 1  # in service again, but outside the job: not a slice_up
+    slurm.run("scancel", job)
+
+
+def test_a_job_requeued_and_running_again_between_two_polls_loses_and_regains_every_slice(slurm, cancel, monkeypatch):
+    job = slurm.submit(SLEEP, "--nodes=2", "--time=30", "--job-name=pw-rerun")
+    cancel.append(job)
+    slurm.wait_job(job, "RUNNING")
+    sink = Recorder()
+    watch, events = watch_of(slurm, job, sink, monkeypatch)
+    slurm.set_node("tpu-1", "down", "flap")
+    slurm.set_node("tpu-1", "resume")
+    slurm.wait_job(job, "PENDING")
+    slurm.run("scontrol", "update", f"jobid={job}", "starttime=now")
+    slurm.wait_job(job, "RUNNING")
+    watch.poll()
+    assert [c[:2] for c in sink.calls] == [("down", 0), ("down", 1), ("up", 0), ("up", 1)], sink.calls
+    assert sink.calls[0][2] == f"slurm job {job} requeued (running again), restart 1"
+    assert sink.calls[2][2] == f"slurm job {job} running again on tpu-0"
+    assert [e.kind for e in events.since(0)] == ["job_requeued", "job_running"]
+
+
+def test_on_a_slurm_session_a_pending_job_has_no_slice_up_until_it_runs_again(slurm, cancel, monkeypatch):
+    """The sink of ``slurm:JOB`` (the session marks its slices), on an in-process session.
+
+    No Pathways server runs here, so the session's backend is the embedded
+    one; what is tested is the session's slices following the job.
+    """
+    import pathways_kernel as pw
+    from pathways_kernel.backends.slurm_watch import SessionSlices
+
+    job = slurm.submit(SLEEP, "--nodes=2", "--time=30", "--job-name=pw-proxyside")
+    cancel.append(job)
+    slurm.wait_job(job, "RUNNING")
+    session = pw.connect("local:2x4", force=True)
+    watch, _ = watch_of(slurm, job, SessionSlices(session.backend), monkeypatch)
+    try:
+        slurm.set_node("tpu-1", "down", "node failure")
+        slurm.wait_job(job, "PENDING")
+        watch.poll()
+        assert session.status().slices_up == 0
+        details = [e.detail for e in pw.events(kind="slice_down")[-2:]]
+        assert all(d.startswith(f"slurm job {job} requeued (PENDING, BeginTime), restart 1") for d in details)
+        slurm.set_node("tpu-1", "resume")
+        slurm.run("scontrol", "update", f"jobid={job}", "starttime=now")
+        slurm.wait_job(job, "RUNNING")
+        watch.poll()
+        assert session.status().slices_up == 2
+    finally:
+        slurm.run("scontrol", "update", "nodename=tpu-1", "state=resume", check=False)
+        for index in range(2):
+            session.set_slice_state(index, "up")
+
+
+def test_the_template_submits_with_no_kill_so_a_failed_node_leaves_the_job_running(slurm, cancel):
+    port = free_port()
+    job = slurm.submit_env(template_path(), proxy_env(port), "--nodes=2", "--time=10", "--job-name=pw-template")
+    cancel.append(job)
+    slurm.wait_job(job, "RUNNING")
+    slurm.set_node("tpu-1", "down", "template test")
+    try:
+        deadline = time.monotonic() + 20
+        while slurm.job(job)["NodeList"] != "tpu-0" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        info = slurm.job(job)
+        assert info["JobState"] == "RUNNING" and info["NodeList"] == "tpu-0", info
+    finally:
+        slurm.run("scontrol", "update", "nodename=tpu-1", "state=resume", check=False)
+        slurm.run("scancel", job)
+
+
+def test_submitting_a_script_without_no_kill_warns_once(slurm, kernel, cancel, tmp_path):
+    script = tmp_path / "plain.sbatch"
+    script.write_text("#!/bin/bash\n#SBATCH --nodes=1\nsleep 300\n")
+    kill_ok = tmp_path / "elastic.sbatch"
+    kill_ok.write_text("#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --no-kill\nsleep 300\n")
+    warning = "plain.sbatch is submitted without --no-kill, so Slurm ends the whole job when one node fails"
+    said = []
+    for path in (script, script, kill_ok, TEMPLATE):
+        reply = kernel.run(f"%pathways connect slurm:pw-warn --wait 0 --submit {path} --hold")
+        assert reply.status == "error" and "PENDING (JobHeldUser)" in reply.error, reply.error
+        said.append(reply.error)
+        cancel.append(
+            kernel.run("from pathways_kernel.backends import slurm as _s; print(_s.submitted_jobs()[-1])").text.strip()
+        )
+    assert said[0].count(warning) == 1, said[0]
+    assert not any("--no-kill" in text for text in said[1:]), said

@@ -75,14 +75,15 @@ def from_spec(spec: str, *, timeout: float | None = None, insecure: bool | None 
     spec = spec.strip()
     if match := _LOCAL.match(spec):
         return LocalBackend(*parse_local(match.group("body")))
-    if spec.startswith("proxy:") or "://" in spec or _HOST_PORT.match(spec):
-        from pathways_kernel.backends.proxy import ProxyBackend
-
-        return ProxyBackend.from_spec(spec, timeout=timeout, insecure=insecure)
+    # Before HOST:PORT, which `slurm:4` (a job id) also matches.
     if spec.startswith("slurm:"):
         from pathways_kernel.backends.slurm import SlurmBackend, parse_spec
 
         return SlurmBackend(parse_spec(spec), timeout=timeout, insecure=insecure)
+    if spec.startswith("proxy:") or "://" in spec or _HOST_PORT.match(spec):
+        from pathways_kernel.backends.proxy import ProxyBackend
+
+        return ProxyBackend.from_spec(spec, timeout=timeout, insecure=insecure)
     raise SpecError(
         f"unknown backend spec '{spec}': use local:SxC (e.g. local:2x4), grpc://HOST:PORT for a Pathways proxy "
         "or slurm:JOB for a Pathways job on Slurm"

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import os
 import re
 import shutil
 import subprocess
@@ -302,10 +303,7 @@ class Slurm:
     # -- acting ----------------------------------------------------------------
     def submit(self, script: str, options: Sequence[str] = (), name: str = "") -> str:
         """``sbatch --parsable``; returns the new job's id."""
-        path = Path(TEMPLATES.get(script, script)).expanduser()
-        if not path.is_file():
-            shipped = ", ".join(TEMPLATES)
-            raise SpecError(f"--submit {script}: no such job script (give a path, or a shipped template: {shipped})")
+        path = script_path(script)
         argv = ["sbatch", "--parsable", *([f"--job-name={name}"] if name else []), *options, str(path)]
         match = _JOB_ID.match(self.run(*argv).strip())
         if match is None:
@@ -316,8 +314,40 @@ class Slurm:
         self.run("scancel", job_id)
 
 
+def script_path(script: str) -> Path:
+    """The job script ``--submit`` names: a shipped template's name or a path."""
+    path = Path(TEMPLATES.get(script, script)).expanduser()
+    if not path.is_file():
+        shipped = ", ".join(TEMPLATES)
+        raise SpecError(f"--submit {script}: no such job script (give a path, or a shipped template: {shipped})")
+    return path
+
+
+def sbatch_directives(path: Path) -> list[str]:
+    """The options of the script's ``#SBATCH`` lines (sbatch reads them up to the first command)."""
+    options: list[str] = []
+    for line in path.read_text(errors="replace").splitlines()[1:]:
+        stripped = line.strip()
+        if stripped.startswith("#SBATCH"):
+            options += stripped[len("#SBATCH") :].split("#")[0].split()
+        elif stripped and not stripped.startswith("#"):
+            break
+    return options
+
+
+def kills_on_node_failure(path: Path, options: Sequence[str] = ()) -> bool:
+    """Whether the job would be ended by one failed node: submitted without ``--no-kill`` (``-k``)."""
+    if os.environ.get("SBATCH_NO_KILL", "").lower() not in ("", "off"):
+        return False
+    given = [*sbatch_directives(path), *options]  # the command line overrides the script
+    no_kill = [o for o in given if o in ("-k", "--no-kill") or o.startswith("--no-kill=")]
+    return not no_kill or no_kill[-1] == "--no-kill=off"
+
+
 # -- jobs this kernel submitted --------------------------------------------------
 _submitted: dict[str, Slurm] = {}
+#: Scripts already warned about for lacking --no-kill (once each per kernel).
+_warned_kill: set[Path] = set()
 
 
 def submitted_jobs() -> tuple[str, ...]:
@@ -337,8 +367,22 @@ def cancel_submitted() -> None:
 
 
 def submit_job(script: str, options: Sequence[str] = (), name: str = "", slurm: Slurm | None = None) -> str:
-    """Submit a Pathways job (a script path or a shipped template); cancelled at kernel exit."""
+    """Submit a Pathways job (a script path or a shipped template); cancelled at kernel exit.
+
+    Warns once per script, on stderr, when it is submitted without
+    ``--no-kill``: Slurm would then end the whole job when one node fails,
+    leaving elastic training nothing to reshard onto.
+    """
     slurm = slurm or Slurm()
+    path = script_path(script).resolve()
+    if path not in _warned_kill and kills_on_node_failure(path, options):
+        _warned_kill.add(path)
+        print(
+            f"pathways-kernel: warning: {path.name} is submitted without --no-kill, so Slurm ends the whole job when "
+            "one node fails and elastic training has nothing left to reshard onto; add `#SBATCH --no-kill` to it "
+            "(or pass --no-kill) so that only that node's slice is lost",
+            file=sys.stderr,
+        )
     job_id = slurm.submit(script, options, name)
     _submitted[job_id] = slurm
     return job_id

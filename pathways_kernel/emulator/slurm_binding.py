@@ -1,12 +1,15 @@
 """The embedded backend bound to a real Slurm job: ``local:SxC --slurm JOB``.
 
 The emulated slices are mapped onto the nodes of a running job (grouped as
-``slurm_watch.group_nodes`` says), and the job's watch turns a node going
-DOWN, DRAIN or FAIL into ``injector(session).fail(i)``: the same fault path
-as ``pw.fail_slice`` (arrays lost with DATA_LOSS, healing, elastic
-recovery), with Slurm's reason in the ``slice_down`` event. The node's return
-is ``restore(i)``. So elastic loops and notebook healing are rehearsed
-against a real cluster manager's failures.
+``slurm_watch.group_nodes`` says), and the job's watch turns a slice's loss
+(a node DOWN, DRAIN or FAIL, a node leaving the job, the job not running)
+into ``injector(session).fail(i)``: the same fault path as ``pw.fail_slice``
+(arrays lost with DATA_LOSS, healing, elastic recovery), with Slurm's reason
+in the ``slice_down`` event. ``repair(i)`` brings a slice back once the job
+has its nodes in service again: the job running again, or a new job bound
+in the same session (``bind`` again), which takes over the slices the old
+one left down. So elastic loops and notebook healing are rehearsed against a
+real cluster manager's failures.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ class InjectorSlices:
 
     def slice_count(self) -> int:
         return len(self.session.topology.slices)
+
+    def down_slices(self) -> tuple[int, ...]:
+        return tuple(sl.index for sl in self.session.topology.down_slices)
 
     def down(self, index: int, detail: str) -> None:
         injector(self.session).fail(index, detail=detail)
@@ -67,8 +73,9 @@ class SlurmBinding:
             need_address=False,
             on_change=slurm_lib.LiveLine(self.session.events),
         )
-        watch = JobWatch(slurm, running, self.session.events, InjectorSlices(self.session), nodes_per_slice, feature)
+        # The old job's watch stops first: the new one takes over the slices it left down.
         self.unbind()
+        watch = JobWatch(slurm, running, self.session.events, InjectorSlices(self.session), nodes_per_slice, feature)
         self.watch = watch
         self.session.events.emit(
             "job_bound", detail=f"{self.session.backend.spec} on {running.describe()}: {watch.describe()}"
