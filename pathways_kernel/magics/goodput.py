@@ -6,7 +6,7 @@ from typing import Any
 
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from pathways_kernel.magics import subcommand
+from pathways_kernel.magics import non_empty, subcommand
 from pathways_kernel.training import goodput as accounting
 from pathways_kernel.training.goodput_logging import cloud_logging
 
@@ -14,7 +14,10 @@ from pathways_kernel.training.goodput_logging import cloud_logging
 @subcommand("goodput")
 @magic_arguments(name="pathways goodput")
 @argument(
-    "--run", default=None, help="one run by name (default: every run of the session, and the notebook's idle time)"
+    "--run",
+    type=non_empty,
+    default=None,
+    help="one run by name (default: every run of the session, and the notebook's idle time)",
 )
 @argument("--no-field", action="store_true", help="skip ml-goodput-measurement's own figure for each run")
 @argument(

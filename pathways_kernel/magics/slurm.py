@@ -13,7 +13,7 @@ from typing import Any
 from pathways_kernel import api
 from pathways_kernel.backends import slurm as slurm_lib
 from pathways_kernel.core.errors import SpecError
-from pathways_kernel.magics import SUBCOMMANDS, Subcommand, core
+from pathways_kernel.magics import SUBCOMMANDS, Subcommand, core, integer, number
 
 _parser = core.connect.parser
 _parser.add_argument(
@@ -24,13 +24,13 @@ _parser.add_argument(
 )
 _parser.add_argument(
     "--wait",
-    type=float,
+    type=number,
     default=None,
     help=f"slurm: seconds to wait for a pending job to start (default {slurm_lib.DEFAULT_WAIT_S:.0f})",
 )
 _parser.add_argument(
     "--nodes-per-slice",
-    type=int,
+    type=integer(1),
     default=None,
     help="slurm: nodes per slice (default: the job's nodes split evenly over the slices)",
 )

@@ -50,6 +50,7 @@ import numpy as np
 
 from pathways_kernel.core.errors import StorageError, one_line
 from pathways_kernel.core.eventlog import format_bytes
+from pathways_kernel.core.text import shown
 from pathways_kernel.state.transfers import Transfer
 
 FORMAT = "pathways-snapshot/1"
@@ -158,9 +159,7 @@ def _local(path: str, url: str) -> Location:
 
 
 def _shown(text: str) -> str:
-    """``text`` quoted for a one-line message: control characters escaped, long ones cut."""
-    cut = text if len(text) <= 80 else text[:80] + "..."
-    return "'" + cut.encode("unicode_escape").decode() + "'"
+    return shown(text, 80)
 
 
 def check_id(snapshot_id: str) -> str:
