@@ -11,15 +11,24 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import ipaddress
 import json
 import logging
 import os
 import signal
+import socket
 import stat
 import sys
 import threading
 
-LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _slices(text: str) -> tuple[int, int]:
@@ -30,6 +39,17 @@ def _slices(text: str) -> tuple[int, int]:
     if slices < 1 or chips < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: slices and chips must be at least 1")
     return slices, chips
+
+
+def _cannot_bind(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on, or None if it can."""
+    try:
+        info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(info[0], socket.SOCK_STREAM) as probe:
+            probe.bind(info[4])
+    except OSError as error:
+        return error.strerror or str(error)
+    return None
 
 
 def _private_socket(path: str) -> str:
@@ -82,25 +102,27 @@ def serve(args: argparse.Namespace) -> int:
             return 1
         target = f"grpc://unix:{path}"
     else:
+        if not _loopback(args.host):
+            print(
+                f"pathways-local: WARNING: --host {args.host} serves without authentication or encryption: "
+                f"anyone who can reach it can run programs as {getpass.getuser()} and read your arrays",
+                file=sys.stderr,
+                flush=True,
+            )
+        # Bind once ourselves first: gRPC's own failure is a multi-line log without the reason.
+        refused = _cannot_bind(args.host, args.port)
         try:
-            port = grpc_server.add_insecure_port(f"{args.host}:{args.port}")
+            port = 0 if refused else grpc_server.add_insecure_port(f"{args.host}:{args.port}")
         except RuntimeError:
             port = 0
         if not port:
             print(
-                f"pathways-local: cannot listen on {args.host}:{args.port} (in use?); "
+                f"pathways-local: cannot listen on {args.host}:{args.port}: {refused or 'refused'}; "
                 "pick another with --port, or --port 0 for a free one",
                 file=sys.stderr,
             )
             return 1
         target = f"grpc://{args.host}:{port}"
-        if args.host not in LOOPBACK:
-            print(
-                f"pathways-local: WARNING: listening on {args.host}:{port} without authentication or encryption: "
-                f"anyone who can reach it can run programs as {getpass.getuser()} and read your arrays",
-                file=sys.stderr,
-                flush=True,
-            )
     jax.devices()  # start the backend before saying we serve
     grpc_server.start()
     print(f"pathways-local: serving {slices} slices x {chips} chips on {target}", flush=True)
@@ -129,7 +151,9 @@ def _control(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="pathways-local", description=__doc__.split("\n\n")[0])
+    top = argparse.ArgumentParser(
+        prog="pathways-local", description="Serve emulated Pathways slices to JAX's proxy client; fail or repair them."
+    )
     commands = top.add_subparsers(dest="command", required=True)
     serve_cmd = commands.add_parser("serve", help="serve S slices of C chips (CPU devices) to JAX's proxy client")
     serve_cmd.add_argument("--slices", type=_slices, default=(2, 4), help="SLICESxCHIPS, e.g. 2x4 (default)")

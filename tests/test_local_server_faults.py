@@ -1,0 +1,233 @@
+"""The local Pathways server: who may reach it, and how it fails (each failure one line).
+
+Real processes only: ``pathways-local`` servers, JAX's own proxy client (this file
+run as a script), a raw gRPC client speaking the proxy protocol for requests JAX's
+public API cannot make, and a process of another user (``nobody``) for access.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+
+import grpc
+import pytest
+
+from pathways_kernel.server import launch, protos
+
+HERE = os.path.abspath(__file__)
+CLI = [sys.executable, "-m", "pathways_kernel.server"]
+
+
+def client_env(target: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
+    env.update(
+        JAX_PLATFORMS="proxy",
+        JAX_BACKEND_TARGET=target,
+        IFRT_PROXY_USE_INSECURE_GRPC_CREDENTIALS="true",
+        PATHWAYS_PROXY_CONNECTION_TIMEOUT_SECS="30",
+    )
+    return env
+
+
+def first_line(error: BaseException) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+
+def client_faults(target: str, marker: str) -> dict:
+    """A program the compiler rejects, then steps until the server is killed under it."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    result: dict = {}
+    x = jnp.ones(4)
+    try:
+        jax.ffi.ffi_call("pathways_local_no_such_kernel", jax.ShapeDtypeStruct((4,), jnp.float32))(
+            x
+        ).block_until_ready()
+        result["rejected"] = None
+    except Exception as error:  # noqa: BLE001 - what the user sees, whatever its type
+        result["rejected"] = str(error)
+    result["still_works"] = float(jnp.sum(x + 1))
+    step = jax.jit(lambda a: jnp.tanh(a @ a.T) @ a)
+    a = jnp.asarray(np.random.default_rng(0).normal(size=(256, 256)).astype(np.float32))
+    open(marker, "w").close()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            a = step(a)
+            float(a[0, 0])
+        except Exception as error:  # noqa: BLE001
+            result["after_kill"] = str(error)
+            break
+    return result
+
+
+# ---- access --------------------------------------------------------------------------
+
+
+def test_the_server_listens_on_a_socket_only_its_user_can_reach():
+    server = launch.start(1, 2)
+    try:
+        assert server.target.startswith("grpc://unix:")
+        path = server.target.removeprefix("grpc://unix:")
+        directory = os.path.dirname(path)
+        assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
+        assert stat.S_ISSOCK(os.stat(path).st_mode)
+        if shutil.which("setpriv") is None:
+            pytest.skip("setpriv is not installed: cannot connect as another user")
+        connect = f"import socket; socket.socket(socket.AF_UNIX).connect({path!r}); print('connected')"
+        as_nobody = [
+            "setpriv",
+            "--reuid=nobody",
+            "--regid=nogroup",
+            "--clear-groups",
+            "/usr/bin/python3",
+            "-c",
+            connect,
+        ]
+        refused = subprocess.run(as_nobody, capture_output=True, text=True, timeout=60)
+        assert refused.returncode != 0 and "PermissionError" in refused.stderr
+        mine = subprocess.run(["/usr/bin/python3", "-c", connect], capture_output=True, text=True, timeout=60)
+        assert mine.stdout.strip() == "connected"
+    finally:
+        server.stop()
+    assert not os.path.exists(directory)
+
+
+def test_serve_binds_loopback_by_default_and_says_when_a_port_is_taken():
+    server = launch.start(1, 2, host="127.0.0.1")
+    try:
+        assert server.target.startswith("grpc://127.0.0.1:")
+        port = server.target.rsplit(":", 1)[1]
+        taken = subprocess.run(
+            [*CLI, "serve", "--slices", "1x2", "--port", port], capture_output=True, text=True, timeout=120
+        )
+        assert taken.returncode == 1
+        assert taken.stderr.strip() == (
+            f"pathways-local: cannot listen on 127.0.0.1:{port}: Address already in use; "
+            "pick another with --port, or --port 0 for a free one"
+        )
+    finally:
+        server.stop()
+
+
+def test_serving_another_address_says_what_it_exposes():
+    # 192.0.2.1 (TEST-NET-1) is on no interface here: the server warns, then cannot bind.
+    out = subprocess.run(
+        [*CLI, "serve", "--slices", "1x2", "--host", "192.0.2.1"], capture_output=True, text=True, timeout=120
+    )
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 1
+    assert lines[0].startswith("pathways-local: WARNING: --host 192.0.2.1 serves without authentication or encryption:")
+    assert "can run programs as" in lines[0]
+    assert lines[1].startswith("pathways-local: cannot listen on 192.0.2.1:0: Cannot assign requested address;")
+    assert len(lines) == 2
+
+
+# ---- bad requests, on the wire -----------------------------------------------------------
+
+
+def test_bad_requests_are_answered_in_one_line_naming_what_is_wrong():
+    server = launch.start(1, 2)
+    try:
+        channel = grpc.insecure_channel(server.target.removeprefix("grpc://"))
+        service = "/xla.ifrt.proxy.GrpcIfrtService/"
+        version_request = protos.proxy("GrpcGetVersionRequest")
+        get_version = channel.unary_unary(
+            service + "GetVersion",
+            request_serializer=version_request.SerializeToString,
+            response_deserializer=protos.proxy("GrpcGetVersionResponse").FromString,
+        )
+        old = version_request()
+        old.min_version.protocol_version, old.max_version.protocol_version = 1, 5
+        with pytest.raises(grpc.RpcError) as refused:
+            get_version(old, timeout=30)
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "protocol 1..5, the local Pathways server 16..25" in refused.value.details()
+
+        version = protos.proxy("IfrtProxyVersion")(protocol_version=25, ifrt_serdes_version_number=3)
+        metadata = protos.proxy("GrpcIfrtSessionMetadata")(version=version).SerializeToString()
+        session = channel.stream_stream(
+            service + "IfrtSession",
+            request_serializer=protos.proxy("IfrtRequest").SerializeToString,
+            response_deserializer=protos.proxy("IfrtResponse").FromString,
+        )
+        requests = [protos.proxy("IfrtRequest")() for _ in range(3)]
+        requests[0].init_request.SetInParent()
+        make = requests[1].make_array_from_host_buffer_request
+        make.dtype.kind = make.dtype.DESCRIPTOR.fields_by_name["kind"].enum_type.values_by_name["KIND_F32"].number
+        make.shape.dims.append(4)
+        single = protos.ifrt("SingleDeviceShardingProto")(device_id=99)
+        make.sharding.serialized_sharding.type_name = "xla::ifrt::SingleDeviceSharding"
+        make.sharding.serialized_sharding.data = single.SerializeToString()
+        make.host_buffer_handle, make.array_handle = 1, 2
+        requests[2].remap_arrays_request.SetInParent()
+        for op_id, request in enumerate(requests, 1):
+            request.request_metadata.op_id = op_id
+        responses = {
+            r.response_metadata.op_id: r
+            for r in session(
+                iter(requests), metadata=[("ifrt-proxy-grpc-ifrt-session-metadata-bin", metadata)], timeout=60
+            )
+        }
+        assert responses[1].init_response.all_devices[1].attributes.attributes["slice_index"].int64_value == 0
+        assert (
+            responses[2].response_metadata.status.message == "device 99 does not exist (this server has devices 0..1)"
+        )
+        assert (
+            responses[3].response_metadata.status.message
+            == "the local Pathways server does not serve remap_arrays_request"
+        )
+        assert responses[3].response_metadata.status.code == 12  # UNIMPLEMENTED
+        channel.close()
+    finally:
+        server.stop()
+
+
+# ---- what JAX's client sees -----------------------------------------------------------
+
+
+def test_a_rejected_program_and_a_killed_server_are_one_line_each(tmp_path):
+    server = launch.start(1, 2)
+    marker = tmp_path / "stepping"
+    try:
+        client = subprocess.Popen(
+            [sys.executable, HERE, "faults", server.target, str(marker)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=client_env(server.target),
+        )
+        deadline = time.monotonic() + 180
+        while not marker.exists() and client.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert marker.exists(), client.communicate()[1][-2000:]
+        time.sleep(0.5)  # mid-loop
+        os.kill(server.pid, signal.SIGKILL)
+        out, err = client.communicate(timeout=180)
+    finally:
+        server.stop()
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    assert lines, err[-2000:]
+    got = json.loads(lines[-1])
+    assert "\n" not in got["rejected"].strip()
+    assert "pathways_local_no_such_kernel" in got["rejected"]
+    assert got["still_works"] == 8.0
+    assert "\n" not in got["after_kill"].strip()
+    assert got["after_kill"].strip()
+
+
+if __name__ == "__main__":
+    mode, target, *rest = sys.argv[1:]
+    import pathwaysutils
+
+    pathwaysutils.initialize()
+    print(json.dumps({"faults": client_faults}[mode](target, *rest)), flush=True)
