@@ -292,3 +292,16 @@ def test_a_trace_that_cannot_be_written_is_one_line_under_the_capture(local_sess
     assert re.fullmatch(
         r"unwritable  0 B  \S+\n  cannot write the trace to \S+/plugins/profile/\S+-unwritable: .+", capture.to_text()
     ), capture.to_text()
+
+
+@pytest.mark.parametrize(
+    "kwargs, says",
+    [({"name": ""}, r"bad profile name ''"), ({"logdir": ""}, r"cannot write profiles there: no storage URL given")],
+)
+def test_the_python_twin_refuses_an_empty_name_or_dir_instead_of_a_default(local_session, kwargs, says):
+    from pathways_kernel.profiling.capture import ProfileError, captures, profile
+
+    before = len(captures())
+    with pytest.raises(ProfileError, match=says), profile(**kwargs):
+        pass
+    assert len(captures()) == before  # nothing was captured under a default
