@@ -669,11 +669,20 @@ def test_on_a_slurm_session_a_pending_job_has_no_slice_up_until_it_runs_again(sl
             session.set_slice_state(index, "up")
 
 
-def test_the_template_submits_with_no_kill_so_a_failed_node_leaves_the_job_running(slurm, cancel):
+def test_the_template_submits_with_no_kill_so_a_failed_node_leaves_the_job_and_its_workers_running(slurm, cancel):
     port = free_port()
-    job = slurm.submit_env(template_path(), proxy_env(port), "--nodes=2", "--time=10", "--job-name=pw-template")
+    env = {**proxy_env(port), "PATHWAYS_WORKER_CMD": "sleep 300"}
+    job = slurm.submit_env(template_path(), env, "--nodes=2", "--time=10", "--job-name=pw-template")
     cancel.append(job)
     slurm.wait_job(job, "RUNNING")
+
+    def steps() -> str:
+        return slurm.run("squeue", "-h", "-s", "-j", job, "-o", "%i %N").stdout
+
+    deadline = time.monotonic() + 30
+    while f"{job}.0 " not in steps() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert f"{job}.0 tpu-[0-1]" in steps(), steps()
     slurm.set_node("tpu-1", "down", "template test")
     try:
         deadline = time.monotonic() + 20
@@ -681,6 +690,8 @@ def test_the_template_submits_with_no_kill_so_a_failed_node_leaves_the_job_runni
             time.sleep(0.1)
         info = slurm.job(job)
         assert info["JobState"] == "RUNNING" and info["NodeList"] == "tpu-0", info
+        # The workers' step (srun --no-kill) runs on too, with the worker on tpu-0.
+        assert f"{job}.0 " in steps(), steps()
     finally:
         slurm.run("scontrol", "update", "nodename=tpu-1", "state=resume", check=False)
         slurm.run("scancel", job)
