@@ -305,6 +305,10 @@ def test_a_kernel_without_a_backend_says_so_once_and_cells_are_clean_after_conne
         assert len(notice) == 1, first.error
         assert "The kernel started without a backend" in notice[0] and "connection refused" in notice[0]
         assert "Error in callback" not in first.text and first.text.strip().endswith("2")
+        # Asking for what needs a backend is one line; the hook it installs waits for one.
+        auto = k.run("%pathways autosnapshot on")
+        assert auto.status == "error" and len(auto.error.strip().splitlines()) == 1, auto.error
+        assert "Error in callback" not in auto.text, auto.text
         for code, shown in (("2 + 2", "4"), ("%pathways connect local:2x4", None), ("3 + 3", "6")):
             reply = k.run(code)
             assert reply.status == "ok" and reply.error == "", f"{code}: {reply.error}"

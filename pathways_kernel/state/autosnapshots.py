@@ -66,7 +66,12 @@ class AutoSnapshot:
             self.on = False
 
     def after_cell(self, result: Any = None) -> None:
-        self.run(self.shell.user_ns)
+        from pathways_kernel.core.sessions import current
+
+        # Without a backend (unreachable at start) no device holds anything, and starting
+        # a session here would retry that backend after every cell.
+        if current() is not None:
+            self.run(self.shell.user_ns)
 
     def run(self, namespace: dict[str, Any]) -> list[snapshots.Snapshot]:
         """Snapshot the changed variables of ``namespace``; returns the snapshots started."""
