@@ -40,6 +40,7 @@ import atexit
 import dataclasses
 import os
 import re
+import selectors
 import shutil
 import subprocess
 import sys
@@ -224,21 +225,44 @@ class Slurm:
                 f"Slurm's `{argv[0]}` is not on PATH: run the kernel where Slurm's client commands are installed "
                 "(a login node; Debian: apt install slurm-client munge) or add their directory to PATH"
             )
-        try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout)
-        except subprocess.TimeoutExpired as exc:
-            # With munge down, the commands retry their credential for longer
-            # than the timeout but say why at the first try.
-            said = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr or ""
-            if "munge" in said.lower():
-                raise self._error(argv, said) from None
+        returncode, out, err = self._communicate(argv)
+        if returncode is None:
+            # With munge down, the commands retry their credential for long
+            # but say why at the first try: that is enough to stop them.
+            if "munge" in err.lower():
+                raise self._error(argv, err)
             raise BackendError(
                 f"slurmctld is unreachable (no answer to `{' '.join(argv[:3])}` within {self.timeout:.0f} s): "
                 "check `scontrol ping`, the controller host and SLURM_CONF"
-            ) from None
-        if done.returncode != 0:
-            raise self._error(argv, done.stderr)
-        return done.stdout
+            )
+        if returncode != 0:
+            raise self._error(argv, err)
+        return out
+
+    def _communicate(self, argv: Sequence[str]) -> tuple[int | None, str, str]:
+        """Run ``argv``: its exit status (``None`` if stopped: timed out, or munge named on stderr), stdout, stderr."""
+        out: list[bytes] = []
+        err: list[bytes] = []
+        with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+            assert proc.stdout is not None and proc.stderr is not None
+            with selectors.DefaultSelector() as streams:
+                streams.register(proc.stdout, selectors.EVENT_READ, out)
+                streams.register(proc.stderr, selectors.EVENT_READ, err)
+                deadline = time.monotonic() + self.timeout
+                stopped = False
+                while streams.get_map() and not stopped:
+                    left = deadline - time.monotonic()
+                    for key, _ in streams.select(max(left, 0)):
+                        chunk = os.read(key.fd, 65536)
+                        if chunk:
+                            key.data.append(chunk)
+                        else:
+                            streams.unregister(key.fileobj)
+                    stopped = left <= 0 or b"munge" in b"".join(err).lower()
+            if stopped:
+                proc.kill()
+            returncode = None if stopped else proc.wait()
+        return returncode, b"".join(out).decode(errors="replace"), b"".join(err).decode(errors="replace")
 
     @staticmethod
     def _error(argv: Sequence[str], stderr: str) -> BackendError:
