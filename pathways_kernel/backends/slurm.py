@@ -26,9 +26,13 @@ Slices from Slurm
 The job's nodes are grouped into slices (``slurm_watch.group_nodes``: by a
 node feature, a nodes-per-slice count, or evenly over the session's slices)
 and a background thread (``slurm_watch.JobWatch``) polls the job and its
-nodes every ``POLL_S`` seconds: a node DOWN, DRAIN or FAIL turns its slice
-down with Slurm's reason, back in service turns it up; requeue, preemption,
-the end of the job and an approaching time limit become events.
+nodes every ``POLL_S`` seconds: a slice follows the job's allocation (down
+while the job is not RUNNING, when its node leaves the job, or while its node
+is DOWN, DRAIN or FAIL, with Slurm's reason); requeue, preemption, the end of
+the job and an approaching time limit become events.
+
+Elastic jobs are submitted with ``sbatch --no-kill``: without it one failed
+node ends the whole job (``submit_job`` warns once per script).
 
 A job the kernel submitted (``--submit``) is cancelled when the kernel exits,
 and it says so; a job it did not submit is never cancelled.
