@@ -375,3 +375,44 @@ def test_loop_overhead_while_the_device_still_computes_the_step_is_not_badput(lo
     done.step_end(None)
     done.end()
     assert done.seconds[goodput.OTHER] >= 0.03, done.seconds
+
+
+def test_the_attempts_of_an_elastic_retry_job_are_one_run_and_the_time_between_them_is_badput_by_cause():
+    # Written the pathwaysutils way: a Manager(), a function it retries on a slice loss, state from a host copy.
+    from pathwaysutils.elastic import manager as elastic_manager
+
+    manager = elastic_manager.Manager()
+    host = {"step": 0, "state": jax.device_get(state_on(pw.session().mesh()))}
+    attempts = []
+
+    @manager.elastic_retry(poll_interval=0.05, timeout=60)  # waits for every slice before each attempt
+    def train():
+        attempts.append(sorted(manager.active_slice_indices))
+        devices = [d for i in sorted(manager.active_slice_indices) for d in manager.slice_to_devices[i]]
+        mesh = jax.sharding.Mesh(np.array(devices).reshape(len(attempts[-1]), -1), ("data", "model"))
+        state = jax.device_put(host["state"], NamedSharding(mesh, P("data")))
+        time.sleep(0.3)  # re-initialising: building the model, loading data
+        for step in pw.steps(range(host["step"], 30), name="retried"):
+            if step == 12 and len(attempts) == 1:
+                faults.fail_slice(1)
+                threading.Timer(1.0, faults.repair_slice, (1,)).start()
+            time.sleep(STEP_S)
+            state = nudge(state)
+            float(state["w"][0, 0])  # raises DATA_LOSS once slice 1 is lost
+            if (step + 1) % 5 == 0:
+                host.update(step=step + 1, state=jax.device_get(state))
+        return state
+
+    wall = timed(train)
+    assert attempts == [[0, 1], [0, 1]]
+    assert [a.name for a in goodput.ledger().runs].count("retried") == 1
+    report = pw.goodput("retried")
+    account = report.accounts[0]
+    adds_up(report, wall)
+    # Steps 10 and 11 ran twice (the host copy was of step 10), and step 12 was cut short.
+    assert account.steps == 30 and account.steps_redone == 2 and account.recoveries == 1
+    # The wait for slice 1 (repaired 1 s after the loss; compiling the health probes pathwaysutils runs
+    # meanwhile is compile) and the second attempt's re-initialisation.
+    assert report.seconds["slice_wait"] >= 0.1 and report.seconds["recovery"] >= 0.3, report.to_text()
+    # The first attempt's initialisation is the loop's own setup.
+    assert present(report.seconds) <= {"slice_wait", "recovery", "redone", "compile", "other"}, report.to_text()

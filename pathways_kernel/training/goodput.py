@@ -138,6 +138,7 @@ class Account:
         self._state = OTHER
         self._moved: dict[str, float] = {}
         self._recovering = False
+        self._between: str | None = None  # why the job's last attempt ended (goodput_jobs)
         self._source: Any = None
         self._output: Any = None
         self._open_step: int | None = None
@@ -312,15 +313,58 @@ class Account:
         """
         self._switch(OTHER)
         with self._lock:
-            for step in [s for s in self._done if s >= resumed_at]:
-                self._redo(self._done.pop(step))
-                self.steps -= 1
-                self.steps_redone += 1
+            self._rollback(resumed_at)
         self._field.reinit(False)
+
+    def _rollback(self, resumed_at: int) -> None:
+        """Steps from ``resumed_at`` on are computed again: theirs is redone time; under ``_lock``."""
+        for step in [s for s in self._done if s >= resumed_at]:
+            self._redo(self._done.pop(step))
+            self.steps -= 1
+            self.steps_redone += 1
 
     def _redo(self, seconds: float) -> None:
         self.seconds[PRODUCTIVE] -= seconds
         self.seconds["redone"] += seconds
+
+    # -- attempts of one retried job (goodput_jobs) ----------------------------
+    def between_attempts(self, cause: str) -> None:
+        """An attempt of the job ended: until the next one's steps begin, the
+        time is ``cause``'s (``recovery`` after a slice loss, ``scale_up``)."""
+        if cause == "recovery":
+            self.recovery_begin()
+        else:
+            self._switch(cause)
+            with self._lock:
+                if self._open_step is not None:  # the step the signal cut short did nothing
+                    self.seconds[PRODUCTIVE] -= self._open_productive
+                    self.seconds[cause] += self._open_productive
+                    self._open_step = None
+            self._field.elastic_wait(cause, True)
+        self._between = cause
+
+    def next_attempt(self, start: int) -> None:
+        """The job's steps go on from ``start``: steps from there on are redone."""
+        cause, self._between = self._between, None
+        if cause == "recovery":
+            self.recovery_end(start)
+            return
+        self.step_end(self._output)  # a step a break left open is done
+        if cause is not None:
+            self._field.elastic_wait(cause, False)
+        with self._lock:
+            self._rollback(start)
+
+    def loop_left(self) -> None:
+        """The job's steps loop was left (a break, an error, its end): the
+        loop's own time from here, unless the attempt already ended."""
+        if self._between is None:
+            self._switch(OTHER)
+
+    def count_earlier(self, category: str, seconds: float) -> None:
+        """``seconds`` of the segment in progress were ``category``'s (measured before the ledger began)."""
+        with self._lock:
+            self._moved[category] = self._moved.get(category, 0.0) + seconds
 
     # -- chips, for MFU -------------------------------------------------------
     def _on_event(self, event: Any) -> None:

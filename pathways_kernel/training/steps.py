@@ -8,6 +8,11 @@ item from ``batches`` is ``data_wait``; compiles on this thread are
 ``compile``; snapshots and checkpoints taken inside count as theirs. The run
 ends with the loop (or the ``break`` out of it) and emits a ``goodput`` event;
 ``pw.goodput("train")`` shows it.
+
+Inside a function decorated with pathwaysutils' ``Manager().elastic_retry``,
+the loops of its attempts are one run (``goodput_jobs``): write
+``pw.steps(range(resumed_step, total), name=...)`` and the steps an attempt
+goes back over are counted as redone.
 """
 
 from __future__ import annotations
@@ -15,11 +20,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sized
 from typing import Any
 
-from pathways_kernel.training import goodput
+from pathways_kernel.training import goodput, goodput_jobs
+
+goodput_jobs.install()  # the attempts of an elastic_retry job are one run
 
 
 def steps(
-    iterable: Iterable[Any], name: str = "steps", flops: float | None = None, start: int = 0, progress: bool = True
+    iterable: Iterable[Any],
+    name: str = "steps",
+    flops: float | None = None,
+    start: int | None = None,
+    progress: bool = True,
 ) -> Iterator[Any]:
     """Yield the items of ``iterable``, counting each loop body as one step.
 
@@ -27,12 +38,18 @@ def steps(
       name: the run's name in ``pw.goodput()`` and the event log.
       flops: model FLOPs per step, for MFU (or call ``pw.flops(step_fn, ...)``
         inside the loop).
-      start: number of the first step.
+      start: number of the first step (default: the start of a ``range``, else 0).
       progress: show the loop's progress under the cell (in a notebook);
         out of ``len(iterable)`` steps when it has a length.
     """
+    if start is None:
+        start = iterable.start if isinstance(iterable, range) else 0
     stop = start + len(iterable) if isinstance(iterable, Sized) else None
-    account = goodput.begin(name, "steps", first_step=start, stop_step=stop, progress=progress)
+    job = goodput_jobs.current()
+    account = job.join(name, start, stop, progress) if job is not None else None
+    joined = account is not None
+    if account is None:
+        account = goodput.begin(name, "steps", first_step=start, stop_step=stop, progress=progress)
     if flops is not None:
         account.flops_per_step = float(flops)
     try:
@@ -49,7 +66,11 @@ def steps(
             account.step_end()
             step += 1
     finally:
-        account.end()
+        if joined:
+            # The job's run goes on (its next attempt, or until the function returns).
+            account.loop_left()
+        else:
+            account.end()
 
 
 __all__ = ["steps"]
