@@ -14,7 +14,10 @@ schedule: a slice lost about every ``--mtbf`` s, repaired ``--mttr`` s later.
       every ``--snapshot-every`` steps (``jax.device_get``, as pathwaysutils'
       removed snapshot API did), and raises ``ScaleUpSignalError`` when the
       monitor thread (``poll_interval=1``) sees the slice back. ``Manager()``
-      as is: the embedded backend shows pathwaysutils its slices.
+      as is: the embedded backend shows pathwaysutils its slices. Its steps
+      are marked with ``pw.steps`` and nothing else: the attempts are one run
+      (``training/goodput_jobs.py``), and the host copies, inside the loop
+      body, count as step time.
   (c) what most jobs do today: an orbax checkpoint every ``--checkpoint-every``
       steps; on a loss, wait for the slice to be repaired, restart (caches
       cleared, so the step compiles again), reload the latest checkpoint and
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import logging
 import random
 import shutil
@@ -171,29 +175,18 @@ def main() -> None:
         )
         with contextlib.suppress(TimeUp):
             loop(state, steps=10**9)
-        return goodput.ledger().find("a-elastic")
+        return pw.goodput("a-elastic").accounts[0]
 
     # -- (b) pathwaysutils elastic_retry ------------------------------------------
     def strategy_b(deadline):
+        # Only what a user writes: the attempts of the retried function are one
+        # run, and the time between them badput by cause, through pw.steps alone.
         from pathwaysutils.elastic import manager
 
         mgr = manager.Manager()  # sees the emulated slices (emulator/pathwaysutils_compat.py)
-        account = goodput.begin("b-elastic_retry", "pathwaysutils")
-        kept = {"step": 0, "host": None, "scale_up": False}
+        kept = {"step": 0, "host": None}
 
-        def on_event():
-            if kept["scale_up"]:
-                account.enter("scale_up")
-            else:
-                account.recovery_begin()
-
-        def snapshot(step, state):
-            with account.computing():  # the steps' device time comes due here
-                jax.block_until_ready(state)
-            with account.spent("snapshot_stall"):
-                kept.update(step=step, host=jax.device_get(state), like=state)
-
-        @mgr.elastic_retry(minimum_slice_count=1, poll_interval=1, on_elastic_event_callback=on_event)
+        @mgr.elastic_retry(minimum_slice_count=1, poll_interval=1)
         def train():
             mesh = mesh_of(mgr.active_slice_indices)
             if kept["host"] is None:
@@ -204,33 +197,19 @@ def main() -> None:
                     kept["host"],
                     kept["like"],
                 )
-            step = kept["step"]
-            if kept["scale_up"]:
-                kept["scale_up"] = False
-                account.enter(goodput.OTHER)
-            else:
-                account.recovery_end(step)
-            while True:
+            for step in pw.steps(itertools.count(kept["step"]), name="b-elastic_retry", start=kept["step"]):
                 if time.perf_counter() >= deadline:
                     raise TimeUp
                 if mgr.available_inactive_slices:
-                    snapshot(step, state)
-                    kept["scale_up"] = True
+                    kept.update(step=step, host=jax.device_get(state), like=state)
                     raise manager.ScaleUpSignalError
-                account.step_begin(step)
                 state, _loss = train_step(state, *batch(step, mesh))
-                account.step_end(state)  # as the elastic loop does: the ledger treats all alike
-                step += 1
-                if step % args.snapshot_every == 0:
-                    snapshot(step, state)
+                if (step + 1) % args.snapshot_every == 0:
+                    kept.update(step=step + 1, host=jax.device_get(state), like=state)
 
-        try:
+        with contextlib.suppress(TimeUp):
             train()
-        except TimeUp:
-            pass
-        finally:
-            account.end()
-        return account
+        return pw.goodput("b-elastic_retry").accounts[0]
 
     # -- (c) restart from the latest orbax checkpoint -------------------------------
     def strategy_c(deadline):
