@@ -362,7 +362,7 @@ class Elastic:
             retry = ElasticRetryLimit(self.max_retries) if self.max_retries is not None else None
             mesh = s.mesh(self.axes)
             self._start_prepare(s, mesh)
-            step = snapped = start
+            step = start
             # The first step waits for that copy: a run can always go back to where it began.
             if not _wait_quietly(first):
                 raise self._nothing_to_restore(lost_during_run=bool(watch.lost))
@@ -408,7 +408,6 @@ class Elastic:
                                 pending = store.snap(state, snap_name, step, run)
                             self._account.snapshot_source(state)  # goodput: its wait starts with the steps' compute
                             report.snapshots += 1
-                            snapped = step
                     self._check_boundary(s, watch, mesh)
                     _block(state)
                     self._check_boundary(s, watch, mesh)
@@ -435,12 +434,12 @@ class Elastic:
                         watch.changed.wait(min(RETRY_BACKOFF_S * 2 ** (failures - 2), MAX_BACKOFF_S))
             report.steps = step - start
             report.slices = _mesh_slices(s, mesh)
-            if snapped != step:
-                # What the run returns, copied while the next cell runs (never
-                # waited for here): a later loss heals to it, not to an older step.
-                with self._account.spent("snapshot_stall"):  # goodput
-                    store.snap(state, snap_name, step, run)
-                report.snapshots += 1
+            # What the run returns (no loop snapshot is due at the last step),
+            # copied while the next cell runs, never waited for here: a later
+            # loss heals to it, not to an older step.
+            with self._account.spent("snapshot_stall"):  # goodput
+                store.snap(state, snap_name, step, run)
+            report.snapshots += 1
             return state
         finally:
             report.duration_s = time.perf_counter() - began
