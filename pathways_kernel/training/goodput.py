@@ -24,6 +24,9 @@ discards into ``redone``.
 The session also counts the notebook's own badput: time between cells while
 it holds slices (``idle``), kept apart from the training figures.
 
+The attempts of a function pathwaysutils' ``Manager().elastic_retry`` retries
+are one run, with the time between them by cause (``goodput_jobs``).
+
 Each run is recorded, too, through ``ml-goodput-measurement``'s
 ``ElasticGoodputRecorder`` into an in-memory log, and ``Account.field()``
 computes the figure MaxText users see with its ``ElasticGoodputCalculator``;
