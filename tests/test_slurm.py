@@ -713,3 +713,24 @@ def test_submitting_a_script_without_no_kill_warns_once(slurm, kernel, cancel, t
         )
     assert said[0].count(warning) == 1, said[0]
     assert not any("--no-kill" in text for text in said[1:]), said
+
+
+@pytest.mark.parametrize(
+    "directives,options,env,kills",
+    [
+        ("", (), "", True),
+        ("#SBATCH --no-kill\n", (), "", False),
+        ("#SBATCH -N 2 -k\n", (), "", False),
+        ("", ("--no-kill",), "", False),
+        ("#SBATCH --no-kill\n", ("--no-kill=off",), "", True),
+        ("", (), "1", False),
+        ("echo hi\n#SBATCH --no-kill\n", (), "", True),  # sbatch stops reading at the first command
+    ],
+)
+def test_what_counts_as_submitting_with_no_kill(tmp_path, monkeypatch, directives, options, env, kills):
+    from pathways_kernel.backends.slurm import kills_on_node_failure
+
+    script = tmp_path / "job.sbatch"
+    script.write_text("#!/bin/bash\n# a comment\n" + directives + "sleep 1\n")
+    monkeypatch.setenv("SBATCH_NO_KILL", env)
+    assert kills_on_node_failure(script, options) is kills
