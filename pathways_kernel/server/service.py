@@ -496,6 +496,8 @@ class Session:
     def _check_value_ready_request(self, request, response):
         arrays = [self.arrays.get(h) for h in request.value_handles]
         response.check_value_ready_response.SetInParent()
+        if all(shard.is_ready() for array in arrays for shard in array.shards):
+            return None
         return lambda: _wait_ready(arrays)
 
     def _disassemble_into_single_device_arrays_request(self, request, response):
@@ -654,6 +656,41 @@ def _error_response(op_id: int, error: ServerError):
 # ---- the gRPC service ------------------------------------------------------------
 
 
+# Host buffers are the bulk of the bytes: their messages (``bytes data = 1`` and nothing
+# else) are read and written here without protobuf's extra copy of each chunk.
+
+
+def _data_field(raw: bytes) -> memoryview:
+    """The ``data`` of a serialized GrpcHostBufferStoreRequest, without copying it."""
+    view = memoryview(raw)
+    if not raw:
+        return view
+    if raw[0] != 0x0A:
+        return memoryview(protos.proxy("GrpcHostBufferStoreRequest").FromString(raw).data)
+    length = shift = 0
+    i = 1
+    while True:
+        byte = raw[i]
+        i += 1
+        length |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            break
+    return view[i : i + length]
+
+
+def _data_message(chunk: memoryview) -> bytes:
+    """A serialized GrpcHostBufferLookupResponse carrying ``chunk``."""
+    length, header = len(chunk), bytearray(b"\x0a")
+    while True:
+        byte = length & 0x7F
+        length >>= 7
+        header.append(byte | (0x80 if length else 0))
+        if not length:
+            break
+    return b"".join((header, chunk))
+
+
 def _metadata(context, key: str) -> bytes | None:
     for item in context.invocation_metadata():
         if item.key == key:
@@ -665,14 +702,8 @@ def handlers(server: Server) -> grpc.GenericRpcHandler:
     """The GrpcIfrtService methods, served by ``server``."""
     version_request, version_response = protos.proxy("GrpcGetVersionRequest"), protos.proxy("GrpcGetVersionResponse")
     request_type, response_type = protos.proxy("IfrtRequest"), protos.proxy("IfrtResponse")
-    store_request, store_response = (
-        protos.proxy("GrpcHostBufferStoreRequest"),
-        protos.proxy("GrpcHostBufferStoreResponse"),
-    )
-    lookup_request, lookup_response = (
-        protos.proxy("GrpcHostBufferLookupRequest"),
-        protos.proxy("GrpcHostBufferLookupResponse"),
-    )
+    store_response = protos.proxy("GrpcHostBufferStoreResponse")
+    lookup_request = protos.proxy("GrpcHostBufferLookupRequest")
     delete_request, delete_response = (
         protos.proxy("GrpcHostBufferDeleteRequest"),
         protos.proxy("GrpcHostBufferDeleteResponse"),
@@ -714,7 +745,7 @@ def handlers(server: Server) -> grpc.GenericRpcHandler:
         if raw is None:
             context.abort(grpc.StatusCode.INTERNAL, "Missing gRPC metadata for GrpcHostBufferService.Store")
         metadata = protos.proxy("GrpcHostBufferStoreMetadata").FromString(raw)
-        data = b"".join(chunk.data for chunk in chunks)
+        data = b"".join(chunks)
         if len(data) != metadata.buffer_size:
             context.abort(grpc.StatusCode.DATA_LOSS, f"expected {metadata.buffer_size} bytes but got {len(data)}")
         try:
@@ -730,7 +761,7 @@ def handlers(server: Server) -> grpc.GenericRpcHandler:
             _abort(context, error)
         view = memoryview(data)
         for offset in range(0, max(len(data), 1), _CHUNK):
-            yield lookup_response(data=bytes(view[offset : offset + _CHUNK]))
+            yield _data_message(view[offset : offset + _CHUNK])
 
     def host_buffer_delete(request, context):
         try:
@@ -749,10 +780,10 @@ def handlers(server: Server) -> grpc.GenericRpcHandler:
                 ifrt_session, request_type.FromString, response_type.SerializeToString
             ),
             "HostBufferStore": grpc.stream_unary_rpc_method_handler(
-                host_buffer_store, store_request.FromString, store_response.SerializeToString
+                host_buffer_store, _data_field, store_response.SerializeToString
             ),
             "HostBufferLookup": grpc.unary_stream_rpc_method_handler(
-                host_buffer_lookup, lookup_request.FromString, lookup_response.SerializeToString
+                host_buffer_lookup, lookup_request.FromString, bytes
             ),
             "HostBufferDelete": grpc.unary_unary_rpc_method_handler(
                 host_buffer_delete, delete_request.FromString, delete_response.SerializeToString
