@@ -304,6 +304,7 @@ def test_a_slice_lost_on_the_server_fails_its_arrays_and_work(server):
     assert got["read_a1_after_repair"]["slice_down"] is True  # repair brings the slice back empty
     assert got["new_after_repair"] == {"ok": [2.0, 2.0, 2.0, 2.0]}
     assert got["status"]["down"] == []
+    assert len(got["status"]["bytes_per_device"]) == 8 and got["status"]["bytes_per_device"][0] > 0
 
 
 def test_pathwaysutils_elastic_loop_survives_a_server_side_loss_and_scale_up(server):
