@@ -188,7 +188,8 @@ class CellProgress:
             wall = account.wall_s
             steps = f"step {done}/{total}" if total else f"step {done}"
             stopped = " (stopped early)" if total and done < total else ""
-            parts = [f"{steps}{stopped}: {count(account.steps, 'step')} in {_duration(wall)}"]
+            # In seconds up to 10 minutes, as the run's own report (an elastic cell's result) gives it.
+            parts = [f"{steps}{stopped}: {count(account.steps, 'step')} in {_duration(wall, seconds_below=600)}"]
             if wall > 0 and executed:
                 parts.append(f"{executed / wall:.3g} steps/s")
         else:
@@ -246,8 +247,8 @@ def _bar(fraction: float, markers: list[tuple[float, str, str]], final: bool) ->
     )
 
 
-def _duration(seconds: float) -> str:
-    if seconds < 60:
+def _duration(seconds: float, seconds_below: float = 60) -> str:
+    if seconds < seconds_below:
         return f"{seconds:.1f} s"
     minutes, secs = divmod(int(round(seconds)), 60)
     if minutes < 60:
