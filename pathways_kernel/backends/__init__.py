@@ -2,7 +2,10 @@
 
 A spec names one: ``local:SxC`` (embedded, CPU devices as S slices of C
 chips), ``proxy:grpc://HOST:PORT`` / ``grpc://HOST:PORT`` (Pathways) or
-``slurm:JOB`` (the Pathways proxy of a Slurm job, ``backends/slurm.py``).
+``slurm:JOB`` (the Pathways proxy of a Slurm job, ``backends/slurm.py``) or
+``local-server:SxC`` (S slices of C chips in a ``pathways-local`` server the
+session starts, reached through the proxy client: ``backends/local_server.py``;
+``local:SxC`` with ``server=True`` / ``--server`` names it too).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ BACKEND_ENV = "PATHWAYS_BACKEND"
 MAX_LOCAL_DEVICES = 4096
 
 _LOCAL = re.compile(r"^local(?::(?P<body>.*))?$", re.DOTALL)
+_LOCAL_SERVER = re.compile(r"^local-server(?::(?P<body>.*))?$", re.DOTALL)
 _LOCAL_BODY = re.compile(r"([0-9]+)[xX]([0-9]+)")
 # HOST:PORT without a scheme: a proxy address missing its grpc://.
 _HOST_PORT = re.compile(r"^[\w.\-\[\]:]+:\d+$")
@@ -63,16 +67,31 @@ def parse_local(body: str | None) -> tuple[int, int]:
     )
 
 
-def from_spec(spec: str, *, timeout: float | None = None, insecure: bool | None = None) -> Backend:
+def from_spec(
+    spec: str, *, timeout: float | None = None, insecure: bool | None = None, server: bool = False
+) -> Backend:
     """Build (but do not activate) the backend a spec names.
 
     ``timeout`` (pre-flight seconds) and ``insecure`` (plaintext gRPC) apply
-    to the proxy backend only.
+    to the proxy backend only. ``server`` turns ``local:SxC`` into
+    ``local-server:SxC``: the same slices in a local Pathways server process.
 
     Raises:
       SpecError: the spec is malformed or names no backend.
     """
     spec = spec.strip()
+    if server:
+        match = _LOCAL.match(spec) or _LOCAL_SERVER.match(spec)
+        if match is None:
+            raise SpecError(
+                f"--server (server=True) runs local slices in a local Pathways server: use it with local:SxC, "
+                f"e.g. local:2x4, not '{spec[:40]}'"
+            )
+        spec = "local-server" + spec[match.start("body") - 1 :] if match.group("body") is not None else "local-server"
+    if match := _LOCAL_SERVER.match(spec):
+        from pathways_kernel.backends.local_server import LocalServerBackend
+
+        return LocalServerBackend(*parse_local(match.group("body")), timeout=timeout)
     if match := _LOCAL.match(spec):
         return LocalBackend(*parse_local(match.group("body")))
     # Before HOST:PORT, which `slurm:4` (a job id) also matches.

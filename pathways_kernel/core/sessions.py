@@ -222,20 +222,24 @@ def live_array_summary() -> tuple[int, int]:
     return len(arrays), sum(a.nbytes for a in arrays)
 
 
-def connect(spec: str, force: bool = False, *, timeout: float | None = None, insecure: bool | None = None) -> Session:
+def connect(
+    spec: str, force: bool = False, *, timeout: float | None = None, insecure: bool | None = None, server: bool = False
+) -> Session:
     """Switch the session to the backend ``spec`` names.
 
     Allowed freely before the first computation. Once device arrays exist,
     switching would discard them and every compiled function, so it is
     refused unless ``force=True``. ``timeout`` and ``insecure`` are the proxy
-    backend's pre-flight seconds and plaintext-gRPC choice.
+    backend's pre-flight seconds and plaintext-gRPC choice. ``server=True``
+    runs ``local:SxC``'s slices in a local Pathways server the session starts
+    (spec ``local-server:SxC``), reached through the proxy client.
 
     Raises:
       SpecError: the spec is malformed.
       BackendError: arrays would be discarded and ``force`` is false, or the
         backend cannot be reached (the previous session is kept).
     """
-    return install(backends.from_spec(spec, timeout=timeout, insecure=insecure), force)
+    return install(backends.from_spec(spec, timeout=timeout, insecure=insecure, server=server), force)
 
 
 def install(backend: Backend, force: bool = False) -> Session:

@@ -127,6 +127,8 @@ def require_fault_injection(session: Any, what: str) -> None:
       NotSupportedError: another backend, or a jax/jaxlib outside ``jaxcompat.TESTED_JAX``.
     """
     session.require_fault_injection(what)
+    if _server_side(session) is not None:
+        return  # the server loses the slice: no JAX internals of this process involved
     reason = jaxcompat.fault_injection_unsupported()
     if reason:
         raise NotSupportedError(f"{what} is off: {reason}")
@@ -491,6 +493,10 @@ class FaultInjector:
             target = _slice(topology, index)
             if not target.up:
                 return FaultReport(index, "fail", False, slices_up=_up(topology))
+            if (server := _server_side(self.session)) is not None:
+                arrays, nbytes = server.lose_slice(index)
+                self.session.set_slice_state(index, "down", detail=f"{detail}: {count(arrays, 'array')} lost")
+                return FaultReport(index, "fail", True, arrays, nbytes, _up(self.session.topology))
             _install_hooks()
             devices = frozenset(target.devices)
             lost = _arrays_on(devices)
@@ -514,6 +520,8 @@ class FaultInjector:
             target = _slice(topology, index)
             if target.up:
                 return FaultReport(index, "repair", False, slices_up=_up(topology))
+            if (server := _server_side(self.session)) is not None:
+                server.restore_slice(index)
             self._down.pop(index, None)
             self._publish()
             _clear_dispatch_caches()
@@ -590,6 +598,12 @@ class FaultInjector:
 _UNSET = object()
 
 
+def _server_side(session: Any) -> Any:
+    """The session's backend when it loses slices on its server (``backends/local_server.py``), else None."""
+    backend = getattr(session, "backend", None)
+    return backend if callable(getattr(backend, "lose_slice", None)) else None
+
+
 def _slice(topology: Any, index: int) -> Any:
     try:
         return topology.slice(index)
@@ -645,6 +659,10 @@ def is_lost(array: Any, wait: bool = True) -> bool:
     """
     import jax
 
+    from pathways_kernel.core.sessions import current
+
+    if (server := _server_side(current())) is not None:
+        return bool(server.is_lost(array))
     if not isinstance(array, jax.Array) or isinstance(array, jax.core.Tracer) or array.is_deleted():
         return False
     if not wait and not array.is_ready():

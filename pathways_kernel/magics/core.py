@@ -73,6 +73,12 @@ def mesh(shell: Any, args: Any, cell: str | None):
     default=None,
     help="proxy: plaintext gRPC, as kubectl port-forward gives (default: ALTS, or $IFRT_PROXY_USE_INSECURE_GRPC_CREDENTIALS)",
 )
+@argument(
+    "--server",
+    action="store_true",
+    help="local:SxC: run the slices in a local Pathways server (a child process) and connect through "
+    "the Pathways proxy client",
+)
 @argument("--cluster", default="", help="sps: GKE cluster name")
 @argument("--project", default="", help="sps: Google Cloud project")
 @argument("--region", default="", help="sps: cluster location")
@@ -98,7 +104,7 @@ def connect(shell: Any, args: Any, cell: str | None):
             force=args.force,
         )
     else:
-        api.connect(args.spec, force=args.force, timeout=args.timeout, insecure=args.insecure)
+        api.connect(args.spec, force=args.force, timeout=args.timeout, insecure=args.insecure, server=args.server)
     return api.status()
 
 

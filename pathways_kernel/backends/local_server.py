@@ -1,0 +1,283 @@
+"""The server-backed local backend: ``local:SxC --server`` (spec ``local-server:SxC``).
+
+The session starts ``pathways-local serve`` as a child (``server/launch.py``:
+a Unix socket in a 0700 directory) and connects to it exactly as a GKE user
+connects to Pathways: ``JAX_PLATFORMS=proxy``, pathwaysutils, JAX's own IFRT
+proxy client, after a pre-flight check of the server's ``GetVersion`` (all of
+it ``ProxyBackend``'s). The devices carry ``slice_index`` and ``coords`` from
+the server, so the topology, pathwaysutils and MaxText-style code read them
+directly, with no patch in this process's JAX.
+
+Slices are lost where Pathways loses them, on the server (``control.fail``):
+``pw.fail_slice`` and everything routed through the fault injector
+(``%pathways fail``, chaos, the monitor) reach the server through
+``lose_slice``/``restore_slice`` here, instead of swapping buffers in process.
+
+Telling loss (``pw.is_lost``): the client caches an array's readiness, so
+``block_until_ready`` of an array the server has since dropped still succeeds;
+only a read sees the server's ``DATA_LOSS``. The server poisons every array
+with a shard on a slice at the moment it is lost, and refuses work placed on a
+down slice. So right after the server has lost a slice, this process's live
+arrays with a shard on it are exactly the ones it dropped: they are recorded
+(weakly) as lost. An array with a shard on a slice that is down now is lost
+(made before the loss, or placed there since). Limit: an array computed after
+``repair_slice`` from a lost input is lost on the server (reading it raises
+``DATA_LOSS``) while ``is_lost`` says False until it is read.
+
+The server's life: it is stopped by pid when the session closes (switching
+backend, kernel shutdown) and at interpreter exit. If it dies, a watcher
+emits a ``disconnect`` event naming its pid and exit status (the monitor's
+timeline and the one-line notice before the next cell, ``connection.NOTICE``);
+``%pathways connect local-server:SxC --force`` or ``%pathways reconnect``
+starts a new server and a new client in the same kernel.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import signal
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from pathways_kernel.backends import preflight as preflight_lib
+from pathways_kernel.backends.proxy import ProxyBackend
+from pathways_kernel.core.errors import BackendError
+from pathways_kernel.monitoring import telemetry
+
+SPEC_PREFIX = "local-server"
+#: Seconds a status call to the server may take when sampling memory.
+_STATUS_TIMEOUT_S = 2.0
+
+
+@dataclasses.dataclass(frozen=True)
+class SocketTarget:
+    """A server's Unix-socket target, shaped as ``preflight.Target`` where the proxy backend reads it."""
+
+    url: str  # grpc://unix:/dir/server.sock
+
+    @property
+    def authority(self) -> str:
+        return self.url.removeprefix("grpc://")
+
+
+class LocalServerBackend(ProxyBackend):
+    """S slices of C CPU devices owned by a ``pathways-local`` server this session started."""
+
+    name: ClassVar[str] = "local-server"
+    supports_fault_injection: ClassVar[bool] = True
+
+    def __init__(self, num_slices: int, chips_per_slice: int, timeout: float | None = None):
+        super().__init__(preflight_lib.Target("localhost", 1), timeout, insecure=True)
+        self.num_slices = num_slices
+        self.chips_per_slice = chips_per_slice
+        self.server: Any = None  # launch.LocalServer while started
+        # id -> array, for arrays the server dropped (jax arrays are not hashable).
+        self._lost: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+        self._closing = False
+
+    @property
+    def spec(self) -> str:
+        return f"{SPEC_PREFIX}:{self.num_slices}x{self.chips_per_slice}"
+
+    @property
+    def target(self) -> str:
+        if self.server is None:
+            return "local Pathways server (not started)"
+        return f"{self.server.target} (local Pathways server, pid {self.server.pid})"
+
+    # -- connecting -----------------------------------------------------------
+    def preflight(self) -> preflight_lib.Report | None:
+        """Nothing to check before the server exists; ``activate`` starts it and checks it."""
+        if self.server is None:
+            return None
+        return self._check_server()
+
+    def _check_server(self) -> preflight_lib.Report:
+        start = time.monotonic()
+        deadline = start + self.timeout
+        address = SocketTarget(self.server.target)
+
+        def fail(step: str, what: str, fix: str) -> preflight_lib.ConnectError:
+            return preflight_lib.ConnectError(address.url, step, what, fix, time.monotonic() - start)
+
+        # The pre-flight's own gRPC step: the IFRT proxy's GetVersion, on the server's socket.
+        preflight_lib._check_grpc(address, lambda: max(deadline - time.monotonic(), 0.0), fail)  # type: ignore[arg-type]
+        self.report = preflight_lib.Report(
+            address, address.authority, False, "pathways-proxy", time.monotonic() - start
+        )  # type: ignore[arg-type]
+        return self.report
+
+    def activate(self) -> None:
+        from pathways_kernel.server import launch
+
+        self.server = launch.start(self.num_slices, self.chips_per_slice)
+        _RUNNING.add(self)
+        self.address = SocketTarget(self.server.target)  # type: ignore[assignment]
+        try:
+            self._check_server()
+            super().activate()
+        except BaseException:
+            self._stop_server()
+            raise
+        threading.Thread(
+            target=self._watch, args=(self.server,), name="pathways-local-server-watch", daemon=True
+        ).start()
+
+    def close(self) -> None:
+        self._closing = True
+        try:
+            super().close()
+        finally:
+            self._stop_server()
+
+    def _stop_server(self) -> None:
+        server, self.server = self.server, None
+        if server is not None:
+            self._closing = True
+            server.stop()
+        _RUNNING.discard(self)
+
+    def _watch(self, server: Any) -> None:
+        """Report the server's death (one ``disconnect`` event), unless the session stopped it."""
+        code = server.process.wait()
+        if self._closing or self.events is None:
+            return
+        self.events.emit("disconnect", detail=f"{server.target}: {_died(server.pid, code)}")
+
+    def _on_disconnect(self, status: Any) -> None:
+        # The client reports a dead server too; the watcher says it better (pid, signal), once.
+        server = self.server
+        if server is not None:
+            try:
+                server.process.wait(1.0)
+                return
+            except Exception:
+                pass
+        super()._on_disconnect(status)
+
+    def check(self) -> None:
+        """Raise ``BackendError`` in one line once the server is gone."""
+        server = self.server
+        if server is not None and not server.alive():
+            raise BackendError(
+                f"the local Pathways server ({self.spec}) is gone: {_died(server.pid, server.process.returncode)}; "
+                f"its arrays and compiled functions are lost. Run `%pathways connect {self.spec} --force` "
+                f"(pw.connect('{self.spec}', force=True)) for a new server"
+            )
+
+    # -- devices --------------------------------------------------------------
+    def devices(self) -> Sequence[Any]:
+        self.check()
+        return super().devices()
+
+    # -- faults, on the server ------------------------------------------------
+    def lose_slice(self, index: int) -> tuple[int, int]:
+        """Loses slice ``index`` on the server; returns (arrays lost here, their bytes)."""
+        import jax
+
+        from pathways_kernel.server import control
+
+        self.check()
+        control.fail(self.server.target, index)
+        lost = [
+            array
+            for array in jax.live_arrays()
+            if not array.is_deleted() and any(_slice_index(d) == index for d in array.sharding.device_set)
+        ]
+        self._lost.update((id(array), array) for array in lost)
+        return len(lost), sum(array.nbytes for array in lost)
+
+    def restore_slice(self, index: int) -> None:
+        """Brings slice ``index`` back on the server, empty."""
+        from pathways_kernel.server import control
+
+        self.check()
+        control.repair(self.server.target, index)
+
+    def is_lost(self, array: Any) -> bool:
+        """Whether reading ``array`` raises the server's ``DATA_LOSS`` (see the module doc)."""
+        import jax
+
+        if not isinstance(array, jax.Array) or isinstance(array, jax.core.Tracer) or array.is_deleted():
+            return False
+        if self._lost.get(id(array)) is array:
+            return True
+        from pathways_kernel.core.sessions import current
+
+        session = current()
+        if session is None or session.backend is not self:
+            return False
+        down = {s.index for s in session.topology.slices if not s.up}
+        return bool(down) and any(_slice_index(d) in down for d in array.sharding.device_set)
+
+    # -- telemetry ------------------------------------------------------------
+    def metrics_source(self, layout: Any) -> telemetry.MetricsSource:
+        return ServerSource(self)
+
+
+class ServerSource(telemetry.ClientSource):
+    """Memory as the server counts it (bytes of live arrays per device); busy from the client.
+
+    The server knows what each device holds (lost arrays hold nothing there);
+    it does not time device work, so utilization stays the client's measure.
+    """
+
+    name = "server"
+
+    def __init__(self, backend: LocalServerBackend):
+        super().__init__()
+        self.backend = backend
+
+    def sample(self, layout: telemetry.Layout) -> telemetry.Sample:
+        from pathways_kernel.server import control
+
+        sample = super().sample(layout)
+        server = self.backend.server
+        if server is None or not server.alive():
+            return sample
+        try:
+            per_device = control.status(server.target, timeout=_STATUS_TIMEOUT_S)["bytes_per_device"]
+        except (BackendError, KeyError):
+            return sample
+        memory = sample.memory.copy() if sample.memory is not None else None
+        if memory is not None:
+            for device_id, position in layout.position.items():
+                if 0 <= device_id < len(per_device):
+                    memory[position] = per_device[device_id]
+        return dataclasses.replace(sample, memory=memory)
+
+
+def _slice_index(device: Any) -> int:
+    value = getattr(device, "slice_index", None)
+    return 0 if value is None else int(value)
+
+
+def _died(pid: int, code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            how = f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            how = f"killed by signal {-code}"
+    else:
+        how = f"exited with status {code}"
+    return f"server pid {pid} {how}"
+
+
+#: Backends whose server is running, stopped at interpreter exit if their session was not closed.
+_RUNNING: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:
+    from pathways_kernel.backends.proxy import _EXIT_GUARD
+
+    for backend in list(_RUNNING):
+        # The client first, then its server: a client whose server dies calls back into
+        # Python, which aborts the process if it is finalizing by then.
+        backend.close()
+        _EXIT_GUARD.touch()
+    _EXIT_GUARD.wait()
