@@ -4,6 +4,9 @@ TensorBoard event files, on real JAX CPU devices (local:2x4)."""
 from __future__ import annotations
 
 import struct
+import subprocess
+import sys
+import textwrap
 import threading
 from pathlib import Path
 
@@ -134,3 +137,22 @@ def test_metrics_to_tensorboard_writes_kept_then_new_points_one_run_per_director
     assert [(s, v) for s, v, _t in two["acc"]] == [(0, 0.0), (1, 1.0)]
     frame = pw.metrics("tb")
     assert two["loss"][0][2] == pytest.approx(frame["time"].iloc[-2].timestamp(), abs=1e-3)
+
+
+def test_a_script_that_logs_device_values_leaves_no_reader_running_at_exit():
+    # A daemon thread still inside jaxlib when the interpreter stops its threads aborts the process.
+    script = textwrap.dedent(
+        """
+        import atexit, threading
+        atexit.register(lambda: print("left at exit:", sorted(
+            t.name for t in threading.enumerate() if t.name.startswith("pathways-metrics") and t.is_alive())))
+        import jax.numpy as jnp
+        import pathways_kernel as pw
+        for i in pw.steps(range(50)):
+            pw.log(loss=jnp.float32(i) * 2)
+        print("reading:", any(t.name == "pathways-metrics" for t in threading.enumerate()))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "reading: True" in done.stdout and "left at exit: []" in done.stdout, done.stdout

@@ -20,6 +20,7 @@ point's ``to_dict()``: run, step, time, elapsed_s, name, value).
 
 from __future__ import annotations
 
+import atexit
 import collections
 import dataclasses
 import numbers
@@ -82,6 +83,7 @@ class MetricLog:
         self._runs_named: collections.Counter[str] = collections.Counter()
         self._latest: weakref.WeakKeyDictionary[Any, dict[str, float]] = weakref.WeakKeyDictionary()
         self._listeners: list[Callable[[list[Point]], None]] = []
+        self._closed = False
 
     # -- recording (on the run's thread: queue and return) --------------------
     def log(self, account: Any, metrics: Mapping[str, Any]) -> None:
@@ -119,16 +121,17 @@ class MetricLog:
             self._work.set()
         if self._thread is None:
             with self._lock:
-                if self._thread is None:
+                if self._thread is None and not self._closed:
                     self._thread = threading.Thread(target=self._run, name="pathways-metrics", daemon=True)
+                    _reading.add(self)
                     self._thread.start()
 
     # -- reading (the reader thread, or a flush) ------------------------------
     def _run(self) -> None:
         while True:
-            if not self._work.wait(IDLE_S):
+            if not self._work.wait(IDLE_S) or self._closed:
                 with self._lock:
-                    if not self._pending:
+                    if not self._pending or self._closed:
                         self._thread = None
                         return
                 continue
@@ -139,6 +142,14 @@ class MetricLog:
                     self._work.set()
                 continue
             time.sleep(POLL_S)
+
+    def close(self) -> None:
+        """Stop the reader thread (values still queued stay unread)."""
+        self._closed = True
+        self._work.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
 
     def flush(self) -> None:
         """Read every value queued so far, waiting for those still being computed."""
@@ -211,6 +222,17 @@ class MetricLog:
                     self._listeners.remove(listener)
 
         return unsubscribe
+
+
+#: Logs whose reader thread was started, stopped at exit: a daemon thread still
+#: inside jaxlib when the interpreter stops its threads aborts the process.
+_reading: weakref.WeakSet[MetricLog] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_reading() -> None:
+    for log in list(_reading):
+        log.close()
 
 
 def metric_log(session: Any = None) -> MetricLog:
