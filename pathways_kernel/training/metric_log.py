@@ -202,11 +202,6 @@ class MetricLog:
             return points
         return [p for p in points if p.run == run or p.run.rsplit(" #", 1)[0] == run]
 
-    def since(self, seq: int) -> list[Point]:
-        """The points after ``seq`` (a view catching up)."""
-        with self._lock:
-            return [p for p in self._points if p.seq > seq]
-
     def runs(self) -> list[str]:
         with self._lock:
             return list(dict.fromkeys(p.run for p in self._points))
