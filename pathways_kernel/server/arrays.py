@@ -12,6 +12,7 @@ reaches the user as the status Pathways gives.
 from __future__ import annotations
 
 import itertools
+import queue
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -169,6 +170,27 @@ class Poisoned:
         self.error = error
 
 
+_released: queue.SimpleQueue = queue.SimpleQueue()
+_releaser_lock = threading.Lock()
+_releaser: threading.Thread | None = None
+
+
+def _drop_released() -> None:
+    while True:
+        _released.get()  # the last references go here
+
+
+def _release(entries: list) -> None:
+    """Drops ``entries`` on another thread: dropping the last reference to a buffer waits
+    for the computation still using it, which must not hold up the session's requests."""
+    global _releaser
+    with _releaser_lock:
+        if _releaser is None:
+            _releaser = threading.Thread(target=_drop_released, name="pathways-local-release", daemon=True)
+            _releaser.start()
+    _released.put(entries)
+
+
 class ArrayStore:
     """Handle -> array (or the error that stands in for it)."""
 
@@ -205,11 +227,15 @@ class ArrayStore:
 
     def destruct(self, handles) -> list[int]:
         """Forgets ``handles``; returns those it did not know."""
-        missing = []
+        missing, released = [], []
         with self._lock:
             for handle in handles:
-                if self._entries.pop(handle, None) is None:
+                entry = self._entries.pop(handle, None)
+                if entry is None:
                     missing.append(handle)
+                else:
+                    released.append(entry)
+        _release(released)
         return missing
 
     def lose(self, device_ids: set[int], error: ServerError) -> int:
@@ -220,8 +246,10 @@ class ArrayStore:
                 for h, e in self._entries.items()
                 if isinstance(e, ServerArray) and device_ids & set(e.sharding.device_ids)
             ]
+            released = [self._entries[handle] for handle in lost]
             for handle in lost:
                 self._entries[handle] = Poisoned(error)
+        _release(released)
         return len(lost)
 
     def bytes_per_device(self) -> dict[int, int]:
