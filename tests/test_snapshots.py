@@ -265,3 +265,22 @@ def test_a_snapshot_leaves_no_device_arrays_behind_and_a_loss_counts_only_the_us
     assert extra == [], [(a.shape, a.sharding) for a in extra]
     report = faults.fail_slice(0)
     assert (report.arrays, report.nbytes) == (3, y.nbytes + r.nbytes + one.nbytes), report
+
+
+def test_snapshotting_a_lost_variable_is_one_line_and_snapshot_all_skips_it(kernel):
+    reply = kernel.run(
+        "import jax, numpy as np\n"
+        "keep0 = jax.device_put(np.ones(4, np.float32), pw.topology().slices[0].devices[0])\n"
+        "gone1 = jax.device_put(np.ones(4, np.float32), pw.topology().slices[1].devices[0])\n"
+        "pw.fail_slice(1)"
+    )
+    try:
+        assert reply.status == "ok", reply.error
+        named = kernel.run("%pathways snapshot gone1")
+        assert named.status == "error" and named.error.strip().splitlines()[-1].startswith(
+            "NamespaceError: gone1 lost its data with a slice (DATA_LOSS): nothing to snapshot"
+        ), named.error
+        everything = kernel.run("%pathways snapshot")
+        assert "snapshot 'keep0'" in everything.text and "gone1" not in everything.text, everything.text
+    finally:
+        kernel.run("pw.repair_slice(1); del keep0, gone1")

@@ -85,7 +85,7 @@ class AutoSnapshot:
             ids = tuple(id(leaf) for leaf in leaves)
             if self._seen.get(name) == ids:
                 continue
-            if any(leaf.is_deleted() or _lost(leaf) for leaf in leaves):
+            if any(leaf.is_deleted() or snapshots.is_known_lost(leaf) for leaf in leaves):
                 continue
             nbytes = sum(leaf.nbytes for leaf in leaves)
             if self.max_bytes is not None:
@@ -109,13 +109,6 @@ class AutoSnapshot:
         return AutoStatus(
             self.on, self.max_bytes, sorted({s.name for s in held}), list(self.skipped), sum(s.nbytes for s in held)
         )
-
-
-def _lost(array: Any) -> bool:
-    """Whether a finished array is known lost (never waits for a pending one)."""
-    from pathways_kernel.emulator import faults
-
-    return array.is_ready() and faults.is_lost(array)
 
 
 def _shell() -> Any:

@@ -244,6 +244,14 @@ def _is_device_array(value: Any) -> bool:
     return isinstance(value, jax.Array) and not isinstance(value, jax.core.Tracer)
 
 
+def is_known_lost(value: Any) -> bool:
+    """Whether ``value`` is a finished device array known lost with a slice
+    (never waits for a pending one: it counts as not lost)."""
+    from pathways_kernel.emulator import faults
+
+    return _is_device_array(value) and not value.is_deleted() and value.is_ready() and faults.is_lost(value)
+
+
 def _copy_array(array: Any, out: np.ndarray) -> None:
     """Copy the distinct shards of ``array`` into ``out`` (one memcpy each)."""
     if out.ndim == 0 or array.is_fully_replicated:
@@ -751,11 +759,15 @@ def device_values(namespace: dict[str, Any], names: Iterable[str] | None = None)
 def snapshot_variables(names: Sequence[str] | None = None, step: int | None = None) -> list[Snapshot]:
     """Snapshot notebook variables, each under its own name (``%pathways snapshot``).
 
-    ``names=None`` takes every variable holding jax arrays.
+    ``names=None`` takes every variable holding jax arrays, but those whose
+    data was lost with a slice.
 
     Raises:
-      NamespaceError: not in IPython, or a name is unknown or holds no jax array.
+      NamespaceError: not in IPython, or a name is unknown, holds no jax array
+        or lost its data with a slice.
     """
+    import jax
+
     from pathways_kernel.core.errors import NamespaceError
     from pathways_kernel.core.namespace import user_namespace
 
@@ -771,5 +783,14 @@ def snapshot_variables(names: Sequence[str] | None = None, step: int | None = No
         raise NamespaceError(
             f"{', '.join(missing)} holds no jax array; only device arrays (or pytrees of them) are snapshotted"
         )
+    # A lost variable has nothing to copy: its snapshot could only fail, later
+    # and out of sight, while the reply had counted it.
+    lost = [n for n, value in values.items() if any(is_known_lost(leaf) for leaf in jax.tree.leaves(value))]
+    if names and lost:
+        raise NamespaceError(
+            f"{', '.join(lost)} lost its data with a slice (DATA_LOSS): nothing to snapshot; "
+            "restore or recompute it first"
+        )
     st = store()
+    values = {n: value for n, value in values.items() if n not in lost}
     return [st.snap(value, name, step) for name, value in values.items()]
