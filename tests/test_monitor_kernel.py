@@ -194,6 +194,38 @@ def test_snapshot_request_snapshots_notebook_arrays(frontend, kernel):
     assert "weights" in reply["result"]["name"] and reply["result"]["nbytes"] >= 256 * 256 * 4
 
 
+def test_snapshot_request_after_a_loss_reports_what_its_events_report(frontend, kernel):
+    import re
+
+    setup = kernel.run(
+        "import jax, numpy as np\n"
+        "a0 = jax.device_put(np.ones(2**20, np.float32), pw.topology().slices[0].devices[0])\n"
+        "a1 = jax.device_put(np.ones(4 * 2**20, np.float32), pw.topology().slices[1].devices[0])\n"
+        "pw.fail_slice(1)\n"
+        "seq0 = pw.session().events.last(1)[0].seq"
+    )
+    try:
+        assert setup.status == "ok", setup.error
+        comm = frontend.open()
+        assert frontend.wait_for(lambda m: _is(m, comm, "topology"), timeout=30) is not None
+        mark = len(frontend.inbox)
+        reply = frontend.reply_to(comm, frontend.request(comm, "snapshot"), timeout=30, since=mark)
+        assert reply is not None and reply["ok"] is True, reply
+        names = reply["result"]["name"].split(",")
+        assert "a0" in names and "a1" not in names, names  # a1 was lost with slice 1: nothing to copy
+        events = kernel.run(
+            "[s.wait() for s in pw.snapshot_store().list() if s.name in "
+            f"{names!r}]\n"
+            "print([(e.bytes, e.detail) for e in pw.session().events.since(seq0) if e.kind == 'snapshot'])"
+        )
+        snapshots = eval(events.text.strip().splitlines()[-1])
+        arrays = sum(int(re.search(r"(\d+) arrays?", detail).group(1)) for _, detail in snapshots)
+        assert (reply["result"]["leaves"], reply["result"]["nbytes"]) == (arrays, sum(b for b, _ in snapshots))
+        assert any("'a0' 1 array" in detail for _, detail in snapshots), snapshots
+    finally:
+        kernel.run("pw.repair_slice(1); del a0, a1")
+
+
 def test_fail_and_repair_slice_from_the_panel(frontend, kernel):
     comm = frontend.open()
     assert frontend.wait_for(lambda m: _is(m, comm, "topology"), timeout=30) is not None

@@ -231,3 +231,94 @@ def test_memory_stats_are_used_where_the_backend_reports_them(session):
     m = telemetry.aggregate(layout, 1, 1, "client", 2.0, sample.busy, sample.memory, sample.memory_limit)
     assert [s.memory_bytes for s in m.slices] == [3 * 2**20, 7 * 2**20]
     assert [s.memory_limit_bytes for s in m.slices] == [32 * 2**30, 32 * 2**30]
+
+
+def test_memory_never_counts_arrays_lost_with_a_slice(session):
+    """Slice 1 is lost while a thread is inside a long call (a busy cell): neither while the
+    slice is down nor after its repair do its lost arrays' bytes count, on any slice or in
+    the total."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from pathways_kernel.emulator import faults
+
+    hub = telemetry.hub(session)
+    c = Collector()
+    sub = c.subscribe(hub, rate=10)
+    busy = None
+    try:
+        c.wait(lambda: c.metrics)
+        n = len(c.metrics)
+        c.wait(lambda: len(c.metrics) > n + 1)
+        base = c.metrics[-1].memory_bytes
+        # From host data: a device_put from a device array leaves per-shard views live, which
+        # the client-side figures count as well (their buffers are the array's).
+        on0 = NamedSharding(_slice_mesh(session, 0), P("model"))
+        kept = jax.device_put(np.ones((1024, 1024), np.float32), on0)
+        single = jax.device_put(np.ones(2 * 2**20, np.float32), session.topology.slice(1).devices[0])
+        both = jax.device_put(np.ones((1024, 1024), np.float32), NamedSharding(session.mesh(), P("data")))
+
+        @jax.jit
+        def slow(x):
+            return jax.lax.fori_loop(0, 200, lambda i, v: jnp.tanh(v @ v.T) * 0.5, x)
+
+        slow(kept).block_until_ready()  # compiled before the loss
+        pending = slow(kept)
+        inside = threading.Event()
+        busy = threading.Thread(target=lambda: (inside.set(), pending.block_until_ready()), daemon=True)
+        busy.start()
+        inside.wait()
+        expected = base + _device_bytes(kept) + _device_bytes(pending)  # slice 0's; nothing of slice 1's
+        faults.fail_slice(1)
+        c.wait(lambda: c.metrics[-1].slices[1].state == "down", timeout=60)
+        down_from = len(c.metrics)
+        c.wait(lambda: len(c.metrics) > down_from + 4, timeout=60)
+        faults.repair_slice(1)
+        c.wait(lambda: c.metrics[-1].slices[1].state == "up", timeout=60)
+        up_from = len(c.metrics)
+        c.wait(lambda: len(c.metrics) > up_from + 8, timeout=60)
+        seen = [(m.slices[1].state, (m.memory_bytes - base) / 2**20) for m in c.metrics[down_from:]]
+        assert all(m.memory_bytes == expected for m in c.metrics[down_from:]), seen
+        assert faults.is_lost(single) and faults.is_lost(both)
+    finally:
+        sub.close()
+        if session.topology.down_slices:
+            faults.repair_slice(1)
+        if busy is not None:
+            busy.join(60)
+
+
+def _device_bytes(array) -> int:
+    """Bytes ``array`` holds on all its devices together (replicas count on each)."""
+    shard = array.sharding.shard_shape(array.shape)
+    return int(np.prod(shard)) * array.dtype.itemsize * len(array.sharding.device_set)
+
+
+def test_an_array_with_a_shard_on_a_down_slice_counts_nowhere_from_the_moment_it_is_down(session):
+    """Between the slice_down event and the swap of its buffers (which a read in flight
+    delays) an array spanning the lost slice already holds nothing usable on the others."""
+    import jax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    hub = telemetry.hub(session)
+    c = Collector()
+    sub = c.subscribe(hub, rate=10)
+    try:
+        c.wait(lambda: c.metrics)
+        n = len(c.metrics)
+        c.wait(lambda: len(c.metrics) > n + 1)
+        base = c.metrics[-1].memory_bytes
+        both = jax.device_put(np.ones((1024, 1024), np.float32), NamedSharding(session.mesh(), P("data")))
+        held = base + _device_bytes(both)
+        c.wait(lambda: c.metrics[-1].memory_bytes == held, timeout=60)
+        session.set_slice_state(1, "down", detail="test: no buffer swapped yet")
+        c.wait(lambda: c.metrics[-1].slices[1].state == "down", timeout=60)
+        down_from = len(c.metrics)
+        c.wait(lambda: len(c.metrics) > down_from + 3, timeout=60)
+        assert [m.memory_bytes - base for m in c.metrics[down_from:]] == [0] * (len(c.metrics) - down_from)
+    finally:
+        session.set_slice_state(1, "up", detail="test")
+        sub.close()

@@ -651,6 +651,13 @@ def repair_slice(index: int) -> FaultReport:
     return injector().repair(index)
 
 
+def is_leftover(array: Any) -> bool:
+    """Whether ``array`` is what a loss left behind: a keeper of lost buffers for
+    readers in flight, or an array whose loss waits for a read to end. Neither
+    holds data anyone can use (memory figures count them nowhere)."""
+    return id(array) in _kept or id(array) in _deferred_ids
+
+
 def is_lost(array: Any, wait: bool = True) -> bool:
     """Whether reading ``array`` raises ``DATA_LOSS`` (it had a shard on a lost slice).
 

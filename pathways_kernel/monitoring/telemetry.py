@@ -10,19 +10,23 @@ second to keep the metrics history (``monitoring/history.py``: 15 minutes
 per slice, 5 per chip, bounded), so a view that comes back shows the past.
 
 The default source, ``ClientSource``, measures from the client alone, so it
-works on every backend: a chip is busy at a sample instant when its shard of
-a live array is not ready yet (dispatched work not complete), and its
+works on every backend: a chip is busy at a sample instant when a live array
+with a shard on it is not ready yet (dispatched work not complete; readiness is
+read per array: reading it per shard would make jax cache one array per shard
+on the array, live as long as it, which these figures would count twice), and its
 memory is the bytes of live array shards on it (or ``memory_stats()`` where the
 backend reports it; CPU devices report nothing); arrays lost with a slice hold
-nothing usable and count for nothing, even after the slice is restored. A backend that can ask its
+nothing usable and count for nothing, even after the slice is restored: an
+array with a shard on a down slice counts nowhere from the moment the slice is
+down (its buffers may be swapped a moment later), nor do the buffers a loss
+keeps for readers in flight (``faults.is_leftover``). A backend that can ask its
 server instead (the Pathways proxy) plugs in its own source by defining
 ``metrics_source(layout) -> MetricsSource``.
 
-Cost: one pass over ``jax.live_arrays()`` per sample (~2 us per array), a
-readiness check per shard only for arrays not ready (whole-array beyond
-``MAX_SHARDS_CHECKED`` shards), numpy work per distinct sharding, no Python
-loop over chips, except ``memory_stats()`` (one call per chip, every
-``STATS_EVERY`` samples) where a backend has it. If a sample costs more than
+Cost: one pass over ``jax.live_arrays()`` per sample (~2 us per array), numpy
+work per distinct sharding, no Python loop over chips, except
+``memory_stats()`` (one call per chip, every ``STATS_EVERY`` samples) where a
+backend has it. If a sample costs more than
 ``MAX_DUTY`` of the sampling period, the hub samples less often.
 """
 
@@ -42,6 +46,7 @@ import numpy as np
 from pathways_kernel.core.errors import PathwaysError
 from pathways_kernel.core.eventlog import Event
 from pathways_kernel.core.slices import Topology
+from pathways_kernel.emulator import faults
 from pathways_kernel.monitoring.history import History
 from pathways_kernel.training.step_rate import StepRate
 
@@ -52,8 +57,6 @@ DEFAULT_WINDOW_S = 2.0
 MAX_DUTY = 0.05
 #: Distinct shardings remembered between samples (ids of live shardings).
 _SHARDING_CACHE = 4096
-#: A pending array with more shards than this counts as busy on all its chips.
-MAX_SHARDS_CHECKED = 1024
 #: ``memory_stats()`` is read every this many samples (it costs a call per chip).
 STATS_EVERY = 4
 
@@ -125,8 +128,9 @@ class ClientSource(MetricsSource):
     name = "client"
 
     def __init__(self) -> None:
-        # id(sharding) -> (sharding, positions); the strong ref keeps the id unique.
-        self._shardings: dict[int, tuple[Any, np.ndarray]] = {}
+        # id(sharding) -> (sharding, positions, whether a position is on a down slice);
+        # the strong ref keeps the id unique. Cleared when the layout changes.
+        self._shardings: dict[int, tuple[Any, np.ndarray, bool]] = {}
         # Same, keyed by the device-assignment tuple JAX caches per mesh, so a new
         # sharding object over a known mesh costs no per-device work.
         self._assignments: dict[int, tuple[Any, np.ndarray]] = {}
@@ -171,6 +175,7 @@ class ClientSource(MetricsSource):
             self._shard_bytes.clear()
             self._assignments.clear()
         n = layout.chips
+        down = ~layout.up
         busy = np.zeros(n, np.float32)
         memory = np.zeros(n, np.int64)
         counts: dict[tuple[int, tuple, Any], int] = collections.defaultdict(int)
@@ -178,16 +183,22 @@ class ClientSource(MetricsSource):
         shardings = self._shardings
         for array in jax.live_arrays():
             try:
-                if array.is_deleted():
+                if array.is_deleted() or faults.is_leftover(array):
+                    continue
+                sharding = array.sharding
+                entry = shardings.get(id(sharding))
+                if entry is None:
+                    positions = self._positions(layout, sharding)
+                    entry = shardings[id(sharding)] = (sharding, positions, bool(down[positions].any()))
+                if entry[2]:
+                    # A shard on a down slice: lost with it, even before the
+                    # loss has swapped its buffers (which a read in flight delays).
                     continue
                 if array.is_ready() and self._is_lost(array):
                     continue
-                sharding = array.sharding
                 key = (id(sharding), array.shape, array.dtype)
-                if key[0] not in shardings:
-                    shardings[key[0]] = (sharding, self._positions(layout, sharding))
                 counts[key] += 1
-                if not array.is_ready() and not _mark_pending_shards(array, shardings[key[0]][1], busy):
+                if not array.is_ready():
                     pending.add(key[0])
             except Exception:  # an array of a lost slice raises DATA_LOSS on access
                 continue
@@ -196,7 +207,7 @@ class ClientSource(MetricsSource):
         for key, count in counts.items():
             per_shard = self._shard_bytes.get(key)
             if per_shard is None:
-                sharding, _ = shardings[key[0]]
+                sharding = shardings[key[0]][0]
                 per_shard = _shard_nbytes(sharding, key[1], key[2])
                 self._shard_bytes[key] = per_shard
             memory[shardings[key[0]][1]] += per_shard * count
@@ -215,20 +226,6 @@ class ClientSource(MetricsSource):
             cached = (devices, layout.positions(devices))
             self._assignments[id(devices)] = cached
         return cached[1]
-
-
-def _mark_pending_shards(array: Any, positions: np.ndarray, busy: np.ndarray) -> bool:
-    """Mark busy only the chips whose shard of ``array`` is not ready (a straggling
-    slice stays busy longer). False when the shards cannot be matched to chips
-    or are too many to check one by one: the caller marks the whole array."""
-    if len(positions) > MAX_SHARDS_CHECKED:
-        return False
-    shards = getattr(array, "_arrays", None)  # one single-device array per shard, in device-assignment order
-    if shards is None or len(shards) != len(positions):
-        return False
-    not_ready = [i for i, shard in enumerate(shards) if not shard.is_ready()]
-    busy[positions[not_ready]] = 1.0
-    return True
 
 
 def _devices_of(sharding: Any) -> Sequence[Any]:
