@@ -214,6 +214,19 @@ def _readable(tree: Any) -> None:
             raise StorageError(f"cannot checkpoint {name}: reading it failed ({storage._short(exc)})") from None
 
 
+def _name_lost_leaf(tree: Any, exc: BaseException) -> None:
+    """After a save failed with ``exc``: if a slice was lost meanwhile, raise the one line
+    naming the leaf (``_readable``), not what orbax raised from deep inside it."""
+    import jax
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, jax.errors.JaxRuntimeError) and "DATA_LOSS" in str(seen):
+            _readable(tree)
+            return
+        seen = seen.__cause__ or seen.__context__
+
+
 def _leaf_name(path: Any) -> str:
     """``state['w']`` for the path of a leaf of ``{"state": {"w": ...}}``."""
     import jax
@@ -249,8 +262,8 @@ def save(tree: Any, url: str, step: int, *, keep: int | None = DEFAULT_KEEP, for
     Raises:
       StorageError: malformed URL, bad step or keep, missing bucket, a
         directory that cannot be written, step already saved, an array
-        whose data was lost with a slice, and orbax errors during the
-        blocking part.
+        whose data was lost with a slice (before or during the save), and
+        orbax errors during the blocking part.
     """
     import jax
     import orbax.checkpoint as ocp
@@ -286,9 +299,10 @@ def save(tree: Any, url: str, step: int, *, keep: int | None = DEFAULT_KEEP, for
         # The blocking part (device -> host copies) runs here; orbax writes the rest on its own thread.
         with storage.errors_as("checkpoint save", location), goodput.spent("checkpoint_save"):
             manager.save(step, args=args, force=True)
-    except BaseException:
+    except BaseException as exc:
         failed()
         _ORBAX_ERRORS.release()
+        _name_lost_leaf(tree, exc)
         raise
 
     def finish(transfer: Transfer) -> int:
@@ -297,8 +311,9 @@ def save(tree: Any, url: str, step: int, *, keep: int | None = DEFAULT_KEEP, for
             with storage.errors_as("checkpoint save", location):
                 try:
                     manager.wait_until_finished()
-                except BaseException:
+                except BaseException as exc:
                     failed()
+                    _name_lost_leaf(tree, exc)
                     raise
         finally:
             _ORBAX_ERRORS.release()
