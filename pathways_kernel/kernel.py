@@ -40,6 +40,25 @@ class PathwaysKernel(IPythonKernel):
 
         compile_cache.from_env()  # the kernelspec's --compile-cache, if any
 
+    def do_shutdown(self, restart):
+        """Stop what runs beside the cells before the interpreter ends.
+
+        Open monitor views get ``closed: shutdown``; the session closes (telemetry,
+        Slurm watches, the backend), so no thread of ours is inside jaxlib when Python
+        stops its threads, and nothing is left for the exit to wait on.
+        """
+        from pathways_kernel.core import sessions
+        from pathways_kernel.monitoring import comm
+
+        comm.server().close_all()
+        current = sessions.current()
+        if current is not None:
+            try:
+                current.close()
+            except Exception:
+                self.log.exception("pathways: closing the session at shutdown failed")
+        return super().do_shutdown(restart)
+
 
 def main(argv: list[str] | None = None) -> None:
     from ipykernel.kernelapp import IPKernelApp

@@ -65,43 +65,44 @@ def page(context):
 def open_notebook(page, server, name: str) -> None:
     page.goto(server.url(name))
     page.locator(".jp-Notebook .jp-Cell").first.wait_for()
-    # The kernel is up once the toolbar's status says idle.
-    page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(timeout=90_000)
+    wait_for_kernel(page)
 
 
-def run_until(page, run, done, seconds: int = 180, artifact: str = "run-failure.png", cell: int = 0) -> None:
-    """Call ``run()`` (it starts cells) until the locator ``done`` is visible.
+# JupyterLab runs nothing while the notebook's session has no kernel yet: CodeCell.execute
+# clears the cell and returns (its prompt stays "[ ]:", the toolbar's indicator already
+# reads idle). Seen with a stock python3 kernel and this extension disabled alike.
+KERNEL_CONNECTED = """() => {
+    const kernel = window.jupyterapp?.shell.currentWidget?.sessionContext?.session?.kernel;
+    return !!kernel && kernel.connectionStatus === 'connected';
+}"""
 
-    Right after a notebook opens, JupyterLab sometimes runs nothing: it may still ask
-    which kernel the notebook's "pathways" is, or drop the execution while the session
-    settles (cell ``cell`` keeps its "[ ]:" prompt, the kernel idle; after "run all",
-    a later cell can be dropped so, hence ``cell=-1`` there). Both are retried here,
-    so a test fails only on what it checks; a screenshot is kept when it does.
+
+def wait_for_kernel(page, seconds: float = 90) -> None:
+    """Wait until the active notebook's session has a connected kernel, as a user waits to run cells.
+
+    JupyterLab may first ask which kernel the notebook's "pathways" is; the user's answer is "Select".
     """
     select = page.locator(".jp-Dialog .jp-mod-accept", has_text="Select")
-    prompt = page.locator(".jp-Notebook .jp-Cell .jp-InputPrompt").nth(cell)
-    idle = page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first
-    run()
-    dropped = 0
-    for _ in range(seconds * 2):
-        if done.is_visible():
-            return
+    deadline = time.monotonic() + seconds
+    while not page.evaluate(KERNEL_CONNECTED):
         if select.is_visible():
             select.click()
-            idle.wait_for(timeout=90_000)
-            run()
-            dropped = 0
-        elif idle.is_visible() and prompt.inner_text().strip() == "[ ]:":
-            dropped += 1
-            if dropped == 6:  # 3 s idle with nothing run: the execution was dropped
-                run()
-                dropped = 0
-        else:
-            dropped = 0
-        page.wait_for_timeout(500)
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / artifact))
-    done.wait_for(timeout=1_000)
+        assert time.monotonic() < deadline, f"the notebook's kernel did not connect within {seconds} s"
+        page.wait_for_timeout(200)
+
+
+def run_until(page, run, done, seconds: int = 180, artifact: str = "run-failure.png") -> None:
+    """Call ``run()`` (it starts cells) once, and wait until the locator ``done`` is visible.
+
+    A screenshot is kept when it is not.
+    """
+    run()
+    try:
+        done.wait_for(timeout=seconds * 1000)
+    except Exception:
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / artifact))
+        raise
 
 
 def clear_outputs(page) -> None:
@@ -267,12 +268,16 @@ def live_monitor_comms(server) -> int:
         client.stop_channels()
 
 
+# 20 page loads of JupyterLab: ~90 s alone here, several times that with a load average of 20.
+# Each load waits for its own condition; the test's budget is sized for the loads, not a quiet machine.
+@pytest.mark.timeout(20 * 90)
 def test_reloading_the_page_20_times_keeps_live_comms_bounded(page, server):
     open_notebook(page, server, "monitor.ipynb")
-    page.locator(f"{PANEL}[data-state='live']").wait_for(state="attached", timeout=30_000)
+    page.locator(f"{PANEL}[data-state='live']").wait_for(state="attached", timeout=90_000)
     for _ in range(20):
-        page.reload()
-        page.locator(f"{PANEL}[data-state='live']").wait_for(state="attached", timeout=60_000)
+        # What counts is the panel's comm, not every image and font of the page.
+        page.reload(wait_until="domcontentloaded")
+        page.locator(f"{PANEL}[data-state='live']").wait_for(state="attached", timeout=90_000)
     live = live_monitor_comms(server)
     # The kernel keeps at most MAX_COMMS (8) and closes stale ones; without that, 21.
     assert 1 <= live <= 8, f"{live} live monitor comms after 20 reloads"
@@ -369,7 +374,7 @@ def run_cell(page, index: int, expect: str) -> None:
         cell.locator(".jp-InputArea-editor").click()
         page.keyboard.press("Shift+Enter")
 
-    run_until(page, run, cell.locator(".jp-OutputArea-output", has_text=expect).first, cell=index)
+    run_until(page, run, cell.locator(".jp-OutputArea-output", has_text=expect).first)
 
 
 def overflow(page) -> dict:

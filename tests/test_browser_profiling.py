@@ -14,7 +14,7 @@ from pathlib import Path
 
 import lab as labtools
 import pytest
-from test_browser import ARTIFACTS, run_until
+from test_browser import ARTIFACTS, open_notebook, run_until
 
 pytestmark = [
     pytest.mark.browser,
@@ -76,12 +76,11 @@ def xprof_listeners(server) -> list[str]:
 
 
 def test_open_in_xprof_shows_the_captured_run_and_its_trace(page, server):
-    page.goto(server.url("profile.ipynb"))
-    page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(timeout=90_000)
+    open_notebook(page, server, "profile.ipynb")
     # Not awaited: the command's promise settles only when every cell has run.
     run_all = "() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }"
     button = page.locator(".jp-OutputArea-output a.pathways-open-xprof", has_text="Open in XProf")
-    run_until(page, lambda: page.evaluate(run_all), button, seconds=120, artifact="xprof-failure.png", cell=-1)
+    run_until(page, lambda: page.evaluate(run_all), button, seconds=120, artifact="xprof-failure.png")
     summary = page.locator(".jp-OutputArea-output .pathways-profile").inner_text()
     assert "profile loop" in summary and "jit_train_step" in summary, summary
     run = button.get_attribute("data-pathways-xprof-run")

@@ -72,7 +72,7 @@ def test_progress_under_the_cell_live_then_saved_and_rendered_by_nbconvert(page,
     # Not awaited: the command's promise settles only when every cell has run.
     run_all = "() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }"
     live = page.locator(PROGRESS).first
-    run_until(page, lambda: page.evaluate(run_all), live, artifact="cell-progress-failure.png", cell=-1)
+    run_until(page, lambda: page.evaluate(run_all), live, artifact="cell-progress-failure.png")
     # The view's updates must not change what JupyterLab says of the kernel: sampled
     # every 250 ms until the static summary replaces the view (the run is over then).
     page.evaluate(

@@ -413,8 +413,11 @@ def test_5000_requests_get_exactly_5000_replies(frontend, kernel):
         kind = "ping" if i % 3 == 0 else f"unknown-{i}-" + "y" * 2_000
         frontend.send(comm, {"v": 1, "type": kind, "request_id": request_id})
     deadline = time.time() + 180
-    while len(_replies(frontend, comm, mark)) < len(ids) and time.time() < deadline:
-        frontend.pump(0.5)
+    answered, checked = 0, mark
+    while answered < len(ids) and time.time() < deadline:
+        frontend.pump(0.5)  # one message (a reply, or a request's busy or idle)
+        answered += sum(_is(m, comm, "reply") for m in frontend.inbox[checked:])
+        checked = len(frontend.inbox)
     replies = _replies(frontend, comm, mark)
     assert sorted(r["request_id"] for r in replies) == sorted(ids), f"{len(replies)} replies to {len(ids)} requests"
     assert sum(r["ok"] for r in replies) == len(range(0, 5000, 3))
@@ -458,8 +461,20 @@ def _never_idle_during_a_cell(frontend: Frontend) -> None:
     for request_id in asked:
         assert frontend.reply_to(comm, request_id, timeout=3, since=mark) is not None, "not answered during the cell"
     assert time.time() - started < 4, "the replies waited for the cell"
-    # The cell's busy, then nothing until its idle: five requests answered without a status of their own.
-    assert _during_the_cell(frontend, statuses) == [("busy", "execute_request")]
+    shown = _during_the_cell(frontend, statuses)
+    # Each request keeps its own busy/idle pair (the protocol's promise)...
+    assert shown.count(("busy", "comm_msg")) == shown.count(("idle", "comm_msg")) == len(asked), shown
+    # ...and the cell's busy follows each idle at once, so JupyterLab shows the kernel busy throughout.
+    assert _stays_busy(shown), shown
+
+
+def _stays_busy(shown: list[tuple[str, str]]) -> bool:
+    """Whether every idle a frontend takes as the kernel's is followed at once by the cell's busy."""
+    return all(
+        parent in ("comm_info_request", "kernel_info_request") or shown[i + 1 : i + 2] == [("busy", "execute_request")]
+        for i, (state, parent) in enumerate(shown)
+        if state == "idle"
+    )
 
 
 def _during_the_cell(frontend: Frontend, since: int) -> list[tuple[str, str]]:
@@ -483,7 +498,47 @@ def test_a_subshell_created_during_a_cell_leaves_the_kernel_busy(frontend):
     Frontend(frontend.kernel)
     shown = _during_the_cell(frontend, since)
     assert ("idle", "create_subshell_request") in shown, shown  # its frontend waits for that idle
-    assert shown[-1] == ("busy", "execute_request"), shown
+    assert _stays_busy(shown), shown
+
+
+def test_comm_info_requests_keep_the_senders_comms_and_show_no_kernel_status(frontend, kernel):
+    """Liveness without a status JupyterLab takes as the kernel's: a comm_info_request on the comm's subshell."""
+    assert (
+        kernel.run("from pathways_kernel.monitoring import comm as _mc; _mc.server().stale_after_s = 1.5").status
+        == "ok"
+    )
+    try:
+        before = len(frontend.statuses)
+        comm = frontend.open()
+        assert frontend.wait_for(lambda m: _is(m, comm, "topology"), timeout=30) is not None
+        # The comm_open's own idle may come after its topology.
+        comm_open_idle = ("idle", "comm_open")
+        frontend.wait_for(
+            lambda m: (
+                comm_open_idle
+                in [
+                    (s["content"]["execution_state"], s["parent_header"].get("msg_type"))
+                    for s in frontend.statuses[before:]
+                ]
+            ),
+            timeout=30,
+        )
+        mark, statuses = len(frontend.inbox), len(frontend.statuses)
+        started = time.time()
+        while time.time() - started < 4:
+            frontend._send("comm_info_request", {"target_name": p.TARGET})
+            assert frontend.wait_for(lambda m: _closed(m, comm), timeout=0.5, since=mark) is None, (
+                f"closed {time.time() - started:.1f} s in, while the frontend kept asking"
+            )
+        shown = {
+            (s["content"]["execution_state"], s["parent_header"].get("msg_type")) for s in frontend.statuses[statuses:]
+        }
+        assert shown <= {("busy", "comm_info_request"), ("idle", "comm_info_request")}, shown
+        # Silent, it goes stale.
+        closed = frontend.wait_for(lambda m: _closed(m, comm), timeout=30, since=mark)
+        assert closed is not None and closed["content"]["data"]["reason"] == "stale"
+    finally:
+        kernel.run(f"_mc.server().stale_after_s = {STALE_AFTER_S}")
 
 
 def test_a_kernel_without_a_backend_says_why_and_follows_a_connect():

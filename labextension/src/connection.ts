@@ -4,13 +4,17 @@
  * Opens the comm on the comm target's subshell when the kernel has them
  * (JupyterLab >= 4.4 commsOverSubshells), so requests are answered while a
  * cell runs: JupyterLab's `open()` does not wait for the subshell, so we do
- * (shared/NOTES.md, trap 1). Decodes every kernel message into the model,
- * matches replies to requests, and pings so the kernel keeps the comm.
+ * (shared/NOTES.md, trap 1). Decodes every kernel message into the model and
+ * matches replies to requests; the kernel pushes everything else.
  *
- * Replies come as comm messages, so the futures of what we send are disposed
- * at once: the kernel publishes no busy/idle for monitor traffic on a
- * subshell (that idle would show the kernel Idle while a cell runs), so they
- * would never be done.
+ * Liveness is a `comm_info_request` for our target every 15 s on the comm's
+ * subshell, not a request on the comm: JupyterLab and jupyter_server take no
+ * status of a `comm_info_request` as the kernel's, so it never shows the
+ * kernel Idle while a cell runs, nor counts as activity for the idle culler
+ * (docs/protocol.md, Lifecycle 5).
+ *
+ * Replies come as comm messages, so the futures of what we send on the comm
+ * are disposed at once: nothing waits for their idle.
  */
 import { Kernel, KernelMessage } from '@jupyterlab/services';
 
@@ -89,11 +93,29 @@ export class MonitorConnection {
       return;
     }
     comm.open({ v: 1 }).dispose();
-    this._ping = setInterval(
-      () => void this.request({ type: 'ping' }).catch(() => undefined),
-      PING_INTERVAL_S * 1000
-    );
+    this._ping = setInterval(() => this._heartbeat(comm), PING_INTERVAL_S * 1000);
     await this.setRate(rate);
+  }
+
+  /** Tell the kernel this connection is still there (docs/protocol.md, Lifecycle 5). */
+  private _heartbeat(comm: Kernel.IComm): void {
+    if (this._disposed || comm.isDisposed || this.kernel.isDisposed) {
+      return;
+    }
+    const msg = KernelMessage.createMessage({
+      msgType: 'comm_info_request',
+      channel: 'shell',
+      session: this.kernel.clientId,
+      username: this.kernel.username,
+      // On the comm's subshell, so a running cell does not hold it.
+      subshellId: (comm as unknown as { subshellId?: string | null }).subshellId ?? null,
+      content: { target_name: TARGET }
+    });
+    try {
+      this.kernel.sendShellMessage(msg, true);
+    } catch (reason) {
+      console.warn('pathways: monitor heartbeat not sent', reason);
+    }
   }
 
   async setRate(rate: number): Promise<void> {

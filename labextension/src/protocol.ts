@@ -34,7 +34,7 @@ export const REQUEST_FIELDS = {
 export const MAX_RATE_HZ = 10;
 /** Longest `request_id` the kernel accepts (characters). */
 export const MAX_REQUEST_ID = 128;
-/** How often a frontend must ping so the kernel keeps its comm (s). */
+/** How often a frontend must say it is there (a `comm_info_request`, or `ping`) so the kernel keeps its comm (s). */
 export const PING_INTERVAL_S = 15;
 /** Silence after which the kernel closes a comm (s). */
 export const STALE_AFTER_S = 60;

@@ -27,20 +27,22 @@ A kernel without a backend (its proxy target unreachable at start) keeps the
 comm open and says why (``no_backend``); the topology follows once a backend
 connects.
 
-Monitor traffic on a subshell publishes no busy/idle status, and an idle from
-elsewhere off the main shell during a cell is followed by the cell's busy:
+Every request keeps its busy/idle pair; an idle published off the main shell
+while it runs a cell is followed by that cell's busy (``keep_the_cell_busy``:
 JupyterLab and jupyter_server take every IOPub status as the kernel's, whatever
-request it answers, so the idle after a ping would show the kernel Idle while a
-cell runs (``quiet_monitor_status``).
+request it answers). Frontends keep their comms with a ``comm_info_request``,
+whose status neither takes as the kernel's (``hear_comm_info``).
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextvars
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -188,11 +190,13 @@ _encoded_metrics = _EncodedMetrics()
 class Connection:
     """One frontend's comm: a sender thread, a hub subscription, request handling."""
 
-    def __init__(self, comm: Any, server: MonitorServer, subshell_id: str | None = None):
+    def __init__(self, comm: Any, server: MonitorServer, subshell_id: str | None = None, client: str | None = None):
         self.comm = comm
         self.server = server
         #: The subshell the frontend opened the comm on; None: the main shell.
         self.subshell_id = subshell_id
+        #: The frontend's kernel connection (its messages' ``header.session``).
+        self.client = client
         self.opened = time.monotonic()
         self.last_heard = self.opened
         self.rate: float | None = None  # None: the hub's publish rate
@@ -223,6 +227,7 @@ class Connection:
             target=context.run, args=(self._send_loop,), name="pathways-monitor-send", daemon=True
         )
         self._thread.start()
+        _sending.add(self)
 
     # -- hub callbacks (hub thread; never block) --------------------------------
     def _on_metrics(self, m: telemetry.Metrics) -> None:
@@ -439,6 +444,12 @@ class Connection:
         if self._thread is None or not self._thread.is_alive():
             self._flush_close()
 
+    def join(self, timeout: float) -> None:
+        """Wait until the sender thread has sent its last message (after ``close``)."""
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
     def _on_frontend_close(self, msg: dict[str, Any]) -> None:
         with self._cond:
             self.closed = True
@@ -463,9 +474,12 @@ class MonitorServer:
         self.stale_after_s = stale_after_s
         self._lock = threading.Lock()
         self._connections: list[Connection] = []
-        #: Whether the main shell runs a cell, and its request (kept by IPython's pre/post_execute hooks).
-        self.main_shell_busy = False
+        #: The request the main shell runs, between its busy and its idle (``keep_the_cell_busy``).
         self.main_shell_parent: dict[str, Any] | None = None
+
+    @property
+    def main_shell_busy(self) -> bool:
+        return self.main_shell_parent is not None
 
     @property
     def connections(self) -> list[Connection]:
@@ -475,7 +489,8 @@ class MonitorServer:
     def open(self, comm: Any, open_msg: dict[str, Any]) -> None:
         """comm_open handler: evict what is over the cap, start the connection's sender."""
         context = contextvars.copy_context()
-        conn = Connection(comm, self, (open_msg.get("header") or {}).get("subshell_id"))
+        header = open_msg.get("header") or {}
+        conn = Connection(comm, self, header.get("subshell_id"), header.get("session"))
         now = time.monotonic()
         with self._lock:
             live = [c for c in self._connections if not c.closed]
@@ -494,18 +509,26 @@ class MonitorServer:
             if conn in self._connections:
                 self._connections.remove(conn)
 
-    def close_all(self) -> None:
-        for conn in self.connections:
-            conn.close("shutdown")
-
-    def owns(self, comm_id: Any) -> bool:
-        """Whether ``comm_id`` is one of this server's live comms."""
+    def close_all(self, timeout: float = 5.0) -> None:
+        """Close every comm ("shutdown") and wait for their senders to finish."""
         with self._lock:
-            return any(c.comm_id == comm_id for c in self._connections)
+            conns = list(self._connections)
+        for conn in conns:
+            conn.close("shutdown")
+        deadline = time.monotonic() + timeout
+        for conn in conns:
+            conn.join(max(0.0, deadline - time.monotonic()))
+
+    def heard_from(self, client: str | None) -> None:
+        """The frontend connection ``client`` is there: its comms are not stale."""
+        now = time.monotonic()
+        for conn in self.connections:
+            if client is not None and conn.client == client:
+                conn.last_heard = now
 
     def handle(self, conn: Connection, request: protocol.Request) -> dict[str, Any] | protocol.ChipHistory:
         """Carry out a validated request; returns the reply's ``result`` (or the chip history it carries)."""
-        if conn.no_backend is not None and request.type not in ("ping", "subscribe"):
+        if conn.no_backend is not None and request.type not in ("ping", "subscribe", "latest_profile"):
             raise PathwaysError(f"{request.type}: {no_backend_advice(conn.no_backend)}")
         handler: Callable[[Connection, protocol.Request], Any] = getattr(self, f"_do_{request.type}")
         return handler(conn, request)
@@ -524,6 +547,11 @@ class MonitorServer:
 
     def _do_chip_history(self, conn: Connection, request: protocol.Request) -> protocol.ChipHistory:
         return chip_history(telemetry.hub(), request.start or 0, request.stop or 0)
+
+    def _do_latest_profile(self, conn: Connection, request: protocol.Request) -> dict[str, Any]:
+        from pathways_kernel.profiling import capture
+
+        return capture.latest_for_xprof()
 
     def _do_snapshot(self, conn: Connection, request: protocol.Request) -> dict[str, Any]:
         try:
@@ -574,6 +602,23 @@ def server() -> MonitorServer:
     return _server
 
 
+#: Connections whose sender thread was started (any server's), closed at exit.
+_sending: weakref.WeakSet[Connection] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    # Registered after telemetry's, so it runs before the hubs close: a sender must not
+    # resubscribe to a closing hub, nor be inside the process's native code when the
+    # interpreter stops its daemon threads (jaxlib then aborts: "exception not rethrown").
+    conns = list(_sending)
+    for conn in conns:
+        conn.close("shutdown")
+    deadline = time.monotonic() + 5.0
+    for conn in conns:
+        conn.join(max(0.0, deadline - time.monotonic()))
+
+
 def register(shell: Any) -> bool:
     """Register ``pathways.monitor`` with the kernel's comm manager; False outside a kernel."""
     if getattr(shell, "kernel", None) is None:
@@ -581,92 +626,78 @@ def register(shell: Any) -> bool:
     import comm
 
     comm.get_comm_manager().register_target(protocol.TARGET, server().open)
-    quiet_monitor_status(shell.kernel)
-    if _main_shell_busy not in shell.events.callbacks["pre_execute"]:
-        shell.events.register("pre_execute", _main_shell_busy)
-        shell.events.register("post_execute", _main_shell_idle)
+    hear_comm_info(shell.kernel)
+    keep_the_cell_busy(shell.kernel)
     return True
 
 
-# Cells on subshells run these hooks too; only the main shell's count.
-def _main_shell_busy() -> None:
-    if threading.current_thread() is threading.main_thread():
-        from ipykernel.kernelbase import Kernel
-
-        with _status_lock:
-            s = server()
-            s.main_shell_busy = True
-            s.main_shell_parent = Kernel.instance().get_parent("shell") if Kernel.initialized() else None
+# -- liveness ------------------------------------------------------------------------
 
 
-def _main_shell_idle() -> None:
-    if threading.current_thread() is threading.main_thread():
-        with _status_lock:
-            s = server()
-            s.main_shell_busy = False
-            s.main_shell_parent = None
+def hear_comm_info(kernel: Any) -> None:
+    """Count a ``comm_info_request`` for ``pathways.monitor`` as hearing from the sender's comms.
+
+    It is how frontends keep their comms (docs/protocol.md, Lifecycle 5): JupyterLab and
+    jupyter_server take no status of a ``comm_info_request`` as the kernel's (their
+    ``untracked_message_types``), so a liveness message every 15 s shows nothing, keeps its
+    own busy/idle pair, and does not count as activity for the server's idle culler.
+    """
+    if getattr(kernel, "_pathways_comm_info", False):
+        return
+    handler = kernel.shell_handlers["comm_info_request"]
+
+    def comm_info_request(stream: Any, ident: Any, parent: dict[str, Any]) -> Any:
+        if (parent.get("content") or {}).get("target_name") == protocol.TARGET:
+            server().heard_from((parent.get("header") or {}).get("session"))
+        return handler(stream, ident, parent)
+
+    kernel.shell_handlers["comm_info_request"] = comm_info_request
+    kernel._pathways_comm_info = True
 
 
 # -- kernel status -------------------------------------------------------------------
 
-#: msg_ids of monitor messages whose busy was not published, so their idle is not either.
-_quiet: set[str] = set()
+#: Requests whose status JupyterLab and jupyter_server do not take as the kernel's
+#: (jupyter_server's default ``untracked_message_types`` that reach a kernel).
+_UNTRACKED = frozenset(
+    {"comm_info_request", "kernel_info_request", "debug_request", "shutdown_request", "interrupt_request"}
+)
 #: Orders a re-asserted busy before the running cell's own idle.
 _status_lock = threading.Lock()
 
 
-def quiet_monitor_status(kernel: Any) -> None:
-    """Keep the kernel state JupyterLab shows true while the monitor talks to the kernel.
+def keep_the_cell_busy(kernel: Any) -> None:
+    """After an idle published off the main shell while it runs a cell, publish the cell's busy again.
 
-    JupyterLab (services 7.6, ``_handleMessage``) and jupyter_server set the
-    kernel's state from every IOPub status, whatever request it answers. So:
+    Every request keeps its own busy/idle pair. But JupyterLab (services 7.6,
+    ``_handleMessage``) and jupyter_server take every IOPub status as the kernel's,
+    whatever request it answers: the idle of a monitor request handled on its subshell
+    (a click on "fail" while a cell runs), of the control channel creating that subshell
+    (a panel attaching mid-cell) or of a widget's comm would show the kernel Idle while
+    the cell still runs. A busy whose parent is the running request follows such an idle
+    at once, so the last status is the truth again.
 
-    * Monitor comm messages handled on a subshell publish no busy/idle: the
-      idle after a ping would show the kernel Idle while a cell runs on the
-      main shell. They are the monitor's own traffic, not the kernel's state
-      (the panel does not wait for their idle: it disposes their futures).
-    * Any other idle published off the main shell while the main shell runs a
-      cell (the control channel creating the monitor's subshell, widgets' comms
-      on a subshell) is followed by a busy with the cell's parent, so the last
-      status is the truth again. Their own busy/idle are kept: their frontends
-      wait for that idle.
+    The main shell's own busy and idle say whether it runs a request (and which one).
     """
-    if getattr(kernel, "_pathways_quiet_status", False):
+    if getattr(kernel, "_pathways_status", False):
         return
     publish = kernel._publish_status
 
     def _publish_status(status: str, channel: str, parent: dict | None = None) -> None:
-        if channel == "shell" and _is_monitor_traffic(status, parent or kernel.get_parent(channel)):
-            return
-        publish(status, channel, parent)
-        if status == "idle" and threading.current_thread() is not threading.main_thread():
-            with _status_lock:
-                s = server()
-                if s.main_shell_busy and s.main_shell_parent:
-                    publish("busy", "shell", s.main_shell_parent)
+        parent = parent or kernel.get_parent(channel)
+        on_main = threading.current_thread() is threading.main_thread()
+        with _status_lock:
+            publish(status, channel, parent)
+            s = server()
+            if on_main and channel == "shell" and status in ("busy", "idle"):
+                s.main_shell_parent = parent if status == "busy" else None
+            elif (
+                status == "idle"
+                and not on_main
+                and s.main_shell_parent
+                and (parent.get("header") or {}).get("msg_type") not in _UNTRACKED
+            ):
+                publish("busy", "shell", s.main_shell_parent)
 
     kernel._publish_status = _publish_status
-    kernel._pathways_quiet_status = True
-
-
-def _is_monitor_traffic(status: str, parent: dict) -> bool:
-    header = parent.get("header") or {}
-    msg_id = header.get("msg_id")
-    if status == "idle":
-        if msg_id in _quiet:
-            _quiet.discard(msg_id)
-            return True
-        return False
-    if status != "busy" or threading.current_thread() is threading.main_thread():
-        return False
-    content = parent.get("content") or {}
-    msg_type = header.get("msg_type")
-    if msg_type == "comm_open":
-        ours = content.get("target_name") == protocol.TARGET
-    elif msg_type in ("comm_msg", "comm_close"):
-        ours = server().owns(content.get("comm_id"))
-    else:
-        ours = False
-    if ours:
-        _quiet.add(msg_id)
-    return ours
+    kernel._pathways_status = True
