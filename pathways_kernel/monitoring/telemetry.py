@@ -33,6 +33,7 @@ backend has it. If a sample costs more than
 from __future__ import annotations
 
 import abc
+import atexit
 import collections
 import dataclasses
 import threading
@@ -460,6 +461,7 @@ class TelemetryHub:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="pathways-telemetry", daemon=True)
                 self._thread.start()
+                _sampling.add(self)
             self._wake.notify_all()
         return sub
 
@@ -602,6 +604,18 @@ class TelemetryHub:
         )
         self._latest = metrics
         return metrics
+
+
+#: Hubs whose thread was started, stopped at exit.
+_sampling: weakref.WeakSet[TelemetryHub] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_sampling() -> None:
+    # A sample reads arrays in jaxlib; a daemon thread still in there when the
+    # interpreter stops its threads aborts the process ("FATAL: exception not rethrown").
+    for h in list(_sampling):
+        h.close()
 
 
 def _call(fn: Callable, *args: Any) -> None:
