@@ -51,18 +51,30 @@ def profiled(tmp_path_factory):
     k.shutdown()
 
 
-@pytest.mark.kernel
-def test_profiled_loop_summary_names_its_ops_and_both_slices(profiled):
-    k, root = profiled
+@pytest.fixture(scope="module")
+def loop_reply(profiled):
+    """The reply to the profiled loop, captured once."""
+    k, _ = profiled
     reply = k.run(PROFILED)
     assert reply.status == "ok", reply.error
+    return reply
+
+
+#: One row of the top ops: per device, summed over devices, share, count, op (XLA op, module; N devices).
+OP_ROW = re.compile(r"^ +([\d.]+) ms +([\d.]+) ms +(\d+)% +(\d+)  (\S+)  \(([^;]+); (\d+) devices?\)$", re.M)
+
+
+@pytest.mark.kernel
+def test_profiled_loop_summary_names_its_ops_and_both_slices(profiled, loop_reply):
+    k, root = profiled
+    reply = loop_reply
     text = reply.text
     # The cell's last expression is shown, as in any cell, then the summary.
     assert re.search(r"^\d+\.\d+$", text.splitlines()[0]), text
     assert re.search(r"profile loop: wall [\d.]+ ms, compile [\d.]+ ms", text), text
     assert re.search(r"slice 0 .* devices 0,1,2,3", text), text
     assert re.search(r"slice 1 .* devices 4,5,6,7", text), text
-    assert "top ops by self time" in text and "(jit_train_step)" in text, text
+    assert "top ops by self time" in text and "jit_train_step; " in text, text
     # The loop's matmul is all-gathered across the model axis: XLA's own op names.
     assert "all-gather" in text, text
 
@@ -72,6 +84,88 @@ def test_profiled_loop_summary_names_its_ops_and_both_slices(profiled):
     # The run is where XProf looks: <root>/<run session>/plugins/profile/<run>.
     session_dir, run_name = run.split("/")
     assert glob.glob(str(root / session_dir / "plugins" / "profile" / run_name / "*.xplane.pb"))
+
+
+@pytest.mark.kernel
+def test_ops_are_named_by_their_jax_source_with_xlas_op_beside(loop_reply):
+    rows = OP_ROW.findall(loop_reply.text)
+    assert rows, loop_reply.text
+    ops = {(op, detail) for *_, op, detail, _ in rows}
+    # The matmul's all-gather is named by the jnp line it came from; XLA's name stays beside it.
+    assert ("jit(train_step)/dot_general", "all-gather, jit_train_step") in ops, loop_reply.text
+    # XLA:CPU's fusions (ynn_fusion, ..._fusion) never stand for the op: they carry a JAX name.
+    named_by_xla = [op for op, _ in ops if not op.startswith("jit(")]
+    assert all("fusion" not in op for op in named_by_xla), loop_reply.text
+    assert any(op.startswith("jit(train_step)/") and "fusion" in detail for op, detail in ops), loop_reply.text
+
+
+@pytest.mark.kernel
+def test_self_times_are_per_device_means_and_the_sum_over_devices_is_labelled(loop_reply):
+    text = loop_reply.text
+    wall_ms = float(re.search(r"wall ([\d.]+) ms", text).group(1))
+    assert re.search(
+        r"top ops by self time: per device \(mean over the devices that ran it\), summed over devices", text
+    )
+    assert re.search(r"share of all devices' [\d.]+ ms \(8 devices\)", text), text
+    rows = OP_ROW.findall(text)
+    for per_device, summed, _, _, op, _, devices in rows:
+        n = int(devices)
+        assert n <= 8 and float(per_device) <= wall_ms, (op, text)
+        # The sum is the mean times the devices, to the rounding of each figure.
+        assert abs(float(summed) - float(per_device) * n) <= 0.1 * n + 0.1, (op, text)
+    # The all-gather ran on every device of both slices: its sum is over 8 devices, not the wall time's.
+    assert any(op == "jit(train_step)/dot_general" and devices == "8" for *_, op, _, devices in rows), text
+
+
+@pytest.mark.kernel
+def test_each_devices_time_is_shown_under_its_slice_and_the_summary_says_what_the_trace_shows(loop_reply):
+    text = loop_reply.text
+    slice0 = re.search(r"^  slice 0 .*\n    (.*)$", text, re.M).group(1)
+    slice1 = re.search(r"^  slice 1 .*\n    (.*)$", text, re.M).group(1)
+    assert re.findall(r"device (\d) [\d.]+ ms", slice0) == ["0", "1", "2", "3"], text
+    assert re.findall(r"device (\d) [\d.]+ ms", slice1) == ["4", "5", "6", "7"], text
+    assert (
+        "in XProf: one process /host:CPU runs every device (XLA:CPU); an op's device is its device_ordinal "
+        "(slice 0: devices 0,1,2,3; slice 1: devices 4,5,6,7)" in text
+    ), text
+    html = next(d["text/html"] for d in loop_reply.data if "pathways-profile" in d.get("text/html", ""))
+    assert "one process /host:CPU" in html and "jit(train_step)/dot_general" in html
+
+
+@pytest.mark.kernel
+def test_latest_profile_is_this_kernels_own_capture_or_says_it_has_none(profiled, loop_reply):
+    from test_monitor_kernel import Frontend
+
+    k, root = profiled
+    other = Kernel("pathways", env={"PATHWAYS_PROFILE_DIR": str(root)})  # another notebook, same profile root
+    try:
+        frontend = Frontend(other)
+        comm = frontend.open()
+        request_id = frontend.request(comm, "latest_profile")
+        reply = frontend.reply_to(comm, request_id, timeout=60)
+        assert reply is not None and reply["ok"], reply
+        # The first notebook's capture is in XProf's runs, but this kernel has none of its own.
+        assert reply["result"]["run"] is None, reply
+        assert reply["result"]["message"].startswith("no capture in this kernel yet"), reply
+
+        assert (
+            other.run("%%pathways profile --name mine\nimport jax.numpy as jnp\njnp.ones(4).block_until_ready()").status
+            == "ok"
+        )
+        request_id = frontend.request(comm, "latest_profile")
+        mine = frontend.reply_to(comm, request_id, timeout=60)["result"]
+        assert mine["run"].endswith("-mine") and mine["name"] == "mine", mine
+        assert glob.glob(
+            str(root / mine["run"].split("/")[0] / "plugins" / "profile" / mine["run"].split("/")[1] / "*.xplane.pb")
+        )
+    finally:
+        other.shutdown()
+    # The first kernel answers with its own newest capture, not the other's newer one.
+    frontend = Frontend(k)
+    comm = frontend.open()
+    request_id = frontend.request(comm, "latest_profile")
+    own = frontend.reply_to(comm, request_id, timeout=60)["result"]
+    assert own["run"] is not None and not own["run"].endswith("-mine"), own
 
 
 @pytest.mark.kernel
@@ -204,7 +298,11 @@ def test_a_trace_the_workers_wrote_to_gcs_is_listed_and_summarized(gcs_server, l
     remote.size = _size(run_dir)
     assert remote.size == sum(os.path.getsize(p) for p in glob.glob(os.path.join(local.where, "*.xplane.pb")))
     text = remote.to_text()
-    assert "profile remote:" in text and "devices 0" in text and "(jit__lambda)" in text, text
+    assert (
+        "profile remote:" in text
+        and "devices 0" in text
+        and "jit(<lambda>)/dot_general  (ynn_fusion, jit__lambda" in text
+    ), text
     assert "Open in XProf" not in remote._repr_html_()  # XProf in JupyterLab serves the local root only
 
 
@@ -275,6 +373,8 @@ def test_a_capture_writes_only_the_trace_xprof_reads_and_shows_what_that_file_sa
     # No trace.json.gz beside it: XProf converts the XSpace itself.
     assert os.listdir(capture.where) == [f"{socket.gethostname()}.xplane.pb"]
     assert capture.size == os.path.getsize(os.path.join(capture.where, os.listdir(capture.where)[0]))
+    # Outside the profile root XProf in JupyterLab serves: no button, but how to open it.
+    assert "Open in XProf" not in capture._repr_html_() and f"xprof --logdir {tmp_path}" in capture._repr_html_()
     shown = capture.summary()  # from the trace in memory
     slice_of = {i: i // 4 for i in range(8)}
     assert shown == summary.summarize(_read_xspaces(capture.where), "one-file", slice_of)

@@ -47,6 +47,7 @@ REQUEST_FIELDS: dict[str, tuple[str, ...]] = {
     "repair_slice": ("slice",),
     "snapshot": (),
     "chip_history": ("start", "stop"),
+    "latest_profile": (),
 }
 MAX_RATE_HZ = 10.0
 MAX_REQUEST_ID = 128

@@ -77,6 +77,7 @@ class Capture(TextDisplay):
     wall_s: float | None = None
     size: int | None = None
     error: str = ""  # why the body or the summary failed, if it did
+    served: bool = False  # under the profile root, which XProf in JupyterLab serves
     _summary: summary_lib.Summary | None = dataclasses.field(default=None, repr=False)
     # The trace as it left the profiler, until summarized (or a newer capture ends):
     # parsing it again from the file would be the slowest part of the summary's wait.
@@ -360,6 +361,7 @@ def profile(
     target = f"{log_dir}/{prefix}" if prefix else log_dir
     run = f"{prefix}/{run_name}" if prefix else run_name
     capture = Capture(name, log_dir, run, f"{target}/{RUNS_DIR}/{run_name}", session().backend.spec, time.time())
+    capture.served = bool(prefix)
     _claim(capture)
     try:
         if capture.local:
@@ -435,16 +437,40 @@ class CaptureTable(TextDisplay):
 
 
 def _open_button(c: Capture, classes: str) -> str:
-    """The "Open in XProf" link of a local capture: labextension/src/xprof.ts opens it
-    in a JupyterLab tab; elsewhere the href opens XProf in a browser tab."""
+    """The "Open in XProf" link of a capture under the profile root: labextension/src/xprof.ts
+    opens it in a JupyterLab tab; elsewhere the href opens XProf in a browser tab."""
     if not c.local:
         return ""
+    if not c.served:
+        return f"<i>{html.escape(f'XProf in JupyterLab shows {profile_root()}; for this one: xprof --logdir {c.log_dir}')}</i>"
     if not xprof_installed():
         return f"<i>{html.escape(XPROF_MISSING)}</i>"
     return (
         f"<a class='pathways-open-xprof {classes}' data-pathways-xprof-run='{html.escape(c.run, quote=True)}' "
         f"href='{html.escape(xprof_path(c.run), quote=True)}' target='_blank'>Open in XProf</a>"
     )
+
+
+#: What "Latest profile in XProf" says for a kernel that has not captured (it must not show another's).
+NO_CAPTURE = "no capture in this kernel yet: %%pathways profile (or `with pw.profile():`) captures one"
+
+
+def latest_for_xprof() -> dict[str, Any]:
+    """What "Latest profile in XProf" opens for this kernel (the monitor protocol's
+    ``latest_profile`` reply): its newest capture XProf in JupyterLab serves, or ``run``
+    None and ``message`` saying why. Never a capture of another kernel."""
+    served = [c for c in captures() if c.served]
+    if served:
+        c = served[-1]
+        return {"run": c.run, "name": c.name, "where": c.where, "time": c.started, "message": f"profile {c.name}"}
+    others = captures()
+    message = (
+        f"this kernel's captures are not under {profile_root()}, which XProf in JupyterLab shows; "
+        f"the newest is {others[-1].where}"
+        if others
+        else NO_CAPTURE
+    )
+    return {"run": None, "name": None, "where": None, "time": None, "message": message}
 
 
 def profiles() -> CaptureTable:
