@@ -361,3 +361,32 @@ def test_the_contract_states_the_limits_the_code_enforces():
         '| `event.detail`      | string            | free text, may be `""`; always present',
     ):
         assert table_row in doc, table_row
+
+
+@pytest.mark.kernel
+def test_every_refused_request_reads_the_same_way(kernel):
+    """Issue 22.10: `chip_history` errors (and any request refused after it was decoded) carried a
+    `PathwaysError: ` prefix where requests refused while decoding carry none."""
+    import re
+
+    from test_monitor_kernel import Frontend
+
+    frontend = Frontend(kernel)
+    comm = frontend.open()
+    refused = {
+        "past the last chip": ("chip_history", {"start": 4, "stop": 9}),
+        "malformed": ("chip_history", {"start": 4, "stop": 3}),
+        "no such slice": ("fail_slice", {"slice": 7}),
+    }
+    errors = {}
+    for why, (kind, fields) in refused.items():
+        reply = frontend.reply_to(comm, frontend.request(comm, kind, **fields), timeout=30)
+        assert reply["ok"] is False, (why, reply)
+        errors[why] = reply["error"]
+    for why, error in errors.items():
+        kind = refused[why][0]
+        assert error.startswith(f"{kind}: "), (why, error)
+        assert not re.match(r"\w+(Error|Exception): ", error), (why, error)
+        assert "\n" not in error
+    assert errors["past the last chip"] == "chip_history: chips 4:9 asked for, but the topology has 8"
+    assert errors["no such slice"] == "fail_slice: no slice 7: this session has slices 0..1"

@@ -401,7 +401,7 @@ class Connection:
         try:
             result = self.server.handle(self, request)
         except PathwaysError as exc:
-            self._reply(request.request_id, False, one_line(exc))
+            self._reply(request.request_id, False, protocol.request_failed(request.type, exc))
         except Exception as exc:  # a bug: keep the kernel up, tell the frontend, keep the traceback in the log
             log.exception("pathways monitor: %s request failed", request.type)
             self._reply(request.request_id, False, f"{request.type} failed: {protocol.quote(one_line(exc))}")

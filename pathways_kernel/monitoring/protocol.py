@@ -302,6 +302,13 @@ def encode_reply(request_id: str | None, ok: bool, error: str | None = None, res
     )
 
 
+def request_failed(kind: str, exc: BaseException) -> str:
+    """The ``error`` of a reply to a valid request of type ``kind`` that failed: read like a
+    refused one (``chip_history: ...``), one line, with no exception class name."""
+    message = " ".join(str(exc).split()) or "request failed"
+    return message if message.startswith(kind) else f"{kind}: {message}"
+
+
 def close_data(reason: str) -> dict[str, Any]:
     """The ``data`` of a kernel-initiated ``comm_close``."""
     if reason not in CLOSE_REASONS:
