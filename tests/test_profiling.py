@@ -125,7 +125,8 @@ def test_each_devices_time_is_shown_under_its_slice_and_the_summary_says_what_th
     assert re.findall(r"device (\d) [\d.]+ ms", slice0) == ["0", "1", "2", "3"], text
     assert re.findall(r"device (\d) [\d.]+ ms", slice1) == ["4", "5", "6", "7"], text
     assert (
-        "in XProf: one process /host:CPU runs every device (XLA:CPU); an op's device is its device_ordinal "
+        "in XProf: one process /host:CPU runs every device on its threads (XLA:CPU); an op's device is its "
+        "device_ordinal, and the span pathways.slices: under the capture's says which slice "
         "(slice 0: devices 0,1,2,3; slice 1: devices 4,5,6,7)" in text
     ), text
     html = next(d["text/html"] for d in loop_reply.data if "pathways-profile" in d.get("text/html", ""))
@@ -362,6 +363,7 @@ def test_a_capture_writes_only_the_trace_xprof_reads_and_shows_what_that_file_sa
 
     import jax
     import jax.numpy as jnp
+    from jax.profiler import ProfileData
 
     from pathways_kernel.profiling import summary
     from pathways_kernel.profiling.capture import _read_xspaces, profile
@@ -378,6 +380,15 @@ def test_a_capture_writes_only_the_trace_xprof_reads_and_shows_what_that_file_sa
     shown = capture.summary()  # from the trace in memory
     slice_of = {i: i // 4 for i in range(8)}
     assert shown == summary.summarize(_read_xspaces(capture.where), "one-file", slice_of)
+    # In the trace viewer, the capture's span has one under it that says which devices are which slice.
+    cpu = ProfileData.from_file(glob.glob(os.path.join(capture.where, "*.xplane.pb"))[0]).find_plane_with_name(
+        "/host:CPU"
+    )
+    spans = [e.name for line in cpu.lines for e in line.events if e.name.startswith("pathways.")]
+    assert spans == [
+        "pathways.profile:one-file",
+        "pathways.slices: slice 0 = devices 0,1,2,3 | slice 1 = devices 4,5,6,7",
+    ]
     assert shown.top_ops and all(op.occurrences == 5 for op in shown.top_ops), shown.to_text()
 
 

@@ -90,9 +90,8 @@ class Capture(TextDisplay):
     def summary(self) -> summary_lib.Summary:
         """Read the trace and summarize it (once)."""
         if self._summary is None:
-            slice_of = {d.id: s.index for s in session().topology.slices for d in s.devices}
             xspaces = [self._xspace] if self._xspace is not None else _read_xspaces(self.where)
-            self._summary = summary_lib.summarize(xspaces, self.name, slice_of)
+            self._summary = summary_lib.summarize(xspaces, self.name, _slice_of())
             self._xspace = None
         return self._summary
 
@@ -121,6 +120,22 @@ class Capture(TextDisplay):
             f"<div class='pathways-profile'><div><b>profile {html.escape(self.name)}</b> · "
             f"{format_bytes(self.size or 0)} · <code>{html.escape(self.where)}</code> {button}</div>{body}</div>"
         )
+
+
+def _slice_of() -> dict[int, int]:
+    """Device id -> slice index, from the session's topology."""
+    return {d.id: s.index for s in session().topology.slices for d in s.devices}
+
+
+def slices_annotation(slice_of: dict[int, int]) -> str:
+    """The span a capture puts under its own in the trace: which devices are which slice, since the
+    trace viewer shows XLA:CPU's devices as threads of one process, not as slices."""
+    members: dict[int, list[int]] = {}
+    for device, index in sorted(slice_of.items()):
+        members.setdefault(index, []).append(device)
+    return summary_lib.SLICES_PREFIX + " | ".join(
+        f"slice {i} = devices {','.join(map(str, ds))}" for i, ds in sorted(members.items())
+    )
 
 
 def xprof_path(run: str) -> str:
@@ -372,7 +387,10 @@ def profile(
         raise
     started = time.perf_counter()
     try:
-        with jax.profiler.TraceAnnotation(summary_lib.WINDOW_PREFIX + name):
+        with (
+            jax.profiler.TraceAnnotation(summary_lib.WINDOW_PREFIX + name),
+            jax.profiler.TraceAnnotation(slices_annotation(_slice_of())),
+        ):
             yield capture
     except BaseException as exc:
         capture.error = f"the profiled code raised {type(exc).__name__}: {summary_line(exc)}"

@@ -35,6 +35,8 @@ from pathways_kernel.core.display import TextDisplay
 
 #: The TraceAnnotation a capture wraps its body in; its span is the window.
 WINDOW_PREFIX = "pathways.profile:"
+#: The span under the window that says which devices are which slice (for the trace viewer).
+SLICES_PREFIX = "pathways.slices: "
 #: JAX's trace event for compiling one computation (any backend).
 COMPILE_EVENT = "backend_compile_and_load"
 #: A stretch with no device busy shorter than this is dispatch jitter, not a gap.
@@ -135,8 +137,8 @@ class Summary(TextDisplay):
             return ""
         slices = "; ".join(f"slice {s.index}: devices {_ids(tuple(d for d, _ in s.device_busy))}" for s in self.slices)
         return (
-            "in XProf: one process /host:CPU runs every device (XLA:CPU); an op's device is its "
-            f"device_ordinal ({slices})"
+            "in XProf: one process /host:CPU runs every device on its threads (XLA:CPU); an op's device is its "
+            f"device_ordinal, and the span {SLICES_PREFIX.strip()} under the capture's says which slice ({slices})"
         )
 
     def html_rows(self) -> str:
