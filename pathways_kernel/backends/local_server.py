@@ -45,6 +45,7 @@ from typing import Any, ClassVar
 
 from pathways_kernel.backends import preflight as preflight_lib
 from pathways_kernel.backends.proxy import ProxyBackend
+from pathways_kernel.core import jaxcompat
 from pathways_kernel.core.errors import BackendError
 from pathways_kernel.monitoring import telemetry
 
@@ -114,6 +115,7 @@ class LocalServerBackend(ProxyBackend):
     def activate(self) -> None:
         from pathways_kernel.server import launch
 
+        jaxcompat.set_cpp_min_log_level(3)
         self.server = launch.start(self.num_slices, self.chips_per_slice)
         _RUNNING.add(self)
         self.address = SocketTarget(self.server.target)  # type: ignore[assignment]
@@ -137,6 +139,7 @@ class LocalServerBackend(ProxyBackend):
     def _stop_server(self) -> None:
         server, self.server = self.server, None
         if server is not None:
+            self._last_stderr = server.stderr_lines
             self._closing = True
             server.stop()
         _RUNNING.discard(self)

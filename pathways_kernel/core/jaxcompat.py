@@ -107,6 +107,26 @@ def make_error_like(array: Any, message: str) -> Any:
     return transfer.make_error_array(jax.ShapeDtypeStruct(array.shape, array.dtype, sharding=array.sharding), message)
 
 
+def proxied(array: Any) -> bool:
+    """Whether ``array`` lives behind JAX's IFRT proxy client (runtime ``proxy/...``)."""
+    devices = cast(Any, devices_of(array))
+    return bool(devices) and str(getattr(next(iter(devices)).client, "runtime_type", "")).startswith("proxy")
+
+
+def set_cpp_min_log_level(level: int) -> None:
+    """XLA's C++ log threshold for this process (0 info .. 3 fatal only).
+
+    Private (``jax._src.lib.utils``): JAX sets it only through ``jax_logging_level``,
+    which also reconfigures JAX's Python loggers. The local server's session uses it:
+    the proxy client logs every error it forwards (a lost array's ``DATA_LOSS``, a dead
+    server) to stderr, which the kernel shows in cells, while the user sees the error
+    itself where it is raised.
+    """
+    from jax._src.lib import utils
+
+    utils.absl_set_min_log_level(level)
+
+
 def replace_buffers(array: Any, other: Any) -> None:
     """Make ``array`` (the same Python object) use ``other``'s buffers
     (``ArrayImpl._replace_with``; shape, dtype and sharding must match)."""
@@ -120,9 +140,10 @@ def alias(array: Any) -> Any:
     caches one single-device array per shard on the array read, live as long
     as it is (``jax.live_arrays()`` lists them, a loss counts them); reading an
     alias leaves those on the alias, which dies after the read. Where the
-    shims are off (``fault_injection_unsupported``), ``array`` itself.
+    shims are off (``fault_injection_unsupported``), and for an array of a
+    proxy client (which cannot make error arrays), ``array`` itself.
     """
-    if fault_injection_unsupported():
+    if fault_injection_unsupported() or proxied(array):
         return array
     view = make_error_like(array, "alias")
     replace_buffers(view, array)

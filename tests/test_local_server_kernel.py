@@ -1,0 +1,176 @@
+"""Real kernels on the server-backed local backend (``local:2x4 --server``).
+
+The kernel starts ``pathways-local`` as a child and reaches it through JAX's own
+proxy client (``JAX_PLATFORMS=proxy``, pathwaysutils), as a GKE user reaches
+Pathways; slices are lost in the server process. What a user sees is checked:
+devices, a sharded step, DATA_LOSS, healing, an elastic run, a killed server.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+
+import pytest
+from kernels import Kernel
+
+SETUP = """
+import jax, numpy as np, pathwaysutils
+from jax.sharding import NamedSharding, PartitionSpec as P
+mesh = pw.mesh()
+w = jax.device_put(np.arange(64.0).reshape(8, 8), NamedSharding(mesh, P("data", "model")))
+logits = jax.device_put(np.ones((8, 2)), NamedSharding(mesh, P("data")))
+on0 = jax.device_put(np.full(4, 3.0), pw.topology().slices[0].devices[0])
+"""
+
+
+@pytest.fixture(scope="module")
+def server_kernel():
+    """A kernel whose kernelspec environment picks the server-backed backend."""
+    k = Kernel("pathways", env={"PATHWAYS_BACKEND": "local-server:2x4"})
+    reply = k.run(SETUP, timeout=240)
+    assert reply.status == "ok", reply.error
+    yield k
+    pid = server_pid(k)
+    k.shutdown()
+    # Stopped by pid with the kernel.
+    assert wait_until(lambda: not alive(pid), 30)
+
+
+def server_pid(kernel: Kernel) -> int:
+    status = kernel.run("%pathways status").text
+    match = re.search(r"target\s+grpc://unix:\S+ \(local Pathways server, pid (\d+)\)", status)
+    assert match, status
+    return int(match.group(1))
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (exited, not yet reaped by the kernel) counts as gone.
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_until(condition, timeout: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return condition()
+
+
+def test_the_kernel_runs_jax_s_proxy_client_against_its_own_server(server_kernel):
+    reply = server_kernel.run(
+        "print([d.slice_index for d in jax.devices()], pathwaysutils.is_pathways_backend_used(),"
+        " jax.config.jax_platforms, dict(mesh.shape))"
+    )
+    assert reply.text.strip() == "[0, 0, 0, 0, 1, 1, 1, 1] True proxy {'data': 2, 'model': 4}", reply.text + reply.error
+    assert "backend   local-server:2x4" in server_kernel.run("%pathways status").text
+    step = server_kernel.run(
+        "import jax.numpy as jnp\n"
+        "f = jax.jit(lambda a: jnp.tanh(a @ a.T).sum(axis=0), out_shardings=NamedSharding(mesh, P('data')))\n"
+        "x = np.arange(64.0).reshape(8, 8) / 64\n"
+        "print(np.allclose(np.asarray(f(jax.device_put(x, w.sharding))), np.tanh(x @ x.T).sum(axis=0)))"
+    )
+    assert step.text.strip() == "True", step.error
+    assert server_pid(server_kernel) != 0
+
+
+def test_a_slice_lost_in_the_server_is_data_loss_and_named_snapshots_heal(server_kernel):
+    assert server_kernel.run("%pathways snapshot w").status == "ok"
+    assert server_kernel.run("pw.snapshot_store().latest('w')").status == "ok"  # waits for the copy
+    reply = server_kernel.run("%pathways fail 1")
+    assert reply.status == "ok", reply.error
+    assert "slice 1 down: lost" in reply.text
+    assert "restored from snapshots onto slices [0]: w (" in reply.text, reply.text
+    assert "no snapshot, now unusable (DATA_LOSS): logits" in reply.text, reply.text
+    try:
+        check = server_kernel.run(
+            "print(pw.is_lost(logits), pw.is_lost(w), pw.is_lost(on0), float(on0.sum()), float(w.sum()))"
+        )
+        assert check.text.strip() == "True False False 12.0 2016.0", check.text + check.error
+        lost = server_kernel.run("np.asarray(logits)")
+        assert lost.status == "error" and "DATA_LOSS: slice 1 was lost" in lost.error
+        # The server itself holds nothing for the lost slice, as pw.health's check sees.
+        health = server_kernel.run("%pathways health").text
+        assert "slice 1: down" in health and "1/2 slices healthy" in health, health
+    finally:
+        repaired = server_kernel.run("%pathways repair 1").text
+    assert "slice 1 up again (empty: lost arrays stay lost)" in repaired
+    after = server_kernel.run("print(pw.is_lost(logits), float(w.sum()), w.sharding.spec)")
+    assert after.text.strip() == "True 2016.0 P('data', 'model')", after.text + after.error
+    assert "2/2 slices healthy" in server_kernel.run("%pathways health").text
+
+
+def test_an_elastic_run_survives_a_slice_lost_in_the_server(server_kernel):
+    setup = server_kernel.run(
+        "params = jax.device_put(np.zeros(8), NamedSharding(pw.mesh(), P('data')))\nlost_once = False"
+    )
+    assert setup.status == "ok", setup.error
+    try:
+        reply = server_kernel.run(
+            "%%pathways elastic --steps 30 --state params --snapshot-every 5\n"
+            "params = params + 1\n"
+            "if step == 12 and not lost_once:\n"
+            "    lost_once = True\n"
+            "    pw.fail_slice(1)\n",
+            timeout=240,
+        )
+        assert reply.status == "ok", reply.error
+        assert "30 steps" in reply.text and "1 recovery" in reply.text, reply.text
+        check = server_kernel.run("print(float(params[0]), float(params[7]), len(params.sharding.device_set))")
+        assert check.text.strip() == "30.0 30.0 4", check.text + check.error
+    finally:
+        server_kernel.run("%pathways repair 1")
+
+
+def test_a_server_killed_mid_step_is_one_line_and_connect_force_starts_a_new_one(fresh_kernel):
+    reply = fresh_kernel.run("%pathways connect local:2x4 --server", timeout=240)
+    assert reply.status == "ok", reply.error
+    first = server_pid(fresh_kernel)
+    loop = (
+        "import jax, jax.numpy as jnp, numpy as np\n"
+        "x = jax.device_put(np.ones((64, 64), np.float32), jax.sharding.NamedSharding(pw.mesh(), jax.sharding.PartitionSpec('data')))\n"
+        "step = jax.jit(lambda a: jnp.tanh(a @ a.T) / 64)\n"
+        "for i in range(100000):\n"
+        "    x = step(x)\n"
+        "    if i == 20:\n"
+        "        print('stepping', flush=True)\n"
+        "    float(x[0, 0])\n"
+    )
+    fresh_kernel.kc.execute(loop)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        msg = fresh_kernel.iopub(1.0)
+        if msg and msg["msg_type"] == "stream" and "stepping" in msg["content"]["text"]:
+            break
+    else:
+        pytest.fail("the step loop never started")
+    os.kill(first, signal.SIGKILL)
+    assert wait_until(lambda: not alive(first))
+    # The cell that was stepping ends with the client's error; the kernel lives on.
+    assert fresh_kernel.kc.get_shell_msg(timeout=120)["content"]["status"] == "error"
+    nxt = fresh_kernel.run("print('next')")
+    notice = [line for line in nxt.error.splitlines() if line.strip()]
+    assert len(notice) == 1 and f"server pid {first} killed by SIGKILL" in notice[0], nxt.error
+    status = fresh_kernel.run("%pathways status")
+    lines = [line for line in status.error.splitlines() if line.strip()]
+    assert len(lines) == 1 and "the local Pathways server (local-server:2x4) is gone" in lines[0], status.error
+    assert "pw.connect('local-server:2x4', force=True)" in lines[0]
+    events = fresh_kernel.run("print(pw.events(kind='disconnect')[-1].detail)").text
+    assert f"server pid {first} killed by SIGKILL" in events
+    again = fresh_kernel.run("%pathways connect local:2x4 --server --force", timeout=240)
+    assert again.status == "ok", again.error
+    second = server_pid(fresh_kernel)
+    assert second != first and alive(second)
+    works = fresh_kernel.run("print(float(jnp.ones((8, 8)).sum()), [d.slice_index for d in jax.devices()])")
+    assert works.text.strip() == "64.0 [0, 0, 0, 0, 1, 1, 1, 1]", works.text + works.error
+    # Back to the embedded backend: the server goes with the session that started it.
+    assert fresh_kernel.run("%pathways connect local:2x4 --force").status == "ok"
+    assert wait_until(lambda: not alive(second), 30)
