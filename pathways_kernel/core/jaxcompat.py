@@ -122,7 +122,7 @@ def set_cpp_min_log_level(level: int) -> None:
     server) to stderr, which the kernel shows in cells, while the user sees the error
     itself where it is raised.
     """
-    from jax._src.lib import utils
+    from jax._src.lib import utils  # type: ignore[attr-defined]
 
     utils.absl_set_min_log_level(level)
 
