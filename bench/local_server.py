@@ -13,7 +13,8 @@ in-process CPU JAX with 8 devices, and JAX's own proxy client
   * host->device: ``device_put`` of 64 MiB to one device; device->host:
     ``np.asarray`` of a fresh 64 MiB device array.
 
-Prints the ratios last: server/in-process step time (goal <= 1.3) and
+The machine is shared, so the two sides alternate, twice, and each keeps its
+best figure. Prints the ratios last: server/in-process step time (goal <= 1.3) and
 server/in-process transfer throughput (goal >= 0.5).
 """
 
@@ -116,24 +117,34 @@ def run(env: dict[str, str]) -> dict:
     return json.loads(lines[-1])
 
 
+def best(runs: list[dict]) -> dict:
+    """Each figure's best run: least time, most throughput."""
+    return {key: (max if key.endswith("_s") else min)(r[key] for r in runs) for key in runs[0]}
+
+
 def main() -> None:
     from pathways_kernel.server import launch
 
     base = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
-    in_process = run({**base, "JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "8"})
+    in_process_runs, proxied_runs = [], []
     server = launch.start(2, 4)
     try:
-        proxied = run(
-            {
-                **base,
-                "JAX_PLATFORMS": "proxy",
-                "JAX_BACKEND_TARGET": server.target,
-                "IFRT_PROXY_USE_INSECURE_GRPC_CREDENTIALS": "true",
-                "PATHWAYS_PROXY_CONNECTION_TIMEOUT_SECS": "60",
-            }
-        )
+        for _ in range(2):
+            in_process_runs.append(run({**base, "JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "8"}))
+            proxied_runs.append(
+                run(
+                    {
+                        **base,
+                        "JAX_PLATFORMS": "proxy",
+                        "JAX_BACKEND_TARGET": server.target,
+                        "IFRT_PROXY_USE_INSECURE_GRPC_CREDENTIALS": "true",
+                        "PATHWAYS_PROXY_CONNECTION_TIMEOUT_SECS": "60",
+                    }
+                )
+            )
     finally:
         server.stop()
+    in_process, proxied = best(in_process_runs), best(proxied_runs)
     print(f"{'':24}{'in-process':>14}{'local server':>14}")
     for key, label in (
         ("step_ms", "step (ms)"),

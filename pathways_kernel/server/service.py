@@ -9,6 +9,7 @@ by ``op_id``, and a slow copy does not hold up the session.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import itertools
 import logging
@@ -134,48 +135,44 @@ class Session:
 
     # ---- the stream -------------------------------------------------------
 
-    def serve(self, requests, context) -> object:
-        """Yields responses for ``requests`` as they complete."""
-        out: queue.Queue = queue.Queue()
-        pending = [0]
-        done_reading = threading.Event()
-        lock = threading.Lock()
+    async def serve(self, requests):
+        """Yields responses for ``requests`` as they complete. Requests are taken in order
+        on one thread (a request may wait for a host buffer still being uploaded); the
+        gRPC stream itself stays on the event loop."""
+        loop = asyncio.get_running_loop()
+        out: asyncio.Queue = asyncio.Queue()
+        in_order: queue.SimpleQueue = queue.SimpleQueue()
+        pending = 0
+        reading = True
 
         def respond(response) -> None:
-            out.put(response)
-            with lock:
-                pending[0] -= 1
-                if pending[0] == 0 and done_reading.is_set():
-                    out.put(None)
+            loop.call_soon_threadsafe(out.put_nowait, response)
 
-        def read() -> None:
+        def work() -> None:
+            while (request := in_order.get()) is not None:
+                self._process(request, respond)
+
+        async def read() -> None:
+            nonlocal pending, reading
             try:
-                for request in requests:
-                    with lock:
-                        pending[0] += 1
-                    self._process(request, respond)
-            except Exception:  # noqa: BLE001 - the client went away mid-stream
-                log.debug("session %s: stream closed", self.id, exc_info=True)
+                async for request in requests:
+                    pending += 1
+                    in_order.put(request)
             finally:
-                done_reading.set()
-                with lock:
-                    if pending[0] == 0:
-                        out.put(None)
+                reading = False
+                in_order.put(None)
+                out.put_nowait(None)
 
-        reader = threading.Thread(target=read, name=f"pathways-local-session-{self.id}", daemon=True)
-        reader.start()
+        threading.Thread(target=work, name=f"pathways-local-session-{self.id}", daemon=True).start()
+        reader = asyncio.create_task(read())
         try:
-            while True:
-                try:
-                    response = out.get(timeout=1.0)
-                except queue.Empty:
-                    if not context.is_active():
-                        return
-                    continue
-                if response is None:
-                    return
-                yield response
+            while reading or pending:
+                response = await out.get()
+                if response is not None:
+                    pending -= 1
+                    yield response
         finally:
+            reader.cancel()
             self.server.close_session(self)
 
     def _process(self, request, respond: Callable) -> None:
@@ -724,16 +721,17 @@ def handlers(server: Server) -> grpc.GenericRpcHandler:
         response.version.ifrt_serdes_version_number = request.max_version.ifrt_serdes_version_number
         return response
 
-    def ifrt_session(requests, context):
+    async def ifrt_session(requests, context):
         raw = _metadata(context, SESSION_METADATA)
         if raw is None:
-            context.abort(
+            await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"Missing metadata for GrpcIfrtService.IfrtSession: {SESSION_METADATA}",
             )
         metadata = protos.proxy("GrpcIfrtSessionMetadata").FromString(raw)
         session = server.open_session(metadata.version)
-        yield from session.serve(requests, context)
+        async for response in session.serve(requests):
+            yield response
 
     codes = {code.value[0]: code for code in grpc.StatusCode}
 
