@@ -79,7 +79,17 @@ def test_the_kernel_runs_jax_s_proxy_client_against_its_own_server(server_kernel
         "print(np.allclose(np.asarray(f(jax.device_put(x, w.sharding))), np.tanh(x @ x.T).sum(axis=0)))"
     )
     assert step.text.strip() == "True", step.error
-    assert server_pid(server_kernel) != 0
+    # Memory figures are the server's own count of bytes on each device.
+    memory = server_kernel.run(
+        "from pathways_kernel.monitoring import telemetry\n"
+        "from pathways_kernel.server import control\n"
+        "layout = telemetry.Layout.of(pw.topology())\n"
+        "source = telemetry._backend_source(pw.session(), layout)\n"
+        "sample = source.sample(layout).memory.tolist()\n"
+        "print(source.name, sample == control.status(pw.session().backend.server.target)['bytes_per_device'],"
+        " sample[0] > sample[1] > 0)"
+    )
+    assert memory.text.strip() == "server True True", memory.text + memory.error
 
 
 def test_a_slice_lost_in_the_server_is_data_loss_and_named_snapshots_heal(server_kernel):

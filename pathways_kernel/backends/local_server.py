@@ -122,6 +122,16 @@ class LocalServerBackend(ProxyBackend):
         try:
             self._check_server()
             super().activate()
+        except BackendError as exc:
+            server = self.server
+            said = next((line for line in reversed(server.stderr_lines) if line.strip()), "") if server else ""
+            self._stop_server()
+            # The proxy backend's advice (pod logs, --insecure) is for a remote proxy, not this child.
+            reason = str(exc).split(". Check the proxy pod's logs")[0]
+            raise BackendError(
+                f"{reason}{f' (the local Pathways server said: {said[:300]})' if said else ''}. "
+                f"Run `%pathways connect {self.spec} --force` (pw.connect('{self.spec}', force=True)) to start a new server"
+            ) from None
         except BaseException:
             self._stop_server()
             raise
@@ -139,7 +149,6 @@ class LocalServerBackend(ProxyBackend):
     def _stop_server(self) -> None:
         server, self.server = self.server, None
         if server is not None:
-            self._last_stderr = server.stderr_lines
             self._closing = True
             server.stop()
         _RUNNING.discard(self)
