@@ -410,8 +410,8 @@ class SidecarResults(dict):
     those slices have no result.
     """
 
-    def __init__(self, results: dict[int, Any], lost: dict[int, BaseException] | None = None):
-        super().__init__(results)
+    def __init__(self, results: dict[int, Any] | None = None, lost: dict[int, BaseException] | None = None):
+        super().__init__(results or {})
         self.lost = dict(lost or {})
 
     def __repr__(self) -> str:
