@@ -391,6 +391,7 @@ def _fields(data: memoryview) -> Iterator[tuple[int, Any]]:
     while i < end:
         tag, i = _varint(data, i)
         wire = tag & 7
+        value: Any
         if wire == 0:
             value, i = _varint(data, i)
         elif wire == 2:
@@ -499,7 +500,9 @@ def _summary(
         name=name,
         wall_ns=end - start,
         slices=tuple(slices),
-        top_ops=tuple(OpStat(*shown[k], int(counts[k]), int(totals[k]), int(ran_on[k])) for k in top),
+        top_ops=tuple(
+            OpStat(shown[k][0], shown[k][1], shown[k][2], int(counts[k]), int(totals[k]), int(ran_on[k])) for k in top
+        ),
         device_ns=int(self_ns.sum()),
         busy_devices=len(busy),
         compile_ns=compile_ns,
