@@ -157,27 +157,28 @@ class MetricLog:
 
     def _read(self, wait: bool) -> None:
         points: list[Point] = []
+        accounts: list[Any] = []
         with self._reading:
-            if not wait:
-                for item in list(self._pending):
-                    if not item.copying:
-                        item.copying = True
-                        _copy_to_host(item.value)
             while self._pending:
                 item = self._pending[0]
                 value = _read(item.value, wait)
                 if value is _NOT_YET:
+                    # The devices are behind: start the host copies of what is queued,
+                    # so that each value is on the host when it is computed.
+                    for queued in list(self._pending):
+                        if not queued.copying:
+                            queued.copying = True
+                            _copy_to_host(queued.value)
                     break
                 self._pending.popleft()
-                if value is None:
-                    continue
-                with self._lock:
-                    self._seq += 1
-                    point = Point(self._seq, item.run, item.step, item.time, item.elapsed_s, item.name, value)
-                    self._points.append(point)
-                    self._latest.setdefault(item.account, {})[item.name] = value
-                points.append(point)
+                if value is not None:
+                    self._seq += 1  # only readers (under _reading) number points
+                    accounts.append(item.account)
+                    points.append(Point(self._seq, item.run, item.step, item.time, item.elapsed_s, item.name, value))
             with self._lock:
+                self._points.extend(points)
+                for point, account in zip(points, accounts, strict=True):
+                    self._latest.setdefault(account, {})[point.name] = point.value
                 listeners = list(self._listeners)
         if points:
             for listener in listeners:
