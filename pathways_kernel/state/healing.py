@@ -273,9 +273,10 @@ class Healer:
 
     @staticmethod
     def _slice_up() -> bool:
-        from pathways_kernel.core.sessions import session
+        from pathways_kernel.core.sessions import current
 
-        return bool(session().topology.up_slices)
+        running = current()
+        return running is not None and bool(running.topology.up_slices)
 
     def _already_reported(self, name: str) -> bool:
         import jax
