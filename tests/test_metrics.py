@@ -67,6 +67,17 @@ def test_an_elastic_run_keeps_the_loss_in_its_state_at_every_step(session):
     assert last["loss"].tolist() == pytest.approx([2, 1, 0.5, 0.25, 0.125, 0.0625])
 
 
+def test_a_loss_given_to_pw_log_is_the_one_kept_not_the_states(session):
+    @pw.elastic(snapshot_every=100)
+    def count(state, step, mesh):
+        pw.log(loss=float(step) * 10)
+        return {"loss": jnp.float32(-1.0)}
+
+    count({"loss": jnp.float32(0.0)}, steps=3, progress=False)
+    frame = pw.metrics("count")
+    assert frame["loss"].tolist() == [0.0, 10.0, 20.0]
+
+
 def test_new_points_reach_the_logs_listeners_as_they_are_read(session):
     got: list = []
     seen = threading.Event()
