@@ -198,6 +198,7 @@ def test_bad_requests_are_answered_in_one_line_naming_what_is_wrong():
 def test_a_rejected_program_and_a_killed_server_are_one_line_each(tmp_path):
     server = launch.start(1, 2)
     marker = tmp_path / "stepping"
+    client = None
     try:
         client = subprocess.Popen(
             [sys.executable, HERE, "faults", server.target, str(marker)],
@@ -214,6 +215,9 @@ def test_a_rejected_program_and_a_killed_server_are_one_line_each(tmp_path):
         os.kill(server.pid, signal.SIGKILL)
         out, err = client.communicate(timeout=180)
     finally:
+        if client is not None and client.poll() is None:
+            client.kill()
+            client.wait()
         server.stop()
     lines = [line for line in out.splitlines() if line.startswith("{")]
     assert lines, err[-2000:]
