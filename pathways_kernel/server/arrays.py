@@ -153,10 +153,6 @@ class ServerArray:
         if self.deleted:
             raise ServerError(INVALID_ARGUMENT, "Array has been deleted")
 
-    @property
-    def nbytes(self) -> int:
-        return sum(s.nbytes for s in self.shards) if not self.deleted else 0
-
     @classmethod
     def from_jax(cls, array: jax.Array, sharding: Sharding) -> ServerArray:
         by_device = {shard.device.id: shard.data for shard in array.addressable_shards}

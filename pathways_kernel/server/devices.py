@@ -30,7 +30,6 @@ class Topology:
     chips: int
     _down: set[int] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    _generation: int = 0
 
     @property
     def device_count(self) -> int:
@@ -57,10 +56,6 @@ class Topology:
             down = sorted({self.slice_of(d) for d in device_ids} & self._down)
         if down:
             raise ServerError(DATA_LOSS, f"slice {down[0]} is down (lost by the local Pathways server)")
-
-    def down(self) -> frozenset[int]:
-        with self._lock:
-            return frozenset(self._down)
 
     def fail(self, slice_index: int) -> None:
         self._check_slice(slice_index)

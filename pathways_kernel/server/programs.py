@@ -155,7 +155,8 @@ def compile_program(request, topology: Topology) -> Program:
         ) from error
     program = Program(executable, tuple(ids), replicas, shapes, dtypes)
     program.name = _name(text)
-    program.parameter_shardings = _parameter_shardings(executable, ids, replicas, len(_parameter_count(executable)))
+    parameters = len(executable.get_parameter_layouts())  # one layout per parameter
+    program.parameter_shardings = _parameter_shardings(executable, ids, replicas, parameters)
     program.output_shardings = _output_shardings(executable, ids, replicas, len(shapes))
     return program
 
@@ -163,10 +164,6 @@ def compile_program(request, topology: Topology) -> Program:
 def _name(text: str) -> str:
     head = text.split("\n", 1)[0]
     return head.split("@", 1)[1].split(" ", 1)[0] if "@" in head else "main"
-
-
-def _parameter_count(executable) -> list:
-    return executable.get_parameter_layouts()
 
 
 def _parameter_shardings(executable, ids, replicas, count):
