@@ -184,3 +184,16 @@ def test_a_server_killed_mid_step_is_one_line_and_connect_force_starts_a_new_one
     # Back to the embedded backend: the server goes with the session that started it.
     assert fresh_kernel.run("%pathways connect local:2x4 --force").status == "ok"
     assert wait_until(lambda: not alive(second), 30)
+
+
+def test_server_specs_and_a_server_for_a_remote_spec_is_one_line():
+    from pathways_kernel import backends
+    from pathways_kernel.core.errors import SpecError
+
+    assert backends.from_spec("local:2x4", server=True).spec == "local-server:2x4"
+    assert backends.from_spec("local-server:1x2").spec == "local-server:1x2"
+    assert backends.from_spec("local", server=True).spec == "local-server:2x4"
+    with pytest.raises(SpecError, match=r"use it with local:SxC, e.g. local:2x4, not 'grpc://localhost:29000'"):
+        backends.from_spec("grpc://localhost:29000", server=True)
+    with pytest.raises(SpecError, match="bad local spec"):
+        backends.from_spec("local-server:2y4")
