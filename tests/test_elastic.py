@@ -479,7 +479,9 @@ def test_an_elastic_cell_whose_state_was_lost_never_resumes_an_earlier_cells_sna
     kept = kernel.run(
         "print(float(params[0]), sorted(s.step for s in pw.snapshot_store().list() if s.name == 'elastic:params'))"
     )
-    assert kept.text.strip() == f"{reached:.1f} [30, 40]"
+    # A run that returned also snapshotted what it returned; an interrupted one did not.
+    steps = "[30, 40]" if which == "run after an interrupted one" else "[40, 50]"
+    assert kept.text.strip() == f"{reached:.1f} {steps}"
     assert kernel.run("params = params * 0 + 1000").status == "ok"
     try:
         healing = kernel.run("%pathways fail 1").text
