@@ -14,7 +14,7 @@ from pathlib import Path
 
 import lab as labtools
 import pytest
-from test_browser import ARTIFACTS, open_notebook, run_until
+from test_browser import ARTIFACTS, open_notebook, run_first_cell, run_until
 
 pytestmark = [
     pytest.mark.browser,
@@ -43,6 +43,7 @@ x.block_until_ready();"""
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("lab")
     labtools.notebook(root / "profile.ipynb", [SETUP, PROFILE])
+    labtools.notebook(root / "other.ipynb", ['print("other ready")'])
     lab = labtools.Lab(root, env={"PATHWAYS_PROFILE_DIR": str(root / "profiles")})
     yield lab
     lab.stop()
@@ -127,3 +128,36 @@ def test_panel_lists_the_capture_and_its_button_opens_the_latest(page, server):
     src = page.locator(f"{TAB} iframe").get_attribute("src")
     runs = sorted(p.name for p in (server.root / "profiles").glob("*/plugins/profile/*"))
     assert runs and f"{runs[-1]}&tag=trace_viewer" in src, src
+
+
+def test_xprof_opens_split_right_of_the_notebook_at_a_usable_width(page, server):
+    """Beside the notebook (half the main area), not in the narrowest slot."""
+    page.set_viewport_size({"width": 1024, "height": 700})
+    page.evaluate("window.jupyterapp.commands.execute('pathways:open-monitor')")
+    page.get_by_role("button", name="Latest profile in XProf").click()
+    tab = page.locator(TAB)
+    tab.wait_for()
+    main = page.locator("#jp-main-dock-panel").bounding_box()
+    box = tab.bounding_box()
+    assert box["width"] >= 0.4 * main["width"], (box, main)
+    # The notebook stays in view, left of XProf.
+    notebook = page.evaluate(
+        "() => { const w = [...window.jupyterapp.shell.widgets('main')].find(w => w.title.label === 'profile.ipynb');"
+        " const r = w.node.getBoundingClientRect(); return {visible: w.isVisible, x: r.x, width: r.width}; }"
+    )
+    assert notebook["visible"] and box["x"] >= notebook["x"] + notebook["width"] - 10, (box, notebook)
+    page.screenshot(path=str(ARTIFACTS / "xprof-1024.png"))
+    page.set_viewport_size({"width": 1400, "height": 900})
+
+
+def test_latest_profile_of_a_kernel_without_captures_says_so_and_opens_nothing(page, server):
+    """The followed kernel has no capture: its message, never another notebook's capture."""
+    page.evaluate("window.jupyterapp.shell.widgets('main').find(w => w.id === 'pathways-xprof')?.dispose()")
+    open_notebook(page, server, "other.ipynb")
+    run_first_cell(page, "other ready")
+    page.evaluate("window.jupyterapp.commands.execute('pathways:open-monitor')")
+    page.locator("#pathways-monitor .jp-PathwaysPanel-following", has_text="other.ipynb").wait_for()
+    page.locator("#pathways-monitor[data-state='live']").wait_for(state="attached", timeout=60_000)
+    page.get_by_role("button", name="Latest profile in XProf").click()
+    page.get_by_text("no capture in this kernel yet").first.wait_for(timeout=30_000)
+    assert page.locator(TAB).count() == 0

@@ -51,7 +51,13 @@ const plugin: JupyterFrontEndPlugin<void> = {
       execute: () => labShell.activateById(panel.id)
     });
     palette?.addItem({ command: OPEN_COMMAND, category: 'Pathways' });
-    activateXprof(app, palette, panel.node);
+    activateXprof(
+      app,
+      palette,
+      panel.node,
+      () => panel.latestProfile(),
+      () => notebooks.currentWidget?.id ?? null
+    );
 
     if (statusBar) {
       const item = new PathwaysStatus(panel, () => void app.commands.execute(OPEN_COMMAND));

@@ -23,7 +23,7 @@ import { formatBytes, formatPercent } from './format';
 import { isPathwaysKernel } from './kernels';
 import { UTILIZATION_HELP } from './help';
 import { Change, MonitorModel } from './model';
-import { CloseReason } from './protocol';
+import { CloseReason, LatestProfile, decodeLatestProfile } from './protocol';
 import { SliceAction, SliceList } from './slicelist';
 import { Timeline } from './timeline';
 import { TopologyView } from './topologyview';
@@ -380,6 +380,15 @@ export class PathwaysPanel extends Widget {
     } finally {
       this._snapshotButton.disabled = false;
     }
+  }
+
+  /** The followed kernel's newest profile capture (rejects when no kernel is followed). */
+  async latestProfile(): Promise<LatestProfile> {
+    const reply = await this._request({ type: 'latest_profile' });
+    if (!reply.ok) {
+      throw new Error(reply.error ?? 'latest_profile failed');
+    }
+    return decodeLatestProfile(reply);
   }
 
   private _request(body: Parameters<MonitorConnection['request']>[0]) {

@@ -28,7 +28,8 @@ export const REQUEST_FIELDS = {
   fail_slice: ['slice'],
   repair_slice: ['slice'],
   snapshot: [],
-  chip_history: ['start', 'stop']
+  chip_history: ['start', 'stop'],
+  latest_profile: []
 } as const;
 /** Highest metrics rate a frontend may ask for (Hz). */
 export const MAX_RATE_HZ = 10;
@@ -418,6 +419,30 @@ export function decodeEvent(o: Record<string, unknown>): MonitorEvent {
 }
 
 /**
+ * The result of `latest_profile`: this kernel's newest capture as an XProf
+ * run, or `run` null and `message` saying why (never another kernel's).
+ */
+export interface LatestProfile {
+  run: string | null;
+  name: string | null;
+  where: string | null;
+  time: number | null;
+  message: string;
+}
+
+/** Decode a successful `latest_profile` reply's result. */
+export function decodeLatestProfile(reply: ReplyMessage): LatestProfile {
+  const r = object(reply.result, 'latest_profile.result');
+  return {
+    run: nullable(r.run, v => string(v, 'latest_profile.run')),
+    name: nullable(r.name, v => string(v, 'latest_profile.name')),
+    where: nullable(r.where, v => string(v, 'latest_profile.where')),
+    time: nullable(r.time, v => number(v, 'latest_profile.time')),
+    message: string(r.message, 'latest_profile.message')
+  };
+}
+
+/**
  * The reason in the `data` of a kernel's `comm_close`: `{"v": 1, "type": "closed", "reason": ...}`.
  * Anything else (no data: the kernel has no such comm target) is `unknown`.
  */
@@ -449,7 +474,8 @@ export type Request =
   | { v: 1; type: 'fail_slice'; request_id: string; slice: number }
   | { v: 1; type: 'repair_slice'; request_id: string; slice: number }
   | { v: 1; type: 'snapshot'; request_id: string }
-  | { v: 1; type: 'chip_history'; request_id: string; start: number; stop: number };
+  | { v: 1; type: 'chip_history'; request_id: string; start: number; stop: number }
+  | { v: 1; type: 'latest_profile'; request_id: string };
 
 export type RequestType = Request['type'];
 
@@ -460,7 +486,8 @@ export type RequestBody =
   | { type: 'fail_slice'; slice: number }
   | { type: 'repair_slice'; slice: number }
   | { type: 'snapshot' }
-  | { type: 'chip_history'; start: number; stop: number };
+  | { type: 'chip_history'; start: number; stop: number }
+  | { type: 'latest_profile' };
 
 /**
  * The comm `data` for a request, validated by the kernel's rules so that a
@@ -507,6 +534,7 @@ export function encodeRequest(body: RequestBody, requestId: string): Request {
       };
     case 'ping':
     case 'snapshot':
+    case 'latest_profile':
       return { v: 1, type: body.type, request_id: requestId };
   }
 }

@@ -5,12 +5,21 @@
  * base URL and auth, starting it on the first request (on 127.0.0.1; the
  * kernel opens no port). A capture's inline summary carries its run in
  * `data-pathways-xprof-run`; a click on it opens the run here instead of
- * following the link to a new browser tab. Without a run, the command opens
- * the newest capture.
+ * following the link to a new browser tab. Without a run, the command asks
+ * the followed kernel for its newest capture (`latest_profile`) and, when it
+ * has none, says so and opens nothing: never another notebook's capture.
  */
 import { JupyterFrontEnd } from '@jupyterlab/application';
-import { ICommandPalette, IFrame, MainAreaWidget, showErrorMessage } from '@jupyterlab/apputils';
+import {
+  ICommandPalette,
+  IFrame,
+  MainAreaWidget,
+  Notification,
+  showErrorMessage
+} from '@jupyterlab/apputils';
 import { ServerConnection } from '@jupyterlab/services';
+
+import { LatestProfile } from './protocol';
 
 export const XPROF_COMMAND = 'pathways:open-xprof';
 
@@ -26,27 +35,17 @@ export function xprofUrl(baseUrl: string, run: string | null): string {
   return `${baseUrl}${XPROF_PAGE}${query}`;
 }
 
-/** The newest of XProf's runs: a capture's run ends in "YYYYmmdd-HHMMSS-name". */
-export function latestRun(runs: readonly string[]): string | null {
-  const stamp = (run: string) => run.slice(run.lastIndexOf('/') + 1);
-  let newest: string | null = null;
-  for (const run of runs) {
-    if (newest === null || stamp(run) > stamp(newest)) {
-      newest = run;
-    }
-  }
-  return newest;
-}
-
 class XprofOpener {
   private _tab: MainAreaWidget<IFrame> | null = null;
 
-  constructor(private _app: JupyterFrontEnd) {}
+  constructor(
+    private _app: JupyterFrontEnd,
+    private _beside: () => string | null
+  ) {}
 
-  async open(run: string | null): Promise<void> {
+  async open(run: string): Promise<void> {
     const settings = ServerConnection.makeSettings();
     // Also what starts XProf: the proxy launches it on the first request.
-    let runs: string[];
     try {
       const response = await ServerConnection.makeRequest(
         `${settings.baseUrl}${XPROF_PAGE}runs`,
@@ -61,7 +60,6 @@ class XprofOpener {
             : `XProf did not start or answer (HTTP ${response.status}). If it is not installed: ${INSTALL}.`
         );
       }
-      runs = (await response.json()) as string[];
     } catch (reason) {
       await showErrorMessage(
         'Open in XProf',
@@ -69,7 +67,6 @@ class XprofOpener {
       );
       return;
     }
-    const chosen = run ?? latestRun(runs);
     if (this._tab === null || this._tab.isDisposed) {
       const frame = new IFrame({
         sandbox: [
@@ -84,32 +81,62 @@ class XprofOpener {
       this._tab.id = 'pathways-xprof';
       this._tab.title.label = 'XProf';
       this._tab.title.closable = true;
-      this._app.shell.add(this._tab, 'main');
+      // Split right of the notebook, so it gets half the main area rather than the narrowest slot (beside a docked dashboard).
+      const ref = this._beside();
+      this._app.shell.add(this._tab, 'main', ref ? { mode: 'split-right', ref } : {});
     }
-    this._tab.content.url = xprofUrl(settings.baseUrl, chosen);
-    this._tab.title.caption = chosen ? `XProf: ${chosen}` : 'XProf';
+    this._tab.content.url = xprofUrl(settings.baseUrl, run);
+    this._tab.title.caption = `XProf: ${run}`;
     this._app.shell.activateById(this._tab.id);
   }
+}
+
+/** Open the followed kernel's newest capture, or say why there is none. */
+async function openLatest(
+  opener: XprofOpener,
+  latestProfile: () => Promise<LatestProfile>
+): Promise<void> {
+  let latest: LatestProfile;
+  try {
+    latest = await latestProfile();
+  } catch (reason) {
+    Notification.warning(
+      `Latest profile in XProf: ${reason instanceof Error ? reason.message : String(reason)}`,
+      { autoClose: 8000 }
+    );
+    return;
+  }
+  if (latest.run === null) {
+    Notification.info(`Latest profile in XProf: ${latest.message}`, { autoClose: 8000 });
+    return;
+  }
+  await opener.open(latest.run);
 }
 
 /** Register the command, its palette entry, the panel's button and the inline buttons' clicks. */
 export function activateXprof(
   app: JupyterFrontEnd,
   palette: ICommandPalette | null,
-  panelNode: HTMLElement
+  panelNode: HTMLElement,
+  latestProfile: () => Promise<LatestProfile>,
+  beside: () => string | null
 ): void {
-  const opener = new XprofOpener(app);
+  const opener = new XprofOpener(app, beside);
   app.commands.addCommand(XPROF_COMMAND, {
     label: 'Pathways: Open in XProf',
-    caption: 'Open a profile capture (default: the newest) in XProf, in a JupyterLab tab',
-    execute: args => opener.open(typeof args.run === 'string' ? args.run : null)
+    caption:
+      'Open a profile capture (default: the followed kernel’s newest) in XProf, in a JupyterLab tab',
+    execute: args =>
+      typeof args.run === 'string' && args.run
+        ? opener.open(args.run)
+        : openLatest(opener, latestProfile)
   });
   palette?.addItem({ command: XPROF_COMMAND, category: 'Pathways' });
 
   const button = document.createElement('button');
   button.className = 'jp-Button jp-mod-styled jp-mod-small jp-PathwaysPanel-xprof';
   button.textContent = 'Latest profile in XProf';
-  button.title = 'Open the newest %%pathways profile capture in XProf';
+  button.title = 'Open the followed kernel’s newest %%pathways profile capture in XProf';
   button.addEventListener('click', () => void app.commands.execute(XPROF_COMMAND));
   panelNode.querySelector('.jp-PathwaysPanel-actions')?.prepend(button);
 

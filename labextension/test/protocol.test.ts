@@ -5,6 +5,8 @@ import {
   ProtocolError,
   TopologyMessage,
   MetricsMessage,
+  ReplyMessage,
+  decodeLatestProfile,
   decodeMessage,
   encodeRequest
 } from '../src/protocol';
@@ -157,4 +159,43 @@ test('requests encode with v, type, request_id and only their fields', () => {
   assert.throws(() => encodeRequest({ type: 'repair_slice', slice: -1 }, 'a'), ProtocolError);
   assert.throws(() => encodeRequest({ type: 'ping' }, ''), ProtocolError);
   assert.throws(() => encodeRequest({ type: 'ping' }, 'x'.repeat(129)), ProtocolError);
+});
+
+test('latest_profile encodes without fields; its result decodes with run null when none', () => {
+  assert.deepEqual(encodeRequest({ type: 'latest_profile' }, 'p'), {
+    v: 1,
+    type: 'latest_profile',
+    request_id: 'p'
+  });
+  const reply = (result: Record<string, unknown>) =>
+    decodeMessage({
+      v: 1,
+      type: 'reply',
+      request_id: 'p',
+      ok: true,
+      error: null,
+      result
+    }) as ReplyMessage;
+  const none = decodeLatestProfile(
+    reply({
+      run: null,
+      name: null,
+      where: null,
+      time: null,
+      message: 'no capture in this kernel yet'
+    })
+  );
+  assert.equal(none.run, null);
+  assert.equal(none.message, 'no capture in this kernel yet');
+  const some = decodeLatestProfile(
+    reply({
+      run: 'k/20260101-000000-loop',
+      name: 'loop',
+      where: '/p',
+      time: 1.5,
+      message: 'profile loop'
+    })
+  );
+  assert.equal(some.run, 'k/20260101-000000-loop');
+  assert.throws(() => decodeLatestProfile(reply({ run: 3, message: '' })), ProtocolError);
 });
