@@ -121,3 +121,40 @@ def test_a_kernels_first_elastic_run_accounts_for_the_whole_cell_and_its_first_s
         assert accounted >= 0.95 and stall >= 0.2, reply.text
     finally:
         fresh_kernel.run("%pathways repair 1")
+
+
+def test_goodput_over_time_is_a_stacked_chart_under_the_cell_and_bad_windows_are_one_line(kernel):
+    assert kernel.run(SETUP).status == "ok"
+    reply = kernel.run("""
+for step in pw.steps(range(40), name="charted"):
+    jnp.tanh(w @ w).block_until_ready()
+    time.sleep(0.2 if step == 30 else 0.01)
+print(get_ipython().execution_count)
+""")
+    assert reply.status == "ok", reply.error
+    cell = int(reply.text.strip().splitlines()[-1])
+
+    shown = kernel.run("%pathways goodput --over-time --intervals 6")
+    assert shown.status == "ok", shown.error
+    bundle = shown.data[-1]
+    html, text = bundle["text/html"], bundle["text/plain"]
+    assert html.count("<svg") == 1 and "var(--jp-" in html and "productive steps" in html
+    assert re.match(rf"run 'charted' \(steps, cell \[{cell}\], 1 attempt, [\d:.]+-[\d:.]+ UTC, [\d.]+ s\)", text)
+    assert len(re.findall(r"\n\s+\d+\.\d\d-\s*\d+\.\d\d s", text)) == 6, text
+    assert re.search(r"step time: median [\d.]+ ms, .* over 39 steps; slowest: step 30 2\d\d\.\d ms", text), text
+    report = kernel.run("%pathways goodput --run charted --no-field")
+    assert report.text.startswith(f"run 'charted' (steps, cell [{cell}], 1 attempt, "), report.text
+    assert "slowest: step 30" in report.text
+
+    for bad, message in (
+        ("--window nan", "window_s must be a finite number of seconds above 0, got nan"),
+        ("--window -1", "window_s must be a finite number of seconds above 0, got -1.0"),
+        ("--window 0", "window_s must be a finite number of seconds above 0, got 0.0"),
+        ("--window 1e12", "window 1e+12 s is longer than run 'charted'"),
+        ("--intervals 0", "intervals must be from 1 to 1000, got 0"),
+        ("--intervals 100000000", "intervals must be from 1 to 1000, got 100000000"),
+        ("--run nope", "no run named 'nope' in this session"),
+    ):
+        refused = kernel.run(f"%pathways goodput --over-time {bad}")
+        assert refused.status == "error" and message in refused.error, (bad, refused.error)
+        assert "Traceback" not in refused.error and len(refused.error.strip().splitlines()) == 1, refused.error

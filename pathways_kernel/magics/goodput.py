@@ -21,6 +21,13 @@ from pathways_kernel.training.goodput_logging import cloud_logging
 )
 @argument("--no-field", action="store_true", help="skip ml-goodput-measurement's own figure for each run")
 @argument(
+    "--over-time",
+    action="store_true",
+    help="goodput and badput over the run (default: the latest) as a stacked chart, and its step times",
+)
+@argument("--intervals", type=int, default=None, help="with --over-time: this many equal intervals (default 20)")
+@argument("--window", metavar="SECONDS", type=float, default=None, help="with --over-time: intervals of SECONDS")
+@argument(
     "--cloud-logging",
     metavar="JOB|off",
     default=None,
@@ -32,6 +39,8 @@ def goodput(shell: Any, args: Any, cell: str | None):
         job = None if args.cloud_logging == "off" else args.cloud_logging
         print(cloud_logging(job))
         return None
+    if args.over_time or args.intervals is not None or args.window is not None:
+        return accounting.OverTime(accounting.goodput_over_time(args.run, args.intervals, args.window))
     return accounting.goodput(args.run, field=not args.no_field)
 
 

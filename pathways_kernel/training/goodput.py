@@ -44,6 +44,7 @@ import collections
 import contextlib
 import datetime
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -51,7 +52,10 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
+
 from pathways_kernel.core.display import TextDisplay
+from pathways_kernel.training import goodput_timeline
 
 PRODUCTIVE = "productive"
 OTHER = "other"
@@ -151,6 +155,13 @@ class Account:
         self._chip_seconds = 0.0
         self._unsubscribe = session.events.subscribe(self._on_event)
         self._field = _FieldLog(name, session)
+        # Goodput over time: the ledger's segments and step starts, appended here and
+        # folded only when asked for (goodput_timeline).
+        self._log: list[tuple] = []
+        self._timeline = goodput_timeline.Timeline(CATEGORIES)
+        self._open_began = 0.0
+        self.attempts = 1
+        self.cell = _cell_number()
         # ``began``: when the run started, if before now (the setup until now is the loop's own)
         now = time.perf_counter()
         self._since = self._began = now if began is None else min(began, now)
@@ -165,8 +176,10 @@ class Account:
         scale = segment / moved if moved > segment else 1.0
         for category, seconds in self._moved.items():
             self.seconds[category] += seconds * scale
+            self._log.append((self._since, now, category, seconds * scale))
         own = segment - moved * scale
         self.seconds[self._state] += own
+        self._log.append((self._since, now, self._state, own))
         if self._state == PRODUCTIVE and self._open_step is not None:
             self._open_productive += own
             self._chip_seconds += own * self._chip_count()
@@ -248,12 +261,15 @@ class Account:
                 self.seconds["snapshot_stall"] -= busy
                 self.seconds[PRODUCTIVE] += busy
                 self._add_to_last_step(busy)
+                self._log.append(("move", started, started + waited, "snapshot_stall", PRODUCTIVE, busy, None))
 
     # -- steps ----------------------------------------------------------------
     def step_begin(self, step: int) -> None:
         self._credit_overlap()
         self._switch(PRODUCTIVE)
         self._open_step, self._open_productive = step, 0.0
+        self._open_began = self._since
+        self._log.append((self._since, step))
         self._field.step(step)
 
     def step_end(self, output: Any = None) -> None:
@@ -273,6 +289,8 @@ class Account:
             self.steps += 1
             self._open_step = None
             self._recovering = False
+            if len(self._log) > goodput_timeline.FOLD_AT:
+                self._fold()
 
     def _credit_overlap(self) -> None:
         """The loop's own work since the last step ended ran while the device was
@@ -304,6 +322,9 @@ class Account:
         with self._lock:
             if self._open_step is not None:
                 self._redo(self._open_productive)
+                self._log.append(
+                    ("move", self._open_began, self._since, PRODUCTIVE, "redone", self._open_productive, None)
+                )
                 self._open_step = None
             self._recovering = True
             self.recoveries += 1
@@ -321,10 +342,15 @@ class Account:
 
     def _rollback(self, resumed_at: int) -> None:
         """Steps from ``resumed_at`` on are computed again: theirs is redone time; under ``_lock``."""
-        for step in [s for s in self._done if s >= resumed_at]:
-            self._redo(self._done.pop(step))
+        redone = [s for s in self._done if s >= resumed_at]
+        seconds = 0.0
+        for step in redone:
+            seconds += self._done.pop(step)
             self.steps -= 1
             self.steps_redone += 1
+        if redone:
+            self._redo(seconds)
+            self._log.append(("move", self._since, self._since, PRODUCTIVE, "redone", seconds, min(redone)))
 
     def _redo(self, seconds: float) -> None:
         self.seconds[PRODUCTIVE] -= seconds
@@ -342,6 +368,9 @@ class Account:
                 if self._open_step is not None:  # the step the signal cut short did nothing
                     self.seconds[PRODUCTIVE] -= self._open_productive
                     self.seconds[cause] += self._open_productive
+                    self._log.append(
+                        ("move", self._open_began, self._since, PRODUCTIVE, cause, self._open_productive, None)
+                    )
                     self._open_step = None
             self._field.elastic_wait(cause, True)
         self._between = cause
@@ -349,6 +378,7 @@ class Account:
     def next_attempt(self, start: int) -> None:
         """The job's steps go on from ``start``: steps from there on are redone."""
         cause, self._between = self._between, None
+        self.attempts += 1
         if cause == "recovery":
             self.recovery_end(start)
             return
@@ -399,6 +429,7 @@ class Account:
             self._close_segment(time.perf_counter())
             self.ended = True
             self._ended_at = self._since
+            self._fold()
         self._unsubscribe()
         stack = _stack()
         if self in stack:
@@ -438,6 +469,64 @@ class Account:
         """Goodput and badput as ``ml-goodput-measurement`` computes them from this run's log."""
         return self._field.compute()
 
+    # -- over time (goodput_timeline), computed when asked --------------------
+    def _fold(self) -> None:
+        """Fold the log into the timeline; under ``_lock``."""
+        log, self._log = self._log, []
+        self._timeline.fold(log, self._began)
+
+    def over_time(self, intervals: int | None = None, window_s: float | None = None) -> Any:
+        """The run split into ``intervals`` equal intervals (default 20) or windows of
+        ``window_s`` seconds: a pandas DataFrame, one row per interval."""
+        import pandas as pd
+
+        with self._lock:
+            self._fold()
+            wall = (self._ended_at if self.ended else time.perf_counter()) - self._began
+            open_segment = None
+            if not self.ended:
+                now = self._began + wall
+                open_segment = (self._since - self._began, wall, self._state, now - self._since)
+        edges = goodput_timeline.edges_for(wall, intervals, window_s, self.name)
+        seconds = self._timeline.intervals(wall, edges, open_segment)
+        step, start, step_s = self._timeline.steps()
+        frame = pd.DataFrame({"start_s": edges[:-1], "end_s": edges[1:]})
+        spans = np.diff(edges)
+        frame["goodput"] = np.divide(seconds[:, 0], spans, out=np.zeros(len(spans)), where=spans > 0)
+        for i, category in enumerate(CATEGORIES):
+            frame[category] = seconds[:, i]
+        which = np.clip(np.searchsorted(edges, start, side="right") - 1, 0, len(spans) - 1)
+        frame["steps"] = np.bincount(which, minlength=len(spans)) if len(step_s) else 0
+        means, stds = np.full(len(spans), np.nan), np.full(len(spans), np.nan)
+        for i in range(len(spans)):
+            times = step_s[which == i]
+            if len(times):
+                means[i], stds[i] = times.mean(), times.std()
+        frame["step_time_mean_s"], frame["step_time_std_s"] = means, stds
+        frame.attrs.update(
+            run=self.name,
+            kind=self.kind,
+            header=self.header(),
+            step_time=goodput_timeline.step_time_stats(step, step_s),
+        )
+        return frame
+
+    def step_times(self) -> dict[str, Any]:
+        """Median, mean, standard deviation and slowest of the run's step times."""
+        with self._lock:
+            self._fold()
+        return goodput_timeline.step_time_stats(*self._timeline.steps()[::2])
+
+    def header(self) -> str:
+        """What the run is: its name, kind, cell, attempts and wall-clock span."""
+        begin = datetime.datetime.fromtimestamp(self.started, datetime.UTC)
+        end = datetime.datetime.fromtimestamp(self.started + self.wall_s, datetime.UTC)
+        cell = f"cell [{self.cell}]" if self.cell is not None else "outside a cell"
+        attempts = f"{self.attempts} attempt" + ("s" if self.attempts != 1 else "")
+        status = "" if self.ended else ", running"
+        span = f"{begin:%H:%M:%S.%f}"[:-3] + "-" + f"{end:%H:%M:%S.%f}"[:-3]
+        return f"run '{self.name}' ({self.kind}, {cell}, {attempts}, {span} UTC, {self.wall_s:.1f} s{status})"
+
     def summary(self) -> str:
         seconds = self.snapshot()
         wall = self.wall_s or 1.0
@@ -449,6 +538,16 @@ class Account:
             + (f" ({self.steps_redone} redone)" if self.steps_redone else "")
             + (f"; badput {parts}" if parts else "")
         )
+
+
+def _cell_number() -> int | None:
+    """The IPython cell (``In [n]``) running now, if any."""
+    ipython = sys.modules.get("IPython")  # never imported for this: outside a notebook there is no cell
+    if ipython is None:
+        return None
+    shell = ipython.get_ipython()
+    count = getattr(shell, "execution_count", None)
+    return count if isinstance(count, int) else None
 
 
 def _is_ready(tree: Any) -> bool:
@@ -801,10 +900,16 @@ class Report(TextDisplay):
             lines = ["no runs yet: @pw.elastic, %%pathways elastic, pw.loader and pw.steps(...) loops are counted"]
         else:
             wall = self.wall_s
-            head = "run" if len(self.runs) == 1 else f"{len(self.runs)} runs"
-            lines = [f"{head}: goodput {100 * self.goodput:.1f}% of {wall:.1f} s"]
+            if self.ledger is None:
+                lines = [f"{self.runs[0]['header']}: goodput {100 * self.goodput:.1f}%"]
+            else:
+                plural = "run" if len(self.runs) == 1 else "runs"
+                lines = [f"session, {len(self.runs)} {plural}: goodput {100 * self.goodput:.1f}% of {wall:.1f} s"]
             for r in self.runs:
                 lines.append(f"  {r['summary']}")
+                if self.ledger is not None:
+                    lines.append(f"    {r['header']}")
+                lines.append(f"    {goodput_timeline.step_time_text(r['step_time'])}")
                 if r["mfu"] is not None:
                     lines.append(f"    MFU {100 * r['mfu']:.2f}% ({r['peak_how']})")
                 if r.get("field") is not None:
@@ -829,6 +934,8 @@ def _figures(account: Account, with_field: bool) -> dict[str, Any]:
     mfu = account.mfu()
     figures = {
         "name": account.name,
+        "header": account.header(),
+        "step_time": account.step_times(),
         "wall_s": account.wall_s,
         "seconds": account.snapshot(),
         "summary": account.summary(),
@@ -854,19 +961,73 @@ def goodput(run: str | None = None, field: bool = True) -> Report:
     Raises:
       PathwaysError: no run of that name.
     """
-    from pathways_kernel.core.errors import PathwaysError
-
     book = ledger()
     if run is not None:
-        account = book.find(run)
-        if account is None:
-            names = sorted({a.name for a in [*book.active, *book.runs]})
-            known = f"; runs: {', '.join(names)}" if names else "; no run yet"
-            raise PathwaysError(f"no run named '{run}' in this session{known}")
-        return Report([account], None, field)
+        return Report([_account(run)], None, field)
     with book._lock:
         accounts = [*book.runs, *book.active]
     return Report(accounts, book, field)
+
+
+class OverTime(TextDisplay):
+    """``%pathways goodput --over-time``: a run's intervals as a stacked chart (text without HTML)."""
+
+    def __init__(self, frame: Any):
+        self.frame = frame
+
+    def to_text(self) -> str:
+        f = self.frame
+        cats = [c for c in CATEGORIES if float(f[c].sum()) > 0]
+        lines = [f"{f.attrs['header']}: goodput over {len(f)} intervals"]
+        lines.append(
+            f"  {'interval':<17} {'goodput':>7}  " + "  ".join(f"{c[:10]:>10}" for c in cats if c != PRODUCTIVE)
+        )
+        for row in f.itertuples(index=False):
+            span = row.end_s - row.start_s or 1.0
+            shares = "  ".join(f"{100 * getattr(row, c) / span:9.1f}%" for c in cats if c != PRODUCTIVE)
+            lines.append(f"  {row.start_s:7.2f}-{row.end_s:7.2f} s {100 * row.goodput:6.1f}%  {shares}")
+        lines.append(f"  {goodput_timeline.step_time_text(f.attrs['step_time'])}")
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        f = self.frame
+        title = f"{f.attrs['header']}: goodput over {len(f)} intervals"
+        return goodput_timeline.chart_html(f, title, LABELS, goodput_timeline.step_time_text(f.attrs["step_time"]))
+
+
+def goodput_over_time(run: str | None = None, intervals: int | None = None, window_s: float | None = None) -> Any:
+    """Goodput and badput by category over the run named ``run`` (default: the
+    session's latest run), in ``intervals`` equal intervals (default 20) or
+    windows of ``window_s`` seconds: a pandas DataFrame, one row per interval
+    (``start_s``, ``end_s`` from the run's start, ``goodput`` 0..1, seconds per
+    category, ``steps`` started in it and their ``step_time_mean_s`` /
+    ``step_time_std_s``); ``.attrs`` holds ``run``, ``header`` and the run's
+    ``step_time`` figures (median, mean, std, slowest steps).
+
+    Raises:
+      PathwaysError: no such run, no run yet, or a bad ``intervals`` / ``window_s``.
+    """
+    return _account(run).over_time(intervals, window_s)
+
+
+def _account(run: str | None) -> Account:
+    from pathways_kernel.core.errors import PathwaysError
+
+    book = ledger()
+    if run is None:
+        with book._lock:
+            accounts = [*book.runs, *book.active]
+        if not accounts:
+            raise PathwaysError(
+                "no run yet: @pw.elastic, %%pathways elastic, pw.loader and pw.steps(...) loops are counted"
+            )
+        return max(accounts, key=lambda a: a._began)
+    account = book.find(run)
+    if account is None:
+        names = sorted({a.name for a in [*book.active, *book.runs]})
+        known = f"; runs: {', '.join(names)}" if names else "; no run yet"
+        raise PathwaysError(f"no run named '{run}' in this session{known}")
+    return account
 
 
 # -- the field's library, fed from the same run ------------------------------
@@ -991,6 +1152,7 @@ __all__ = [
     "begin",
     "flops",
     "goodput",
+    "goodput_over_time",
     "peak_flops_per_chip",
     "spent",
 ]
