@@ -23,6 +23,9 @@ from pathways_kernel.server import launch
 HERE = os.path.abspath(__file__)
 STEPS = 20
 BATCH = 64
+# A copy big enough to take a while on any machine (about 1 s at 500 MiB/s), small enough
+# for a shared one. Streams past 2 GiB go through the same code, but would need ~8 GiB here.
+BIG = 512 << 20
 
 
 def client_env(target: str) -> dict[str, str]:
@@ -261,7 +264,100 @@ def client_elastic(target: str) -> dict:
     return {"expected": expected, "clean_attempts": clean_attempts, "final": final, "attempts": attempts}
 
 
-CLIENTS = {"basics": client_basics, "slice_loss": client_slice_loss, "elastic": client_elastic}
+def client_transfers(target: str) -> dict:
+    """Round trips through the host-buffer store, and tiny ops while a large copy is in flight."""
+    import threading
+    import time
+
+    import jax
+    import jax.numpy as jnp
+    import ml_dtypes
+
+    device = jax.devices()[3]
+    odd = np.arange((9 << 20) + 3, dtype=np.float32)  # not a whole number of chunks
+    halves = (np.arange(1001) / 7).astype(ml_dtypes.bfloat16)
+    result: dict = {
+        "odd_equal": bool(np.array_equal(np.asarray(jax.device_put(odd, device) * 2), odd * 2)),
+        "bf16_equal": bool(np.array_equal(np.asarray(jax.device_put(halves, device)), halves)),
+        "column_equal": bool(
+            np.array_equal(
+                np.asarray(jax.device_put(odd[:4096].reshape(64, 64).T, device)), odd[:4096].reshape(64, 64).T
+            )
+        ),
+    }
+    big = jax.device_put(np.ones(BIG >> 2, np.float32), jax.devices()[0]) + 1
+    big.block_until_ready()
+    add = jax.jit(lambda a: a + 1)
+    tiny = jnp.ones(4, device=jax.devices()[5])
+    add(tiny).block_until_ready()
+    for direction, transfer in (
+        ("down", lambda: np.array(big, copy=True)),
+        ("up", lambda: jax.device_put(np.full(BIG >> 2, 2.0, np.float32), jax.devices()[1]).block_until_ready()),
+    ):
+        span: dict = {}
+
+        def run(transfer=transfer, span=span) -> None:
+            span["start"] = time.monotonic()
+            transfer()
+            span["end"] = time.monotonic()
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        while "start" not in span:
+            time.sleep(0.001)
+        ops = []
+        while thread.is_alive():
+            start = time.monotonic()
+            add(tiny).block_until_ready()
+            ops.append((start, time.monotonic()))
+        thread.join()
+        inside = [(a, b) for a, b in ops if span["start"] < a and b < span["end"]]
+        result[direction] = {"seconds": span["end"] - span["start"], "tiny_ops_inside": len(inside)}
+    return result
+
+
+def client_plugins(target: str, trace_dir: str) -> dict:
+    """The plugin programs pathwaysutils sends, as its own code builds them."""
+    import datetime
+
+    import jax
+    import jax.numpy as jnp
+    from pathwaysutils import profiling
+    from pathwaysutils.persistence import helper
+
+    def attempt(fn) -> str:
+        try:
+            fn()
+            return "ok"
+        except Exception as error:  # noqa: BLE001 - what the user reads is the result
+            return str(error).splitlines()[0]
+
+    options = jax.profiler.ProfileOptions()
+    options.session_id = "local"  # as pathwaysutils.profiling.start_trace sets it
+    request = profiling._create_profile_request(trace_dir, options)
+    profiling._start_pathways_trace_from_profile_request(request)
+    (jnp.ones((64, 64)) @ jnp.ones((64, 64))).block_until_ready()
+    profiling._profile_state.call_profile_executable()  # what stop_trace sends
+    profiling._profile_state.reset()
+    values = [jnp.arange(4.0)]
+    timeout = datetime.timedelta(seconds=30)
+    return {
+        "write": attempt(lambda: helper.write_arrays("gs://bucket/run", ["a"], values, timeout).result()),
+        "read": attempt(
+            lambda: helper.read_arrays(
+                "gs://bucket/run", ["a"], [values[0].dtype], [(4,)], [values[0].sharding], jax.devices()[:1], timeout
+            )
+        ),
+    }
+
+
+CLIENTS = {
+    "basics": client_basics,
+    "slice_loss": client_slice_loss,
+    "elastic": client_elastic,
+    "transfers": client_transfers,
+    "plugins": client_plugins,
+}
 
 
 # ---- the tests -----------------------------------------------------------------------
@@ -314,6 +410,24 @@ def test_pathwaysutils_elastic_loop_survives_a_server_side_loss_and_scale_up(ser
     assert got["attempts"] == [[0, 1], [0], [0, 1]]
     for name in ("w", "b"):
         np.testing.assert_allclose(got["final"][name], got["expected"][name], rtol=1e-5, atol=1e-6)
+
+
+def test_transfers_round_trip_and_a_large_copy_does_not_stall_tiny_ops(server):
+    got = run_client("transfers", server.target)
+
+    assert got["odd_equal"] and got["bf16_equal"] and got["column_equal"], got
+    for direction in ("down", "up"):
+        # The session answers a tiny op while the copy is in flight, not after it.
+        assert got[direction]["tiny_ops_inside"] >= 1, got
+
+
+def test_pathwaysutils_profile_traces_the_server_and_persistence_is_refused_in_one_line(server, tmp_path):
+    got = run_client("plugins", server.target, str(tmp_path))
+
+    traces = list(tmp_path.glob("plugins/profile/*/*.xplane.pb"))
+    assert traces and all(t.stat().st_size > 0 for t in traces), list(tmp_path.rglob("*"))
+    assert got["write"].startswith("UNIMPLEMENTED: bulk_persistence_write_request: "), got
+    assert got["read"].startswith("UNIMPLEMENTED: bulk_persistence_read_request: "), got
 
 
 if __name__ == "__main__":

@@ -268,17 +268,21 @@ class HostBufferStore:
     (the client may send the request naming a buffer before the buffer itself)."""
 
     def __init__(self):
-        self._buffers: dict[int, bytes | ServerError] = {}
+        self._buffers: dict[int, np.ndarray | memoryview | ServerError] = {}
         self._cond = threading.Condition()
         self._closed = False
 
-    def store(self, handle: int, data: bytes | ServerError) -> None:
+    def store(self, handle: int, data: np.ndarray | memoryview | ServerError) -> None:
         """Keeps ``data`` under ``handle``; an error instead fails the lookup of it."""
         with self._cond:
             self._buffers[handle] = data
             self._cond.notify_all()
 
-    def lookup(self, handle: int, timeout: float = 600.0) -> bytes:
+    def has(self, handle: int) -> bool:
+        with self._cond:
+            return handle in self._buffers
+
+    def lookup(self, handle: int, timeout: float = 600.0) -> np.ndarray | memoryview:
         with self._cond:
             if not self._cond.wait_for(lambda: handle in self._buffers or self._closed, timeout):
                 raise ServerError.not_found(f"host buffer {handle} never arrived")
@@ -289,7 +293,7 @@ class HostBufferStore:
             raise data
         return data
 
-    def take(self, handle: int, timeout: float = 600.0) -> bytes:
+    def take(self, handle: int, timeout: float = 600.0) -> np.ndarray | memoryview:
         data = self.lookup(handle, timeout)
         self.delete(handle)
         return data
@@ -305,7 +309,18 @@ class HostBufferStore:
             self._cond.notify_all()
 
 
-def from_host_bytes(data: bytes, dtype: np.dtype, shape, byte_strides) -> np.ndarray:
+# XLA:CPU adopts a host array 64-byte aligned as the device buffer instead of copying it.
+_ALIGNMENT = 64
+
+
+def receive_buffer(size: int) -> np.ndarray:
+    """An empty host buffer of ``size`` bytes that ``jax.device_put`` can take without a copy."""
+    raw = np.empty(size + _ALIGNMENT, np.uint8)
+    start = -raw.ctypes.data % _ALIGNMENT
+    return raw[start : start + size]
+
+
+def from_host_bytes(data: bytes | np.ndarray, dtype: np.dtype, shape, byte_strides) -> np.ndarray:
     """The numpy view of a host buffer laid out as the client describes it."""
     shape = tuple(shape)
     if byte_strides is None:
@@ -313,13 +328,14 @@ def from_host_bytes(data: bytes, dtype: np.dtype, shape, byte_strides) -> np.nda
     return np.ndarray(shape, dtype=dtype, buffer=data, strides=tuple(byte_strides))
 
 
-def to_host_bytes(value: np.ndarray, byte_strides) -> bytes:
-    """``value`` laid out as the client asks (row-major unless it gives strides)."""
+def to_host_bytes(value: np.ndarray, byte_strides) -> memoryview:
+    """``value`` laid out as the client asks (row-major unless it gives strides), as bytes;
+    a row-major value is not copied (the device buffer itself on CPU)."""
     if byte_strides is None:
-        return np.ascontiguousarray(value).tobytes()
+        return memoryview(np.ascontiguousarray(value).reshape(-1).view(np.uint8))
     strides = tuple(byte_strides)
     size = max([0] + [(n - 1) * s for n, s in zip(value.shape, strides, strict=True) if n]) + value.itemsize
     out = bytearray(size if value.size else 0)
     if value.size:
         np.ndarray(value.shape, dtype=value.dtype, buffer=out, strides=strides)[...] = value
-    return bytes(out)
+    return memoryview(out)

@@ -28,6 +28,7 @@ from pathways_kernel.server.arrays import (
     dtype_from_proto,
     dtype_to_proto,
     from_host_bytes,
+    receive_buffer,
     sharding_from_proto,
     to_host_bytes,
 )
@@ -136,28 +137,44 @@ class Session:
     # ---- the stream -------------------------------------------------------
 
     async def serve(self, requests):
-        """Yields responses for ``requests`` as they complete. Requests are taken in order
-        on one thread (a request may wait for a host buffer still being uploaded); the
-        gRPC stream itself stays on the event loop."""
+        """Yields responses for ``requests`` as they complete. Requests are taken in order.
+        Most are handled right here on the event loop as they arrive (a thread hand-off
+        each way cost most of a tiny op's round trip); one that must wait for a host
+        buffer still being uploaded goes to the session's own thread, and the requests
+        after it follow it there until that thread has caught up."""
         loop = asyncio.get_running_loop()
+        loop_thread = threading.get_ident()
         out: asyncio.Queue = asyncio.Queue()
         in_order: queue.SimpleQueue = queue.SimpleQueue()
         pending = 0
+        handed_off = 0  # requests given to the session's thread and not yet taken; loop only
         reading = True
 
         def respond(response) -> None:
-            loop.call_soon_threadsafe(out.put_nowait, response)
+            if threading.get_ident() == loop_thread:
+                out.put_nowait(response)
+            else:
+                loop.call_soon_threadsafe(out.put_nowait, response)
+
+        def taken() -> None:
+            nonlocal handed_off
+            handed_off -= 1
 
         def work() -> None:
             while (request := in_order.get()) is not None:
                 self._process(request, respond)
+                loop.call_soon_threadsafe(taken)
 
         async def read() -> None:
-            nonlocal pending, reading
+            nonlocal pending, reading, handed_off
             try:
                 async for request in requests:
                     pending += 1
-                    in_order.put(request)
+                    if handed_off or self._may_wait(request):
+                        handed_off += 1
+                        in_order.put(request)
+                    else:
+                        self._process(request, respond)
             finally:
                 reading = False
                 in_order.put(None)
@@ -174,6 +191,18 @@ class Session:
         finally:
             reader.cancel()
             self.server.close_session(self)
+
+    def _may_wait(self, request) -> bool:
+        """Whether ``request`` names a host buffer that has not arrived yet."""
+        kind = request.WhichOneof("request")
+        if kind == "make_array_from_host_buffer_request":
+            handles = [request.make_array_from_host_buffer_request.host_buffer_handle]
+        elif kind == "make_arrays_from_host_buffer_shards_request":
+            specs = request.make_arrays_from_host_buffer_shards_request.specs
+            handles = [buffer.host_buffer_handle for spec in specs for buffer in spec.host_buffers]
+        else:
+            return False
+        return not all(self.host_buffers.has(handle) for handle in handles)
 
     def _process(self, request, respond: Callable) -> None:
         kind = request.WhichOneof("request")
@@ -279,7 +308,7 @@ class Session:
             compiled.num_devices = len(program.device_ids)
             compiled.device_ids.extend(program.device_ids)
             compiled.addressable_device_ids.extend(program.device_ids)
-            compiled.fingerprint_value = program.executable.fingerprint or b""
+            compiled.fingerprint_value = getattr(program.executable, "fingerprint", None) or b""
             compiled.ready_future_handle = ready
 
         return compile_
@@ -295,6 +324,14 @@ class Session:
         program = self._program(request.loaded_executable_handle)
         metadata = response.loaded_executable_metadata_response
         executable = program.executable
+        _status(
+            metadata.parameter_layouts_error, UNIMPLEMENTED, "layouts are not reported by the local Pathways server"
+        )
+        _status(metadata.output_layouts_error, UNIMPLEMENTED, "layouts are not reported by the local Pathways server")
+        _status(metadata.donated_input_indices_error, UNIMPLEMENTED, "donated inputs are not reported")
+        metadata.output_memory_kinds.SetInParent()
+        if executable is None:  # a plugin program: no arguments, no outputs, no XLA executable
+            return
         op_sharding = protos.xla("OpSharding")
         if program.num_replicas == 1 and len(program.device_ids) > 1:
             metadata.parameter_shardings.SetInParent()
@@ -303,15 +340,8 @@ class Session:
             metadata.output_shardings.SetInParent()
             for op in executable.get_output_shardings() or []:
                 metadata.output_shardings.shardings.append(op_sharding.FromString(op.SerializeToString()))
-        _status(
-            metadata.parameter_layouts_error, UNIMPLEMENTED, "layouts are not reported by the local Pathways server"
-        )
-        _status(metadata.output_layouts_error, UNIMPLEMENTED, "layouts are not reported by the local Pathways server")
-        kinds = metadata.output_memory_kinds
-        kinds.SetInParent()
         for memory_kinds in executable.get_output_memory_kinds():
-            kinds.memory_kind_lists.add().memory_kinds.extend(memory_kinds)
-        _status(metadata.donated_input_indices_error, UNIMPLEMENTED, "donated inputs are not reported")
+            metadata.output_memory_kinds.memory_kind_lists.add().memory_kinds.extend(memory_kinds)
         stats = executable.get_compiled_memory_stats()
         memory = metadata.compiled_memory_stats
         for name in (
@@ -743,9 +773,14 @@ def handlers(server: Server) -> grpc.GenericRpcHandler:
         if raw is None:
             context.abort(grpc.StatusCode.INTERNAL, "Missing gRPC metadata for GrpcHostBufferService.Store")
         metadata = protos.proxy("GrpcHostBufferStoreMetadata").FromString(raw)
-        data = b"".join(chunks)
-        if len(data) != metadata.buffer_size:
-            context.abort(grpc.StatusCode.DATA_LOSS, f"expected {metadata.buffer_size} bytes but got {len(data)}")
+        # Each chunk is copied once, into an array the devices can adopt as it is.
+        data, received = receive_buffer(metadata.buffer_size), 0
+        for chunk in chunks:
+            if received + len(chunk) <= len(data):
+                data[received : received + len(chunk)] = chunk
+            received += len(chunk)
+        if received != metadata.buffer_size:
+            context.abort(grpc.StatusCode.DATA_LOSS, f"expected {metadata.buffer_size} bytes but got {received}")
         try:
             server.session(metadata.session_id).host_buffers.store(metadata.handle, data)
         except ServerError as error:
@@ -757,8 +792,8 @@ def handlers(server: Server) -> grpc.GenericRpcHandler:
             data = server.session(request.session_id).host_buffers.lookup(request.handle)
         except ServerError as error:
             _abort(context, error)
-        view = memoryview(data)
-        for offset in range(0, max(len(data), 1), _CHUNK):
+        view = memoryview(data).cast("B")
+        for offset in range(0, max(len(view), 1), _CHUNK):
             yield _data_message(view[offset : offset + _CHUNK])
 
     def host_buffer_delete(request, context):

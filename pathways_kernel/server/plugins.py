@@ -1,0 +1,114 @@
+"""The plugin programs pathwaysutils sends (``xla::ifrt::PluginProgram``): what Pathways
+does server-side rather than in the client.
+
+pathwaysutils compiles a plugin program whose data is ``__serialized_plugin_program``
+followed by a JSON request, and executes it without arguments:
+
+* ``profileRequest`` (``pathwaysutils.profiling``): the first execution starts a
+  trace of the server's own process into ``traceLocation`` with ``jax.profiler``,
+  the second stops it, as Pathways' workers trace theirs;
+* ``persistenceWriteRequest`` / ``persistenceReadRequest`` (``pathwaysutils.persistence``,
+  which sends them as ``bulk_persistence_write/read_request``): answered UNIMPLEMENTED
+  naming the request, see ``_UNSERVED``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pathways_kernel.server.arrays import ServerArray, Sharding
+from pathways_kernel.server.errors import INVALID_ARGUMENT, UNIMPLEMENTED, ServerError
+
+PREFIX = b"__serialized_plugin_program "
+
+_WRITE = (
+    "the local Pathways server does not write arrays to storage itself; save from the client "
+    "(orbax, or %pathways snapshot)"
+)
+_READ = (
+    "the local Pathways server does not read arrays from storage itself; restore from the client "
+    "(orbax, or %pathways snapshot)"
+)
+# pathwaysutils.persistence sends the bulk forms; the single ones are Pathways' own names.
+_UNSERVED = {
+    "persistenceWriteRequest": _WRITE,
+    "bulk_persistence_write_request": _WRITE,
+    "persistenceReadRequest": _READ,
+    "bulk_persistence_read_request": _READ,
+}
+
+# One trace per process: jax.profiler allows one at a time, as does a Pathways worker.
+_tracing_lock = threading.Lock()
+_tracing: list[ProfileProgram] = []
+
+
+@dataclass(eq=False)
+class ProfileProgram:
+    """A ``profileRequest``: each execution starts, then stops, a trace of this process."""
+
+    trace_location: str
+    name: str = "profileRequest"
+    executable: object = None
+    device_ids: tuple[int, ...] = ()
+    num_replicas: int = 1
+    output_shapes: list[tuple[int, ...]] = field(default_factory=list)
+    output_dtypes: list[np.dtype] = field(default_factory=list)
+    parameter_shardings: list = field(default_factory=list)
+    output_shardings: list[Sharding] = field(default_factory=list)
+
+    def run(self, args: list[ServerArray]) -> list[ServerArray]:
+        import jax
+
+        with _tracing_lock:
+            if self in _tracing:
+                _tracing.remove(self)
+                jax.profiler.stop_trace()
+                return self._outputs()
+            if _tracing:
+                raise ServerError(INVALID_ARGUMENT, "profileRequest: the local Pathways server is already tracing")
+            try:
+                jax.profiler.start_trace(self.trace_location)
+            except Exception as error:  # noqa: BLE001 - the profiler's reason is the user's answer
+                raise ServerError(
+                    INVALID_ARGUMENT,
+                    f"profileRequest: cannot trace into {self.trace_location}: {' '.join(str(error).split())}",
+                ) from error
+            _tracing.append(self)
+        return self._outputs()
+
+    def _outputs(self) -> list[ServerArray]:
+        """With ``xprofTraceOptions`` pathwaysutils waits for one output (on Pathways, the
+        trace's future); a one-byte array on device 0 stands in for it."""
+        import jax
+
+        if not self.output_shapes:
+            return []
+        value = jax.device_put(np.zeros(1, np.int8), jax.devices()[0])
+        return [ServerArray(np.dtype(np.int8), (1,), self.output_shardings[0], [value])]
+
+
+def compile_plugin(data: bytes) -> ProfileProgram:
+    """The program a plugin program's ``data`` asks for; raises ServerError naming the request
+    if it is not one this server serves."""
+    try:
+        request = json.loads(data.removeprefix(PREFIX))
+        kind = next(iter(request)) if isinstance(request, dict) and request else None
+    except ValueError:
+        kind = None
+    if kind is None:
+        raise ServerError(INVALID_ARGUMENT, "Bad PluginProgram: not a JSON request")
+    if kind == "profileRequest":
+        location = request[kind].get("traceLocation", "")
+        if not location:
+            raise ServerError(INVALID_ARGUMENT, "profileRequest: no traceLocation")
+        if "xprofTraceOptions" not in request[kind]:
+            return ProfileProgram(location)
+        return ProfileProgram(
+            location, output_shapes=[(1,)], output_dtypes=[np.dtype(np.int8)], output_shardings=[Sharding((0,), None)]
+        )
+    reason = _UNSERVED.get(kind, "the local Pathways server does not serve it")
+    raise ServerError(UNIMPLEMENTED, f"{kind}: {reason}")
