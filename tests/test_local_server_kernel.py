@@ -52,8 +52,11 @@ def alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     # A zombie (exited, not yet reaped by the kernel) counts as gone.
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def wait_until(condition, timeout: float = 60.0) -> bool:
@@ -197,3 +200,14 @@ def test_server_specs_and_a_server_for_a_remote_spec_is_one_line():
         backends.from_spec("grpc://localhost:29000", server=True)
     with pytest.raises(SpecError, match="bad local spec"):
         backends.from_spec("local-server:2y4")
+
+
+def test_the_server_goes_when_its_kernel_is_killed():
+    kernel = Kernel("pathways", env={"PATHWAYS_BACKEND": "local-server:1x2"})
+    try:
+        pid = server_pid(kernel)
+        assert alive(pid)
+        os.kill(kernel.km.provisioner.process.pid, signal.SIGKILL)
+        assert wait_until(lambda: not alive(pid), 30), "the server outlived its kernel"
+    finally:
+        kernel.shutdown()

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import os
 import signal
 import threading
 import time
@@ -114,9 +115,11 @@ class LocalServerBackend(ProxyBackend):
 
     def activate(self) -> None:
         from pathways_kernel.server import launch
+        from pathways_kernel.server.cli import PARENT_ENV
 
         jaxcompat.set_cpp_min_log_level(3)
-        self.server = launch.start(self.num_slices, self.chips_per_slice)
+        # The server goes when this process does, also when it is killed without closing the session.
+        self.server = launch.start(self.num_slices, self.chips_per_slice, env={PARENT_ENV: str(os.getpid())})
         _RUNNING.add(self)
         self.address = SocketTarget(self.server.target)  # type: ignore[assignment]
         try:

@@ -133,9 +133,22 @@ def serve(args: argparse.Namespace) -> int:
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    if parent := os.environ.get(PARENT_ENV):
+        loop.create_task(_orphaned(int(parent), stop))
     loop.run_until_complete(stop.wait())
     loop.run_until_complete(grpc_server.stop(grace=1))
     return 0
+
+
+#: Set by a kernel that starts the server (``backends/local_server.py``): its pid.
+PARENT_ENV = "PATHWAYS_LOCAL_PARENT_PID"
+
+
+async def _orphaned(parent: int, stop: asyncio.Event) -> None:
+    """Stop once ``parent`` is gone, even when it was killed (kill -9) without stopping us."""
+    while os.getppid() == parent:
+        await asyncio.sleep(1.0)
+    stop.set()
 
 
 def _control(args: argparse.Namespace) -> int:
