@@ -787,11 +787,17 @@ def handlers(server: Server) -> grpc.GenericRpcHandler:
             _abort(context, error)
         return store_response()
 
-    def host_buffer_lookup(request, context):
+    async def host_buffer_lookup(request, context):
+        # On the event loop, like the sessions' streams: each message handed from a worker
+        # thread to the loop cost more than copying it. Only the wait for the buffer (a copy
+        # still running) goes to a thread.
         try:
-            data = server.session(request.session_id).host_buffers.lookup(request.handle)
+            store = server.session(request.session_id).host_buffers
+            data = store.lookup(request.handle, 0) if store.has(request.handle) else None
+            if data is None:
+                data = await asyncio.get_running_loop().run_in_executor(None, store.lookup, request.handle)
         except ServerError as error:
-            _abort(context, error)
+            await context.abort(codes[error.code], error.message)
         view = memoryview(data).cast("B")
         for offset in range(0, max(len(view), 1), _CHUNK):
             yield _data_message(view[offset : offset + _CHUNK])
