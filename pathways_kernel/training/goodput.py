@@ -49,6 +49,7 @@ import tempfile
 import threading
 import time
 import weakref
+from array import array
 from collections.abc import Iterator
 from typing import Any
 
@@ -71,6 +72,7 @@ BADPUT = (
     OTHER,
 )
 CATEGORIES = (PRODUCTIVE, *BADPUT)
+_INDEX = {category: i for i, category in enumerate(CATEGORIES)}
 
 #: Peak dense bf16 FLOP/s per chip, from Google Cloud's TPU pages
 #: (cloud.google.com/tpu/docs/v5e, /v5p, /v6e, /tpu7x; checked 2026-12):
@@ -157,7 +159,8 @@ class Account:
         self._field = _FieldLog(name, session)
         # Goodput over time: the ledger's segments and step starts, appended here and
         # folded only when asked for (goodput_timeline).
-        self._log: list[tuple] = []
+        self._log = array("d")  # flat records of four floats (goodput_timeline.fold reads them)
+        self._moves: list[tuple] = []
         self._timeline = goodput_timeline.Timeline(CATEGORIES)
         self._open_began = 0.0
         self.attempts = 1
@@ -176,10 +179,10 @@ class Account:
         scale = segment / moved if moved > segment else 1.0
         for category, seconds in self._moved.items():
             self.seconds[category] += seconds * scale
-            self._log.append((self._since, now, category, seconds * scale))
+            self._log.extend((self._since, now, _INDEX[category], seconds * scale))
         own = segment - moved * scale
         self.seconds[self._state] += own
-        self._log.append((self._since, now, self._state, own))
+        self._log.extend((self._since, now, _INDEX[self._state], own))
         if self._state == PRODUCTIVE and self._open_step is not None:
             self._open_productive += own
             self._chip_seconds += own * self._chip_count()
@@ -261,7 +264,7 @@ class Account:
                 self.seconds["snapshot_stall"] -= busy
                 self.seconds[PRODUCTIVE] += busy
                 self._add_to_last_step(busy)
-                self._log.append(("move", started, started + waited, "snapshot_stall", PRODUCTIVE, busy, None))
+                self._move(started, started + waited, "snapshot_stall", PRODUCTIVE, busy)
 
     # -- steps ----------------------------------------------------------------
     def step_begin(self, step: int) -> None:
@@ -269,7 +272,7 @@ class Account:
         self._switch(PRODUCTIVE)
         self._open_step, self._open_productive = step, 0.0
         self._open_began = self._since
-        self._log.append((self._since, step))
+        self._log.extend((self._since, self._since, goodput_timeline.STEP, step))
         self._field.step(step)
 
     def step_end(self, output: Any = None) -> None:
@@ -289,7 +292,7 @@ class Account:
             self.steps += 1
             self._open_step = None
             self._recovering = False
-            if len(self._log) > goodput_timeline.FOLD_AT:
+            if len(self._log) > 4 * goodput_timeline.FOLD_AT:
                 self._fold()
 
     def _credit_overlap(self) -> None:
@@ -322,9 +325,7 @@ class Account:
         with self._lock:
             if self._open_step is not None:
                 self._redo(self._open_productive)
-                self._log.append(
-                    ("move", self._open_began, self._since, PRODUCTIVE, "redone", self._open_productive, None)
-                )
+                self._move(self._open_began, self._since, PRODUCTIVE, "redone", self._open_productive)
                 self._open_step = None
             self._recovering = True
             self.recoveries += 1
@@ -350,7 +351,7 @@ class Account:
             self.steps_redone += 1
         if redone:
             self._redo(seconds)
-            self._log.append(("move", self._since, self._since, PRODUCTIVE, "redone", seconds, min(redone)))
+            self._move(self._since, self._since, PRODUCTIVE, "redone", seconds, min(redone))
 
     def _redo(self, seconds: float) -> None:
         self.seconds[PRODUCTIVE] -= seconds
@@ -368,9 +369,7 @@ class Account:
                 if self._open_step is not None:  # the step the signal cut short did nothing
                     self.seconds[PRODUCTIVE] -= self._open_productive
                     self.seconds[cause] += self._open_productive
-                    self._log.append(
-                        ("move", self._open_began, self._since, PRODUCTIVE, cause, self._open_productive, None)
-                    )
+                    self._move(self._open_began, self._since, PRODUCTIVE, cause, self._open_productive)
                     self._open_step = None
             self._field.elastic_wait(cause, True)
         self._between = cause
@@ -472,8 +471,17 @@ class Account:
     # -- over time (goodput_timeline), computed when asked --------------------
     def _fold(self) -> None:
         """Fold the log into the timeline; under ``_lock``."""
-        log, self._log = self._log, []
-        self._timeline.fold(log, self._began)
+        log, self._log = self._log, array("d")
+        moves, self._moves = self._moves, []
+        self._timeline.fold(log, moves, self._began)
+
+    def _move(
+        self, t0: float, t1: float, source: str, target: str, seconds: float, from_step: int | None = None
+    ) -> None:
+        """``seconds`` of ``source`` spent in ``[t0, t1]`` (from ``from_step``'s start if given)
+        are ``target``'s after all: a correction the timeline makes when folded; under ``_lock``."""
+        self._log.extend((t0, t1, goodput_timeline.MOVE, len(self._moves)))
+        self._moves.append((source, target, seconds, from_step))
 
     def over_time(self, intervals: int | None = None, window_s: float | None = None) -> Any:
         """The run split into ``intervals`` equal intervals (default 20) or windows of

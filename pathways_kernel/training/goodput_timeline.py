@@ -41,6 +41,9 @@ MAX_STEP_TIMES = 100_000
 FOLD_AT = 50_000
 #: Slowest steps the report names.
 SLOWEST = 3
+#: What a log record is when it is no segment: a step start, a correction.
+STEP = -1.0
+MOVE = -2.0
 
 
 class Timeline:
@@ -58,18 +61,58 @@ class Timeline:
         self._lock = threading.Lock()
 
     # -- folding the run's log -------------------------------------------------------
-    def fold(self, entries: list[tuple], began: float) -> None:
+    def fold(self, log: array, moves: list[tuple], began: float) -> None:
+        """Fold the run's log: records of four floats ``(t0, t1, what, value)`` (perf_counter
+        times; ``began`` is the run's time 0): a segment (``what`` its category's index,
+        ``value`` its seconds), a step start (``STEP``, the step) or a correction (``MOVE``,
+        its index in ``moves``: ``(source, target, seconds, from_step)``), in order."""
+        if not log:
+            return
+        records = np.frombuffer(log, dtype=np.float64).reshape(-1, 4)
+        what = records[:, 2]
         with self._lock:
-            for entry in entries:
-                if len(entry) == 4:
-                    self._add(entry[0] - began, entry[1] - began, entry[2], entry[3])
-                elif len(entry) == 2:
-                    self._step(entry[0] - began, entry[1])
-                else:
-                    _, t0, t1, source, target, seconds, from_step = entry
+            marks = records[what == STEP]
+            self._steps(marks[:, 0] - began, marks[:, 3].astype(np.int64))
+            at = 0
+            # Segments up to each correction, then the correction: the order they happened in.
+            for i in [*np.flatnonzero(what == MOVE), len(records)]:
+                chunk = records[at:i]
+                chunk = chunk[chunk[:, 2] >= 0]
+                if len(chunk):
+                    self._add_many(chunk[:, 0] - began, chunk[:, 1] - began, chunk[:, 2].astype(np.intp), chunk[:, 3])
+                if i < len(records):
+                    t0, t1, _, index = records[i]
+                    source, target, seconds, from_step = moves[int(index)]
                     if from_step is not None:
                         t0 = self._start_of(from_step, t1 - began) + began
                     self._move(t0 - began, t1 - began, source, target, seconds)
+                at = i + 1
+
+    def _add_many(self, t0: np.ndarray, t1: np.ndarray, cat: np.ndarray, seconds: np.ndarray) -> None:
+        """Spread each segment's seconds evenly over ``[t0, t1]``'s buckets."""
+        t0 = np.maximum(t0, 0.0)
+        t1 = np.maximum(t1, t0)
+        self._grow(int(t1.max() / self.width))
+        w = self.width
+        first = (t0 / w).astype(np.intp)
+        last = (t1 / w).astype(np.intp)
+        buckets = self.buckets
+        one = first == last
+        np.add.at(buckets, (last[one], cat[one]), seconds[one])
+        many = ~one
+        if not many.any():
+            return
+        t0, t1, cat, seconds, first, last = t0[many], t1[many], cat[many], seconds[many], first[many], last[many]
+        rate = seconds / (t1 - t0)
+        np.add.at(buckets, (first, cat), rate * ((first + 1) * w - t0))
+        np.add.at(buckets, (last, cat), rate * (t1 - last * w))
+        # Whole buckets between: a difference array over buckets, summed per category.
+        inner = last - first > 1
+        if inner.any():
+            diff = np.zeros((len(buckets) + 1, buckets.shape[1]))
+            np.add.at(diff, (first[inner] + 1, cat[inner]), rate[inner] * w)
+            np.add.at(diff, (last[inner], cat[inner]), -rate[inner] * w)
+            buckets += np.cumsum(diff, axis=0)[:-1]
 
     def _grow(self, last: int) -> int:
         """Buckets up to index ``last`` exist (widening first if needed); returns ``last`` in the final width."""
@@ -131,19 +174,21 @@ class Timeline:
             rows[-1, src] -= rest
             rows[-1, dst] += rest
 
-    def _step(self, t: float, step: int) -> None:
-        last, self._last = self._last, (step, t)
-        if last is not None and step == last[0] + 1:
-            if len(self.step) >= MAX_STEP_TIMES:
-                keep = MAX_STEP_TIMES // 2
-                self.step, self.step_start, self.step_s = (
-                    self.step[-keep:],
-                    self.step_start[-keep:],
-                    self.step_s[-keep:],
-                )
-            self.step.append(last[0])
-            self.step_start.append(last[1])
-            self.step_s.append(t - last[1])
+    def _steps(self, t: np.ndarray, step: np.ndarray) -> None:
+        """Step starts, in order: a step's time runs to the next one's start when that is step + 1."""
+        if not len(t):
+            return
+        if self._last is not None:
+            t = np.concatenate([[self._last[1]], t])
+            step = np.concatenate([[self._last[0]], step])
+        self._last = (int(step[-1]), float(t[-1]))
+        follows = np.flatnonzero(step[1:] == step[:-1] + 1)
+        self.step.extend(step[follows].tolist())
+        self.step_start.extend(t[follows].tolist())
+        self.step_s.extend((t[follows + 1] - t[follows]).tolist())
+        if len(self.step) > MAX_STEP_TIMES:
+            keep = MAX_STEP_TIMES // 2
+            self.step, self.step_start, self.step_s = self.step[-keep:], self.step_start[-keep:], self.step_s[-keep:]
 
     def _start_of(self, step: int, before: float) -> float:
         """When ``step`` last started before ``before`` (run time), from the step times kept."""
