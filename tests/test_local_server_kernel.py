@@ -169,9 +169,18 @@ def test_a_server_killed_mid_step_is_one_line_and_connect_force_starts_a_new_one
     assert wait_until(lambda: not alive(first))
     # The cell that was stepping ends with the client's error; the kernel lives on.
     assert fresh_kernel.kc.get_shell_msg(timeout=120)["content"]["status"] == "error"
-    nxt = fresh_kernel.run("print('next')")
-    notice = [line for line in nxt.error.splitlines() if line.strip()]
-    assert len(notice) == 1 and f"server pid {first} killed by SIGKILL" in notice[0], nxt.error
+    seen: list[str] = []
+
+    def reported(count: int) -> bool:
+        reply = fresh_kernel.run("print(len(pw.events(kind='disconnect')))")
+        seen.append(reply.error)
+        return reply.text.strip() == str(count)
+
+    # The notice comes before the first cell after the death is known, in one line.
+    assert wait_until(lambda: reported(1), 60)
+    seen.append(fresh_kernel.run("print('next')").error)
+    notice = [line for text in seen for line in text.splitlines() if line.strip()]
+    assert len(notice) == 1 and f"server pid {first} killed by SIGKILL" in notice[0], seen
     status = fresh_kernel.run("%pathways status")
     lines = [line for line in status.error.splitlines() if line.strip()]
     assert len(lines) == 1 and "the local Pathways server (local-server:2x4) is gone" in lines[0], status.error
@@ -184,6 +193,16 @@ def test_a_server_killed_mid_step_is_one_line_and_connect_force_starts_a_new_one
     assert second != first and alive(second)
     works = fresh_kernel.run("print(float(jnp.ones((8, 8)).sum()), [d.slice_index for d in jax.devices()])")
     assert works.text.strip() == "64.0 [0, 0, 0, 0, 1, 1, 1, 1]", works.text + works.error
+    # What the notice says to do works too: `%pathways reconnect` starts a new server.
+    os.kill(second, signal.SIGKILL)
+    seen.clear()
+    assert wait_until(lambda: reported(2), 60)
+    seen.append(fresh_kernel.run("print('next')").error)
+    assert "Run `%pathways reconnect`" in "".join(seen), seen
+    assert fresh_kernel.run("%pathways reconnect", timeout=240).status == "ok"
+    second = server_pid(fresh_kernel)
+    works = fresh_kernel.run("print(float(jnp.ones((8, 8)).sum()))")
+    assert works.text.strip() == "64.0", works.text + works.error
     # Back to the embedded backend: the server goes with the session that started it.
     assert fresh_kernel.run("%pathways connect local:2x4 --force").status == "ok"
     assert wait_until(lambda: not alive(second), 30)
