@@ -322,6 +322,7 @@ def client_plugins(target: str, trace_dir: str) -> dict:
 
     import jax
     import jax.numpy as jnp
+    from jax.experimental import colocated_python
     from pathwaysutils import profiling
     from pathwaysutils.persistence import helper
 
@@ -341,7 +342,13 @@ def client_plugins(target: str, trace_dir: str) -> dict:
     profiling._profile_state.reset()
     values = [jnp.arange(4.0)]
     timeout = datetime.timedelta(seconds=30)
+
+    @colocated_python.colocated_python
+    def colocated(x):
+        return x + 1
+
     return {
+        "colocated": attempt(lambda: colocated(values[0])),
         "write": attempt(lambda: helper.write_arrays("gs://bucket/run", ["a"], values, timeout).result()),
         "read": attempt(
             lambda: helper.read_arrays(
@@ -421,13 +428,16 @@ def test_transfers_round_trip_and_a_large_copy_does_not_stall_tiny_ops(server):
         assert got[direction]["tiny_ops_inside"] >= 1, got
 
 
-def test_pathwaysutils_profile_traces_the_server_and_persistence_is_refused_in_one_line(server, tmp_path):
+def test_pathwaysutils_profile_traces_the_server_persistence_and_colocated_python_are_refused_in_one_line(
+    server, tmp_path
+):
     got = run_client("plugins", server.target, str(tmp_path))
 
     traces = list(tmp_path.glob("plugins/profile/*/*.xplane.pb"))
     assert traces and all(t.stat().st_size > 0 for t in traces), list(tmp_path.rglob("*"))
     assert got["write"].startswith("UNIMPLEMENTED: bulk_persistence_write_request: "), got
     assert got["read"].startswith("UNIMPLEMENTED: bulk_persistence_read_request: "), got
+    assert got["colocated"].startswith("UNIMPLEMENTED: colocated Python (xla::ifrt::CustomCallProgram) "), got
 
 
 if __name__ == "__main__":

@@ -125,6 +125,12 @@ def compile_program(request, topology: Topology) -> Program | ProfileProgram:
     compiler's message if XLA rejects it."""
     if request.program.type_name == "xla::ifrt::PluginProgram":
         return compile_plugin(request.program.data)
+    if request.program.type_name == "xla::ifrt::CustomCallProgram":
+        raise ServerError(
+            UNIMPLEMENTED,
+            "colocated Python (xla::ifrt::CustomCallProgram) is not served by the local Pathways server: "
+            "it does not run Python functions next to its devices yet",
+        )
     if request.program.type_name != "xla::ifrt::XlaProgram":
         raise ServerError(
             UNIMPLEMENTED, f"program type {request.program.type_name} is not served by the local Pathways server"
