@@ -57,7 +57,7 @@ test-ts: $(VENV)/.installed
 	$(JLPM) test
 
 test-py: $(VENV)/.installed /usr/bin/chromium /usr/sbin/slurmctld
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q --durations=25
 
 test: lint test-ts test-py
 
