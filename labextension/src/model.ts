@@ -15,6 +15,7 @@ import {
   MEMORY_SATURATED,
   HistoryMessage,
   KernelMessage,
+  MetricPointsMessage,
   MetricsMessage,
   MonitorEvent,
   TopologyMessage,
@@ -26,7 +27,7 @@ export const HISTORY_S = 900;
 /** Events kept (newest first). */
 export const MAX_EVENTS = 500;
 
-export type Change = 'topology' | 'history' | 'metrics' | 'events' | 'reset';
+export type Change = 'topology' | 'history' | 'metrics' | 'events' | 'reset' | 'points';
 
 /** A slice's history: parallel arrays, one entry per point. */
 export interface Series {
@@ -70,6 +71,8 @@ export class MonitorModel {
   grids: SliceGrid[] = [];
   /** Newest first. */
   events: MonitorEvent[] = [];
+  /** The newest batch of training metric points (views that chart them take each one on 'points'). */
+  points: MetricPointsMessage | null = null;
   /** Metrics frames dropped because they did not match the topology. */
   dropped = 0;
 
@@ -96,6 +99,10 @@ export class MonitorModel {
         break;
       case 'event':
         this.addEvents([message.event]);
+        break;
+      case 'metric_points':
+        this.points = message;
+        this._emit('points');
         break;
     }
   }

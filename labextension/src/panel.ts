@@ -404,6 +404,9 @@ export class PathwaysPanel extends Widget {
   }
 
   private _changed(change: Change): void {
+    if (change === 'points') {
+      return; // training metrics are the dashboard's
+    }
     if (
       change === 'topology' &&
       (this._noBackend !== null || this._message.startsWith('Connecting'))

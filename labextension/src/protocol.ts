@@ -19,7 +19,8 @@ export const KERNEL_TYPES = [
   'metrics',
   'event',
   'reply',
-  'no_backend'
+  'no_backend',
+  'metric_points'
 ] as const;
 /** Frontend -> kernel request types and their own fields. */
 export const REQUEST_FIELDS = {
@@ -192,7 +193,29 @@ export interface NoBackendMessage {
   error: string;
 }
 
+/** One training metric value (`pw.log`, an elastic run's loss): a row of `pw.metrics()`. */
+export interface MetricPoint {
+  seq: number;
+  /** The run's name and its number among the session's runs of that name: "train #2". */
+  run: string;
+  step: number;
+  time: number;
+  elapsed_s: number;
+  name: string;
+  /** Null when not finite. */
+  value: number | null;
+}
+
+/** Training metric points, oldest first; `replay`: the session's so far, replacing what was held. */
+export interface MetricPointsMessage {
+  v: 1;
+  type: 'metric_points';
+  replay: boolean;
+  points: MetricPoint[];
+}
+
 export type KernelMessage =
+  | MetricPointsMessage
   | TopologyMessage
   | HistoryMessage
   | MetricsMessage
@@ -232,6 +255,26 @@ export function decodeMessage(data: unknown, buffers: readonly Buffer[] = []): K
       return { v: 1, type: 'event', event: decodeEvent(object(msg.event, 'event.event')) };
     case 'reply':
       return decodeReply(msg, buffers);
+    case 'metric_points':
+      noBuffers('metric_points', buffers);
+      return {
+        v: 1,
+        type: 'metric_points',
+        replay: boolean(msg.replay, 'metric_points.replay'),
+        points: array(msg.points, 'metric_points.points').map((p, i) => {
+          const o = object(p, `metric_points.points[${i}]`);
+          const at = `metric_points.points[${i}]`;
+          return {
+            seq: integer(o.seq, `${at}.seq`, 1),
+            run: string(o.run, `${at}.run`),
+            step: integer(o.step, `${at}.step`, -Infinity),
+            time: number(o.time, `${at}.time`),
+            elapsed_s: number(o.elapsed_s, `${at}.elapsed_s`),
+            name: string(o.name, `${at}.name`),
+            value: nullable(o.value, v => number(v, `${at}.value`))
+          };
+        })
+      };
     case 'no_backend':
       noBuffers('no_backend', buffers);
       return { v: 1, type: 'no_backend', error: string(msg.error, 'no_backend.error') };

@@ -54,6 +54,8 @@ from pathways_kernel.core.slices import Topology
 from pathways_kernel.monitoring import protocol, telemetry
 from pathways_kernel.monitoring.history import MAX_BYTES as MAX_HISTORY_BYTES
 from pathways_kernel.monitoring.history import SLICE_HISTORY_S
+from pathways_kernel.training import goodput
+from pathways_kernel.training.metric_log import metric_log
 
 MAX_COMMS = 8
 STALE_AFTER_S = float(protocol.STALE_AFTER_S)
@@ -211,6 +213,11 @@ class Connection:
         self._metrics: telemetry.Metrics | None = None
         self._events: collections.deque[protocol.Message] = collections.deque(maxlen=MAX_QUEUED_EVENTS)
         self._replies: collections.deque[protocol.Message] = collections.deque()
+        # Training metric points: the catch-up sent once per subscription, then live batches after it.
+        self._points_replay: protocol.Message | None = None
+        self._points: collections.deque[Any] = collections.deque(maxlen=protocol.MAX_REPLAY_POINTS)
+        self._points_after = 0  # seq of the newest replayed point: live points up to it are in the replay
+        self._unsubscribe_points: Callable[[], None] | None = None
         self._sub: telemetry.Subscription | None = None
         self._close_reason: str | None = None
         self._thread: threading.Thread | None = None
@@ -237,8 +244,12 @@ class Connection:
 
     def _on_event(self, event: Event) -> None:
         message = protocol.encode_event(event)
+        hub = self._sub.hub if self._sub else None
+        intervals = _goodput_intervals(hub.session) if event.kind == "goodput" and hub is not None else None
         with self._cond:
             self._events.append(message)
+            if intervals is not None:  # the run that just ended, over time
+                self._events.append(intervals)
             self._cond.notify_all()
 
     def _on_topology(self, topology: Topology, seq: int) -> None:
@@ -249,8 +260,14 @@ class Connection:
                 self._topology = message
                 self._cond.notify_all()
 
+    def _on_points(self, points: list[Any]) -> None:
+        with self._cond:
+            self._points.extend(points)
+            self._cond.notify_all()
+
     def _on_hub_close(self) -> None:
         # The session was replaced: the send loop resubscribes to the new one.
+        self._stop_points()
         with self._cond:
             self._sub = None
             self._cond.notify_all()
@@ -280,8 +297,17 @@ class Connection:
                 time.sleep(0.1)
         topology = hub.layout.topology
         replay = [protocol.encode_event(event) for event in hub.session.events.last(REPLAY_EVENTS)]
+        intervals = _goodput_intervals(hub.session)
+        if intervals is not None:
+            replay.append(intervals)
         history = protocol.encode_history(history_message(hub))
+        self._stop_points()
+        log = metric_log(hub.session)
+        self._unsubscribe_points = log.subscribe(self._on_points)
+        kept = log.points()[-protocol.MAX_REPLAY_POINTS :]
         with self._cond:
+            self._points_replay = protocol.encode_metric_points(kept, replay=True)
+            self._points_after = kept[-1].seq if kept else 0
             self._sub = sub
             self._topology = protocol.encode_topology(topology_message(topology, hub.topology_seq, hub.session.backend))
             self._history = history
@@ -335,6 +361,8 @@ class Connection:
                         and not self._events
                         and not self._replies
                         and self._metrics is None
+                        and self._points_replay is None
+                        and not self._points
                         and self._sub is not None
                     ):
                         remaining = deadline - time.monotonic()
@@ -351,10 +379,17 @@ class Connection:
                     self._events.clear()
                     replies = self._take_replies()
                     metrics, self._metrics = self._metrics, None
+                    points_replay, self._points_replay = self._points_replay, None
+                    points = [p for p in self._points if p.seq > self._points_after]
+                    self._points.clear()
                 if topology is not None:
                     self.comm.send(topology[0], buffers=topology[1])
                 if history is not None:
                     self.comm.send(history[0], buffers=history[1])
+                if points_replay is not None:
+                    self.comm.send(points_replay[0])
+                if points:
+                    self.comm.send(protocol.encode_metric_points(points, replay=False)[0])
                 for data, buffers in events + replies:
                     self.comm.send(data, buffers=buffers or None)
                 if metrics is not None:
@@ -456,7 +491,13 @@ class Connection:
             self._cond.notify_all()
         self._detach()
 
+    def _stop_points(self) -> None:
+        unsubscribe, self._unsubscribe_points = self._unsubscribe_points, None
+        if unsubscribe is not None:
+            unsubscribe()
+
     def _detach(self) -> None:
+        self._stop_points()
         sub, self._sub = self._sub, None
         if sub is not None:
             sub.close()
@@ -566,6 +607,15 @@ class MonitorServer:
             "leaves": sum(len(s.leaves) for s in snaps),
             "nbytes": sum(int(s.nbytes) for s in snaps),
         }
+
+
+def _goodput_intervals(session: Any) -> protocol.Message | None:
+    """The newest finished run's ``goodput_intervals``, or None (none yet, or it failed: logged)."""
+    try:
+        return goodput.intervals_message(session)
+    except Exception:
+        log.exception("pathways monitor: goodput intervals failed")
+        return None
 
 
 def no_backend_advice(reason: str) -> str:

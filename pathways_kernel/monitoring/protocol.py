@@ -38,7 +38,7 @@ VERSION = 1
 TARGET = "pathways.monitor"
 
 #: Kernel -> frontend message types.
-KERNEL_TYPES = ("topology", "history", "metrics", "event", "reply", "no_backend")
+KERNEL_TYPES = ("topology", "history", "metrics", "event", "reply", "no_backend", "metric_points", "goodput_intervals")
 #: Frontend -> kernel request types and their own fields.
 REQUEST_FIELDS: dict[str, tuple[str, ...]] = {
     "subscribe": ("rate",),
@@ -58,6 +58,10 @@ CLOSE_REASONS = ("stale", "evicted", "shutdown")
 #: Seconds between a frontend's pings; the kernel closes a comm silent for ``STALE_AFTER_S``.
 PING_INTERVAL_S = 15
 STALE_AFTER_S = 60
+#: Fields of one training metric point (``metric_points``), as ``metric_log.Point`` names them.
+METRIC_POINT_FIELDS = ("seq", "run", "step", "time", "elapsed_s", "name", "value")
+#: Newest metric points a new subscription catches up with (the rest are in ``pw.metrics()``).
+MAX_REPLAY_POINTS = 20_000
 #: Most chips one ``chip_history`` request may ask for (300 points x 2 bytes each: 2.4 MB at most).
 MAX_CHIP_HISTORY = 4096
 
@@ -321,6 +325,31 @@ def encode_no_backend(error: str) -> Message:
     return {"v": VERSION, "type": "no_backend", "error": str(error) or "no backend"}, []
 
 
+def encode_metric_points(points: Sequence[Any], replay: bool) -> Message:
+    """Training metric points (``metric_log.Point`` or its ``to_dict()``), oldest first.
+
+    ``replay``: the session's points so far (the newest ``MAX_REPLAY_POINTS``), sent
+    once per subscription; they replace whatever the frontend held. A value that is
+    not finite travels as null (JSON has no NaN).
+    """
+    rows = []
+    for point in points:
+        f = point if isinstance(point, dict) else point.to_dict()
+        value = float(f["value"])
+        rows.append(
+            {
+                "seq": int(f["seq"]),
+                "run": str(f["run"]),
+                "step": int(f["step"]),
+                "time": float(f["time"]),
+                "elapsed_s": float(f["elapsed_s"]),
+                "name": str(f["name"]),
+                "value": value if math.isfinite(value) else None,
+            }
+        )
+    return {"v": VERSION, "type": "metric_points", "replay": bool(replay), "points": rows}, []
+
+
 # -- quantization --------------------------------------------------------------
 
 
@@ -434,3 +463,50 @@ def _int_list_or_none(value: Any) -> list[int] | None:
 def _unit_float(value: float) -> float:
     v = float(value)
     return 0.0 if not math.isfinite(v) else min(1.0, max(0.0, v))
+
+
+#: Intervals a finished run's ``goodput_intervals`` message splits it into.
+GOODPUT_INTERVALS = 50
+
+
+def encode_goodput_intervals(
+    run: dict[str, Any], categories: Sequence[str], columns: dict[str, Sequence[Any]], step_time: dict[str, Any]
+) -> Message:
+    """A finished run's goodput over time (``pw.goodput_over_time``), as columns a chart reads.
+
+    ``run``: ``run``, ``kind``, ``header``, ``started`` (unix time), ``wall_s``;
+    ``columns``: ``start_s``, ``end_s``, ``goodput``, ``steps``, ``step_time_mean_s``,
+    ``step_time_std_s`` and one per category, each one value per interval;
+    ``step_time``: the run's figures (``goodput_timeline.step_time_stats``). A value
+    that is not finite (an interval without steps has no step time) travels as null.
+    """
+
+    def number(value: Any) -> float | None:
+        value = float(value)
+        return value if math.isfinite(value) else None
+
+    def column(name: str) -> list[float | None]:
+        return [number(v) for v in columns[name]]
+
+    return {
+        "v": VERSION,
+        "type": "goodput_intervals",
+        "run": str(run["run"]),
+        "kind": str(run["kind"]),
+        "header": str(run["header"]),
+        "started": float(run["started"]),
+        "wall_s": float(run["wall_s"]),
+        "categories": [str(c) for c in categories],
+        "start_s": column("start_s"),
+        "end_s": column("end_s"),
+        "goodput": column("goodput"),
+        "seconds": {str(c): column(c) for c in categories},
+        "steps": [int(v) for v in columns["steps"]],
+        "step_time_mean_s": column("step_time_mean_s"),
+        "step_time_std_s": column("step_time_std_s"),
+        "step_time": {
+            "steps": int(step_time.get("steps", 0)),
+            **{k: number(step_time[k]) if k in step_time else None for k in ("median_s", "mean_s", "std_s")},
+            "slowest": [{"step": int(s), "seconds": float(t)} for s, t in step_time.get("slowest", [])],
+        },
+    }, []

@@ -1,0 +1,167 @@
+/**
+ * Training metrics (`metric_points`) for the dashboard's step charts: per
+ * metric name, per run, values against step; TensorBoard's smoothing; and
+ * where an event falls on a run's step axis. Pure, unit-tested.
+ */
+import { MetricPoint, MetricPointsMessage, MonitorEvent } from './protocol';
+
+/** Points kept per run and metric (the oldest drop off); the kernel keeps them all for pw.metrics(). */
+export const MAX_RUN_POINTS = 20_000;
+/** TensorBoard's default smoothing weight. */
+export const DEFAULT_SMOOTHING = 0.6;
+
+interface RunSeries {
+  steps: number[];
+  times: number[];
+  values: (number | null)[];
+}
+
+/** uPlot's aligned data: steps, then one column per run. */
+export interface StepColumns {
+  labels: string[];
+  data: (number | null)[][];
+}
+
+export class MetricSeries {
+  /** Bumped on every change, so views rebuild their columns only when needed. */
+  version = 0;
+  private _byName = new Map<string, Map<string, RunSeries>>();
+  private _lastSeq = 0;
+
+  /** Apply one `metric_points` message: a replay replaces everything, live points append. */
+  add(message: MetricPointsMessage): void {
+    if (message.replay) {
+      this._byName.clear();
+      this._lastSeq = 0;
+    }
+    for (const p of message.points) {
+      if (p.seq <= this._lastSeq) {
+        continue; // already in the replay
+      }
+      this._lastSeq = p.seq;
+      this._push(p);
+    }
+    this.version++;
+  }
+
+  clear(): void {
+    this._byName.clear();
+    this._lastSeq = 0;
+    this.version++;
+  }
+
+  /** Metric names in the order first logged. */
+  names(): string[] {
+    return [...this._byName.keys()];
+  }
+
+  /** Runs that logged `name`, in the order first seen. */
+  runs(name: string): string[] {
+    return [...(this._byName.get(name)?.keys() ?? [])];
+  }
+
+  /**
+   * `name` per run against step, each run's values smoothed with `weight`
+   * (TensorBoard's debiased EMA; 0: raw), on the union of the runs' steps.
+   */
+  columns(name: string, weight: number): StepColumns {
+    const runs = this._byName.get(name) ?? new Map<string, RunSeries>();
+    const labels = [...runs.keys()];
+    const steps = [...new Set([...runs.values()].flatMap(r => r.steps))].sort((a, b) => a - b);
+    const at = new Map(steps.map((s, i) => [s, i]));
+    const data: (number | null)[][] = [steps];
+    for (const run of runs.values()) {
+      const column: (number | null)[] = new Array(steps.length).fill(null);
+      const smoothed = ema(run.values, weight);
+      run.steps.forEach((s, i) => {
+        column[at.get(s)!] = smoothed[i];
+      });
+      data.push(column);
+    }
+    return { labels, data };
+  }
+
+  /**
+   * Where `event` falls on the step axis of `name`: its own step when it has
+   * one, else the step of the run's point logged nearest before it in time;
+   * null when no run of `name` was logging then.
+   */
+  stepOf(name: string, event: MonitorEvent): number | null {
+    let best: number | null = null;
+    let bestTime = -Infinity;
+    for (const run of this._byName.get(name)?.values() ?? []) {
+      const n = run.times.length;
+      if (!n || event.time < run.times[0] || event.time > run.times[n - 1] + 60) {
+        continue;
+      }
+      if (event.step !== null) {
+        return event.step;
+      }
+      const i = lastAtOrBefore(run.times, event.time);
+      if (i >= 0 && run.times[i] > bestTime) {
+        bestTime = run.times[i];
+        best = run.steps[i];
+      }
+    }
+    return best;
+  }
+
+  private _push(p: MetricPoint): void {
+    let runs = this._byName.get(p.name);
+    if (!runs) {
+      runs = new Map();
+      this._byName.set(p.name, runs);
+    }
+    let run = runs.get(p.run);
+    if (!run) {
+      run = { steps: [], times: [], values: [] };
+      runs.set(p.run, run);
+    }
+    run.steps.push(p.step);
+    run.times.push(p.time);
+    run.values.push(p.value);
+    if (run.steps.length > MAX_RUN_POINTS) {
+      const drop = run.steps.length - MAX_RUN_POINTS;
+      run.steps.splice(0, drop);
+      run.times.splice(0, drop);
+      run.values.splice(0, drop);
+    }
+  }
+}
+
+/**
+ * TensorBoard's scalar smoothing: an exponential moving average debiased
+ * for its zero start (so the first point is the value itself). Nulls stay
+ * null and do not advance the average.
+ */
+export function ema(values: readonly (number | null)[], weight: number): (number | null)[] {
+  if (weight <= 0) {
+    return [...values];
+  }
+  let last = 0;
+  let count = 0;
+  return values.map(v => {
+    if (v === null || !Number.isFinite(v)) {
+      return null;
+    }
+    last = last * weight + (1 - weight) * v;
+    count++;
+    return last / (1 - Math.pow(weight, count));
+  });
+}
+
+function lastAtOrBefore(sorted: readonly number[], x: number): number {
+  let lo = 0;
+  let hi = sorted.length - 1;
+  let found = -1;
+  while (lo <= hi) {
+    const mid = (lo + hi) >> 1;
+    if (sorted[mid] <= x) {
+      found = mid;
+      lo = mid + 1;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return found;
+}

@@ -1,0 +1,79 @@
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+
+import { MetricSeries, ema } from '../src/metricseries';
+import { MetricPoint, MetricPointsMessage, MonitorEvent } from '../src/protocol';
+
+let seq = 0;
+function point(run: string, step: number, value: number | null, name = 'loss'): MetricPoint {
+  seq++;
+  return { seq, run, step, time: 1000 + step, elapsed_s: step, name, value };
+}
+function message(points: MetricPoint[], replay = false): MetricPointsMessage {
+  return { v: 1, type: 'metric_points', replay, points };
+}
+function event(time: number, step: number | null, kind = 'slice_down'): MonitorEvent {
+  return {
+    seq: 1,
+    time,
+    kind,
+    slices_before: null,
+    slices_after: null,
+    bytes: null,
+    duration_s: null,
+    step,
+    detail: ''
+  };
+}
+
+test('runs overlay on the union of their steps, one column each', () => {
+  const m = new MetricSeries();
+  m.add(
+    message([point('a #1', 0, 4), point('a #1', 1, 2), point('b #1', 1, 8), point('b #1', 2, 6)])
+  );
+  m.add(message([point('a #1', 2, 1, 'acc')]));
+  assert.deepEqual(m.names(), ['loss', 'acc']);
+  assert.deepEqual(m.columns('loss', 0), {
+    labels: ['a #1', 'b #1'],
+    data: [
+      [0, 1, 2],
+      [4, 2, null],
+      [null, 8, 6]
+    ]
+  });
+});
+
+test('a replay replaces what was held; live points already replayed are dropped', () => {
+  const m = new MetricSeries();
+  const first = point('a #1', 0, 4);
+  m.add(message([first]));
+  const replayed = [first, point('a #1', 1, 3)];
+  m.add(message(replayed, true));
+  m.add(message([replayed[1]]));
+  assert.deepEqual(m.columns('loss', 0).data, [
+    [0, 1],
+    [4, 3]
+  ]);
+  m.add(message([], true));
+  assert.deepEqual(m.names(), []);
+});
+
+test('smoothing is TensorBoard’s debiased EMA: the first point is itself, later ones lag', () => {
+  assert.deepEqual(ema([10, null, 0], 0), [10, null, 0]);
+  const s = ema([10, 0], 0.5);
+  assert.equal(s[0], 10);
+  // (0.5 * 5 + 0.5 * 0) / (1 - 0.25) = 2.5 / 0.75
+  assert.ok(Math.abs((s[1] as number) - 2.5 / 0.75) < 1e-12);
+  const m = new MetricSeries();
+  m.add(message([point('r #1', 0, 10), point('r #1', 1, 0)]));
+  assert.notDeepEqual(m.columns('loss', 0.6).data[1], m.columns('loss', 0).data[1]);
+});
+
+test('an event lands on the step a run had logged by then, or its own step', () => {
+  const m = new MetricSeries();
+  m.add(message([point('r #1', 0, 1), point('r #1', 5, 1), point('r #1', 9, 1)]));
+  assert.equal(m.stepOf('loss', event(1006.5, null)), 5);
+  assert.equal(m.stepOf('loss', event(1003, 7)), 7);
+  assert.equal(m.stepOf('loss', event(900, null)), null);
+  assert.equal(m.stepOf('acc', event(1006, null)), null);
+});
