@@ -467,7 +467,8 @@ def readable(a):
 base = len(jax.live_arrays())
 a = jax.device_put(np.full(8 << 20, 1104.0, np.float32), slice1[0])  # two 32 MiB buffers
 b = jax.device_put(np.full(8 << 20, 1104.0, np.float32), slice1[1])
-pw.fail_slice(1)
+jax.block_until_ready((a, b))  # in place, as data of earlier cells is (buffers still being
+pw.fail_slice(1)                # written are kept until they are, for a reader that may wait)
 # Right away, with no reader in flight: a and b only, both lost; nothing else holds their data.
 print("after one loss", len(jax.live_arrays()) - base, sorted(map(readable, on_slice1())))
 pw.repair_slice(1)

@@ -93,12 +93,6 @@ def committed(array: Any) -> bool:
     return bool(array._committed)
 
 
-def frameless_readable(array: Any) -> bool:
-    """Whether numpy can read ``array`` through the buffer protocol, a read with no
-    Python frame (jaxlib's ``PyArray_bf_getbuffer``: single-shard arrays only)."""
-    return len(cast(Any, devices_of(array))) == 1
-
-
 def make_error_like(array: Any, message: str) -> Any:
     """An array of ``array``'s shape, dtype and sharding whose buffers hold ``message``."""
     import jax
@@ -228,6 +222,9 @@ _IDLE_FRAMES = {
     # a kernel's threads that never leave their call.
     (os.path.join("zmq", "sugar", "__init__.py"), "device"),
     (os.path.join("ipykernel", "iostream.py"), "_watch_pipe_fd"),
+    # IPython's history thread writing the cell's input and output text to sqlite.
+    (os.path.join("IPython", "core", "history.py"), "_writeout_input_cache"),
+    (os.path.join("IPython", "core", "history.py"), "_writeout_output_cache"),
 }
 #: A line that waits in a blocking C call (``time.sleep``, ``queue.get``,
 #: ``select``...) and reads no array: a thread stopped on it is idle. Loops

@@ -53,29 +53,28 @@ other thread is in a host read of that array (``jaxcompat.arrays_being_read``,
 checked right before the swap; the per-shard copy behind ``np.asarray`` and
 ``jax.device_get`` registers itself while it runs, ``install_host_read_guard``,
 and none starts during a check and its swap), and the old buffers stay alive, for C++ paths
-with no frame of ours (numpy's buffer protocol), until they are ready and
+with no frame of ours (numpy's buffer protocol, ``block_until_ready``), until they are ready and
 every other thread that was not idle at the swap has moved on from where it
-was (``_GRACE_S`` at most). Only a single-device array can be read that way,
-so only its buffers are ever kept, and only while some other thread is inside
-a call at the swap: otherwise a loss frees its buffers at once, and
-``jax.live_arrays()`` holds no array that still reads lost data. Without
-these guards, both races crash the process.
+was (``_GRACE_S`` after they are ready at most). They are kept only while
+some other thread is inside a call at the swap: otherwise a loss frees its
+buffers at once, and ``jax.live_arrays()`` holds no array that still reads
+lost data. Without these guards, both races crash the process.
 
 Cost: each failure walks ``jax.live_arrays()`` once or twice; the buffers kept
 for readers are not live arrays of the user's (a later failure never loses or
 keeps them again), so a failure costs the same after a thousand failures as
 after one; they are released within ``_SWEEP_S`` of the last busy thread
 moving on, so what is kept is the data of a few failures, and at worst (a
-thread inside one long call) what was lost in the last ``_GRACE_S``. No wait
+thread inside one long call) what was lost in the last ``_GRACE_S`` once ready. No wait
 under the injector's lock is unbounded: a read in flight is waited for at
 most ``_READ_WAIT_S``.
 
 Limits
 ------
 - While another thread is inside a call at the loss (not idle: not waiting
-  on a lock, queue, sleep or socket), a lost single-device array's old
-  buffers live until that thread moves on (``_GRACE_S`` at most; longer while
-  not ready), in an array ``jax.live_arrays()`` lists; and as long as a numpy view
+  on a lock, queue, sleep, pipe or socket), a lost array's old
+  buffers live until that thread moves on (``_GRACE_S`` after they are
+  ready at most), in an array ``jax.live_arrays()`` lists; and as long as a numpy view
   taken earlier with ``np.asarray`` (zero-copy on CPU) holds them; that view
   keeps reading the old bytes, as a host copy would.
 - A host read in progress on another thread delays its array's loss until
@@ -177,10 +176,27 @@ def _make_lost(array: Any, message: str) -> None:
         array.delete()
 
 
-#: (when, keeper, positions) for the buffers of arrays lost recently, oldest
-#: first: each keeper holds them until every thread that was busy at the swap
-#: (``positions``) has moved on, or ``_GRACE_S``; see ``_make_lost_when_unread``.
-_graveyard: collections.deque = collections.deque()
+@dataclasses.dataclass(eq=False)  # compared by identity: fields hold arrays
+class _Grave:
+    """The old buffers of one lost array, kept for a reader that may be inside them."""
+
+    keeper: Any  # an array sharing those buffers
+    positions: dict[int, tuple[int, int, int]]  # threads busy at the swap, where they were
+    ready_at: float | None  # when the buffers were first seen ready
+
+    def needed(self, now: float, current: dict[int, tuple[int, int, int]]) -> bool:
+        if self.ready_at is None:
+            if not self.keeper.is_ready():
+                return True  # a reader may be waiting for these very buffers
+            self.ready_at = now
+        if now - self.ready_at >= _GRACE_S:
+            return False
+        return any(current.get(ident) == position for ident, position in self.positions.items())
+
+
+#: Buffers of arrays lost recently, oldest first: each is kept until every thread that was
+#: busy at the swap has moved on, or ``_GRACE_S`` after they are ready; see ``_make_lost_when_unread``.
+_graveyard: collections.deque[_Grave] = collections.deque()
 #: ``id``s of the keepers in ``_graveyard``. A keeper is a live array with
 #: shards on the lost slice: without this, every later failure would find it
 #: in ``jax.live_arrays()``, lose it and bury its buffers once more (the
@@ -188,33 +204,26 @@ _graveyard: collections.deque = collections.deque()
 _kept: set[int] = set()
 _graveyard_lock = threading.Lock()
 _sweeper: threading.Timer | None = None
-#: The longest a keeper is held when some thread stays inside one call.
-_GRACE_S = 5.0
+#: The longest ready buffers are kept for a thread that stays inside one call. A frameless
+#: read of ready buffers only waits for the GIL, which it gets within a few switch intervals
+#: (5 ms each) of asking; a thread still in its call after this is in some other, long call
+#: (a blocking read of a pipe, a C loop), not reading these buffers.
+_GRACE_S = 0.5
 #: How often buried buffers are looked at while there are some.
 _SWEEP_S = 0.05
+#: How long a loss waits for threads busy at its swap to move on, so it can free what it kept.
+_SETTLE_S = 0.05
 
 
-def _bury(array: Any, positions: dict[int, tuple[int, int, int]]) -> None:
+def _bury(array: Any, positions: dict[int, tuple[int, int, int]]) -> _Grave:
     """Keep ``array``'s current buffers alive until the threads at ``positions`` moved on."""
     keeper = jaxcompat.make_error_like(array, "DATA_LOSS: buffers kept for readers in flight")
     jaxcompat.replace_buffers(keeper, array)  # the keeper now shares array's buffers
+    grave = _Grave(keeper, positions, time.monotonic() if keeper.is_ready() else None)
     with _graveyard_lock:
-        _graveyard.append((time.monotonic(), keeper, positions))
+        _graveyard.append(grave)
         _kept.add(id(keeper))
-
-
-def _still_needed(
-    when: float,
-    keeper: Any,
-    positions: dict[int, tuple[int, int, int]],
-    now: float,
-    current: dict[int, tuple[int, int, int]],
-) -> bool:
-    if not keeper.is_ready():
-        return True  # a reader may be waiting for these very buffers
-    if now - when >= _GRACE_S:
-        return False
-    return any(current.get(ident) == position for ident, position in positions.items())
+    return grave
 
 
 def _sweep_graveyard() -> None:
@@ -228,18 +237,18 @@ def _sweep_graveyard() -> None:
             now = time.monotonic()
             try:
                 current = jaxcompat.thread_positions()
-                kept = [(w, k, p) for w, k, p in _graveyard if _still_needed(w, k, p, now, current)]
             except Exception:
                 # Inspecting other threads' frames can race with them; on a
                 # sweeper thread a traceback would land in the user's cell. Keep
                 # what is within its grace and look again at the next sweep.
                 logging.getLogger(__name__).debug("graveyard sweep failed", exc_info=True)
-                kept = [(w, k, p) for w, k, p in _graveyard if not k.is_ready() or now - w < _GRACE_S]
+                current = {ident: position for grave in _graveyard for ident, position in grave.positions.items()}
+            kept = [grave for grave in _graveyard if grave.needed(now, current)]
             if len(kept) < len(_graveyard):
                 _graveyard.clear()
                 _graveyard.extend(kept)
                 _kept.clear()
-                _kept.update(id(keeper) for _, keeper, _ in kept)
+                _kept.update(id(grave.keeper) for grave in kept)
         if _sweeper is threading.current_thread():
             _sweeper = None
         if _graveyard and _sweeper is None:
@@ -352,14 +361,15 @@ def _make_lost_when_unread(arrays: list[Any], message: str, deadline: float) -> 
       was inside some call at the swap has left it (``_GRACE_S`` at most).
     """
     positions = jaxcompat.thread_positions()
-    pending = []
+    pending, graves = [], []
     for array in arrays:
         try:
             error = jaxcompat.make_error_like(array, message)
-            # Only a read with no frame of ours needs the old buffers kept, and only
-            # while some other thread may be inside one: otherwise they go at once.
-            if positions and jaxcompat.frameless_readable(array):
-                _bury(array, positions)
+            # Always, even with no thread to wait for: the swap must not be what frees the
+            # old buffers (freed inside _replace_with, they crashed the interpreter in
+            # bench/chaos_soak.py: SystemError from weakrefobject.c, then a segfault).
+            # With no thread inside a call, the sweep below frees them before we return.
+            graves.append(_bury(array, positions))
         except (TypeError, ValueError, RuntimeError, AttributeError):
             array.delete()
             continue
@@ -370,7 +380,13 @@ def _make_lost_when_unread(arrays: list[Any], message: str, deadline: float) -> 
         pending = _swap_unread(pending)
     if pending:
         _defer(pending)
+    # A thread busy at the swap (a history write, a training step) usually moves on within
+    # milliseconds: give it that long, so that what this loss kept is freed before we return.
+    settle = time.monotonic() + _SETTLE_S
     _sweep_graveyard()
+    while time.monotonic() < settle and any(grave.ready_at is not None and grave in _graveyard for grave in graves):
+        time.sleep(0.001)
+        _sweep_graveyard()
 
 
 def _arrays_on(devices: frozenset) -> list[Any]:
