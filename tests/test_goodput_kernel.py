@@ -38,7 +38,7 @@ idle_before = pw.goodput().idle_s
     assert "notebook: idle between cells with slices held" in shown.text
     # The training figure is the run's own: the idle second is not in it.
     run = kernel.run("print(pw.goodput('cell-loop').goodput > 0.5)")
-    assert run.text.strip() == "True"
+    assert run.text.strip() == "True", kernel.run("print(pw.goodput('cell-loop'))").text
 
 
 def test_an_elastic_cell_ends_with_a_goodput_event_and_an_unknown_run_is_one_line(kernel):
@@ -141,10 +141,12 @@ print(get_ipython().execution_count)
     assert html.count("<svg") == 1 and "var(--jp-" in html and "productive steps" in html
     assert re.match(rf"run 'charted' \(steps, cell \[{cell}\], 1 attempt, [\d:.]+-[\d:.]+ UTC, [\d.]+ s\)", text)
     assert len(re.findall(r"\n\s+\d+\.\d\d-\s*\d+\.\d\d s", text)) == 6, text
-    assert re.search(r"step time: median [\d.]+ ms, .* over 39 steps; slowest: step 30 2\d\d\.\d ms", text), text
+    assert re.search(
+        r"step time: median [\d.]+ ms, .* over 39 steps; slowest: (step \d+ [\d.]+ ms, )?step 30 2\d\d\.\d ms", text
+    ), text
     report = kernel.run("%pathways goodput --run charted --no-field")
     assert report.text.startswith(f"run 'charted' (steps, cell [{cell}], 1 attempt, "), report.text
-    assert "slowest: step 30" in report.text
+    assert re.search(r"slowest: (step \d+ [\d.]+ ms, )?step 30 ", report.text), report.text
 
     for bad, message in (
         ("--window nan", "window_s must be a finite number of seconds above 0, got nan"),
@@ -158,3 +160,42 @@ print(get_ipython().execution_count)
         refused = kernel.run(f"%pathways goodput --over-time {bad}")
         assert refused.status == "error" and message in refused.error, (bad, refused.error)
         assert "Traceback" not in refused.error and len(refused.error.strip().splitlines()) == 1, refused.error
+
+
+def test_the_monitor_gets_each_finished_runs_intervals_and_a_new_comm_the_newest(kernel):
+    import json
+
+    from test_monitor_kernel import Frontend, _is
+
+    from pathways_kernel.monitoring import protocol as p
+
+    assert kernel.run(SETUP).status == "ok"
+    frontend = Frontend(kernel)
+    comm = frontend.open()
+    assert frontend.wait_for(lambda m: _is(m, comm, "topology"), timeout=60) is not None
+    since = len(frontend.inbox)
+    frontend.kc.execute("""
+for step in pw.steps(range(30), name="published"):
+    jnp.tanh(w @ w).block_until_ready()
+    time.sleep(0.15 if step == 20 else 0.01)
+""")  # not kernel.run: it would take the comm messages
+    msg = frontend.wait_for(
+        lambda m: _is(m, comm, "goodput_intervals") and m["content"]["data"]["run"] == "published", 60, since
+    )
+    assert msg is not None, "no goodput_intervals when the run ended"
+    data = msg["content"]["data"]
+    json.dumps(data, allow_nan=False)
+    n = p.GOODPUT_INTERVALS
+    assert data["kind"] == "steps" and data["header"].startswith("run 'published' (steps, cell [")
+    assert data["categories"][0] == "productive" and len(data["categories"]) == 10
+    assert all(len(data[k]) == n for k in ("start_s", "end_s", "goodput", "steps", "step_time_mean_s"))
+    assert data["end_s"][-1] == data["wall_s"] and sum(data["steps"]) == 29
+    widths = [b - a for a, b in zip(data["start_s"], data["end_s"], strict=True)]
+    totals = [sum(data["seconds"][c][i] for c in data["categories"]) for i in range(n)]
+    assert all(abs(t - w) <= 0.02 * max(widths) for t, w in zip(totals[:-1], widths[:-1], strict=True)), totals
+    slowest = {s["step"]: s["seconds"] for s in data["step_time"]["slowest"]}
+    assert slowest.get(20, 0) >= 0.15, slowest  # the first step, compiling, may be slower still
+
+    again = frontend.open()
+    replayed = frontend.wait_for(lambda m: _is(m, again, "goodput_intervals"), timeout=60)
+    assert replayed is not None and replayed["content"]["data"] == data

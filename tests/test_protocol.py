@@ -390,3 +390,36 @@ def test_every_refused_request_reads_the_same_way(kernel):
         assert "\n" not in error
     assert errors["past the last chip"] == "chip_history: chips 4:9 asked for, but the topology has 8"
     assert errors["no such slice"] == "fail_slice: no slice 7: this session has slices 0..1"
+
+
+def test_goodput_intervals_are_json_columns_named_as_the_contract_says():
+    import json
+    from pathlib import Path
+
+    categories = ("productive", "compile")
+    columns = {
+        "start_s": [0.0, 0.5],
+        "end_s": [0.5, 1.0],
+        "goodput": [0.2, 0.9],
+        "productive": [0.1, 0.45],
+        "compile": [0.4, 0.05],
+        "steps": [0, 12],
+        "step_time_mean_s": [math.nan, 0.04],
+        "step_time_std_s": [math.nan, 0.01],
+    }
+    run = {"run": "train", "kind": "elastic", "header": "run 'train' (...)", "started": 1.7e9, "wall_s": 1.0}
+    stats = {"steps": 12, "median_s": 0.04, "mean_s": 0.04, "std_s": 0.01, "slowest": [(3, 0.07)]}
+    data, buffers = p.encode_goodput_intervals(run, categories, columns, stats)
+    assert buffers == [] and data["type"] == "goodput_intervals" and "goodput_intervals" in p.KERNEL_TYPES
+    json.dumps(data, allow_nan=False)  # an interval without steps has no step time: null, not NaN
+    assert data["step_time_mean_s"] == [None, 0.04] and data["seconds"] == {
+        "productive": [0.1, 0.45],
+        "compile": [0.4, 0.05],
+    }
+    assert data["step_time"]["slowest"] == [{"step": 3, "seconds": 0.07}]
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "protocol.md").read_text()
+    section = doc.split("### `goodput_intervals`")[1].split("\n### ")[0]
+    for field in set(data) - {"v", "type"}:
+        assert f"`{field}`" in section, field
+    for field in data["step_time"]:
+        assert f"`{field}`" in section, field

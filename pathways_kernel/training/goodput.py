@@ -164,6 +164,7 @@ class Account:
         self._timeline = goodput_timeline.Timeline(CATEGORIES)
         self._open_began = 0.0
         self.attempts = 1
+        self._published: Any = None  # its goodput_intervals message, once it ended
         self.cell = _cell_number()
         # ``began``: when the run started, if before now (the setup until now is the loop's own)
         now = time.perf_counter()
@@ -1016,6 +1017,30 @@ def goodput_over_time(run: str | None = None, intervals: int | None = None, wind
       PathwaysError: no such run, no run yet, or a bad ``intervals`` / ``window_s``.
     """
     return _account(run).over_time(intervals, window_s)
+
+
+def intervals_message(session: Any) -> Any:
+    """The monitor's ``goodput_intervals`` message for the session's newest finished
+    run (``protocol.GOODPUT_INTERVALS`` intervals), computed once per run; None before one."""
+    from pathways_kernel.monitoring import protocol
+
+    book = ledger(session)
+    with book._lock:
+        account = book.runs[-1] if book.runs else None
+    if account is None:
+        return None
+    if account._published is None:
+        frame = account.over_time(protocol.GOODPUT_INTERVALS)
+        run = {
+            "run": account.name,
+            "kind": account.kind,
+            "header": frame.attrs["header"],
+            "started": account.started,
+            "wall_s": account.wall_s,
+        }
+        columns = {name: frame[name].tolist() for name in frame.columns}
+        account._published = protocol.encode_goodput_intervals(run, CATEGORIES, columns, frame.attrs["step_time"])
+    return account._published
 
 
 def _account(run: str | None) -> Account:
