@@ -159,6 +159,7 @@ def test_the_chart_is_a_theme_aware_stacked_svg_with_a_text_fallback(w):
     shown = goodput.OverTime(pw.goodput_over_time("charted", intervals=8))
     html = shown._repr_html_()
     assert html.count("<svg") == 1 and "var(--jp-ui-font-color1)" in html and "var(--jp-success-color1" in html
+    assert "<title>" in html and "productive steps" in html  # a tooltip per segment, a legend
     bars = {m for m in re.findall(r'<rect x="([\d.]+)"', html)}
     assert len(bars) == 8, bars
     text = shown.to_text().splitlines()
