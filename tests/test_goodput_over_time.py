@@ -193,3 +193,31 @@ def test_bad_requests_are_one_line(w, kwargs, message):
     with pytest.raises(pw.PathwaysError) as error:
         pw.goodput_over_time(**kwargs)
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_asking_for_intervals_while_a_run_goes_on_in_another_thread_leaves_the_run_alone(w):
+    import threading
+
+    errors: list[BaseException] = []
+
+    def train():
+        try:
+            for x in pw.steps([jnp.ones((8, 64))] * 400, name="asked-during"):
+                matmul(w, x).block_until_ready()
+        except BaseException as error:  # noqa: BLE001  (the test reports it)
+            errors.append(error)
+
+    runner = threading.Thread(target=train)
+    runner.start()
+    asked = 0
+    while runner.is_alive():
+        if goodput.ledger().find("asked-during") is not None:
+            frame = pw.goodput_over_time("asked-during", intervals=5)
+            assert (frame[list(goodput.CATEGORIES)] >= -1e-9).all().all()
+            asked += 1
+    runner.join()
+    assert not errors, errors
+    assert asked > 0
+    frame = pw.goodput_over_time("asked-during", intervals=5)
+    _adds_up_to_the_ledger(frame, "asked-during")
+    assert frame.attrs["step_time"]["steps"] == 399

@@ -190,11 +190,14 @@ class Account:
         self._moved.clear()
         self._since = now
 
-    def _switch(self, category: str) -> str:
+    def _switch(self, category: str, step: int | None = None) -> str:
+        """Close the current segment and count from now as ``category``; ``step``: a step starts now."""
         with self._lock:
             previous = self._state
             self._close_segment(time.perf_counter())
             self._state = category
+            if step is not None:  # under the lock: a fold elsewhere swaps the log under it
+                self._log.extend((self._since, self._since, goodput_timeline.STEP, step))
             return previous
 
     def enter(self, category: str) -> str:
@@ -270,10 +273,9 @@ class Account:
     # -- steps ----------------------------------------------------------------
     def step_begin(self, step: int) -> None:
         self._credit_overlap()
-        self._switch(PRODUCTIVE)
+        self._switch(PRODUCTIVE, step)
         self._open_step, self._open_productive = step, 0.0
         self._open_began = self._since
-        self._log.extend((self._since, self._since, goodput_timeline.STEP, step))
         self._field.step(step)
 
     def step_end(self, output: Any = None) -> None:
