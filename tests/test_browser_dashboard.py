@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import lab as labtools
 import pytest
-from test_browser import ARTIFACTS, open_notebook
+from test_browser import ARTIFACTS, open_notebook, run_first_cell
 
 pytestmark = [
     pytest.mark.browser,
@@ -37,10 +37,38 @@ print("trained", float(state))
 """
 
 
+LOSS_SETUP = """\
+import threading, time
+import jax.numpy as jnp
+import pathways_kernel as pw
+w, failed = jnp.zeros(()), []
+print("setup done")"""
+
+# A loss that falls with the step; slice 1 is lost once, at step 45 (the run recovers from its step-40 snapshot).
+LOSS_RUN = """\
+%%pathways elastic --steps {steps} --state w --snapshot-every 20
+time.sleep(0.08)
+w = w + 1.0
+pw.log(loss=jnp.float32(1.0 / (step + 1) + 0.05 * (step % 4)))
+if step == 45 and not failed:
+    failed.append(step)
+    threading.Thread(target=pw.fail_slice, args=(1,)).start()"""
+
+
+MEMORY = """\
+import jax, jax.numpy as jnp
+import pathways_kernel as pw
+big = jax.device_put(jnp.ones((8 * 2**20,), jnp.float32))  # 32 MiB
+big.block_until_ready()
+print("allocated", big.nbytes >> 20, "MiB")"""
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("lab-dashboard")
     labtools.notebook(root / "train.ipynb", [TRAIN])
+    labtools.notebook(root / "memory.ipynb", [MEMORY])
+    labtools.notebook(root / "loss.ipynb", [LOSS_SETUP, LOSS_RUN.format(steps=160), LOSS_RUN.format(steps=60)])
     lab = labtools.Lab(root)
     yield lab
     lab.stop()
@@ -122,12 +150,14 @@ def test_the_dashboard_opened_mid_training_marks_the_slice_loss_on_the_time_axis
     page.wait_for_timeout(1_500)
     assert marker_x(page) < live - 1, "the live window moves on"
 
-    # The kind filter is made of real checkboxes.
+    # The kind filter is made of real checkboxes, in a menu.
+    page.locator(f"{DASHBOARD} .jp-PathwaysDashboard-filter summary").click()
     box = page.get_by_role("checkbox", name="slice_down")
     box.uncheck()
     page.locator(LOSS).wait_for(state="detached", timeout=5_000)
     box.check()
     page.locator(LOSS).first.wait_for(timeout=5_000)
+    page.locator(f"{DASHBOARD} .jp-PathwaysDashboard-filter summary").click()
 
     # Axis text follows the theme: dark on light, light on dark (the canvas is redrawn on a theme change).
     assert 0 <= axis_brightness(page) < 100
@@ -194,3 +224,159 @@ def test_the_dashboard_follows_a_console_too(page, server):
     header.filter(has_text="Following Console").wait_for(timeout=60_000)
     page.locator(f"{DASHBOARD}[data-state='live']").wait_for(state="attached", timeout=90_000)
     assert "local:2x4" in header.inner_text()
+
+
+LOSS_CHART = f"{DASHBOARD} figure.jp-PathwaysDashboard-metric[data-metric='loss']"
+
+
+def run_cell_at(page, index: int) -> None:
+    """Run cell ``index`` of the notebook (made the active tab first) from its editor, as a user would."""
+    page.evaluate(
+        "() => { const app = window.jupyterapp;"
+        " const w = [...app.shell.widgets('main')].find(w => w.title.label === 'loss.ipynb'); app.shell.activateById(w.id); }"
+    )
+    page.locator(".jp-Notebook .jp-Cell .jp-InputArea-editor").nth(index).click()
+    page.keyboard.press("Shift+Enter")
+
+
+def loss_points(page) -> int:
+    return int(page.locator(LOSS_CHART).get_attribute("data-points") or 0)
+
+
+# The values the loss chart draws for its first run (uPlot's data, smoothed as shown).
+DRAWN_LOSS = (
+    "Array.from([...window.jupyterapp.shell.widgets('main')].find(w => w.id === 'pathways-dashboard-area')"
+    ".content._metricCharts.get('loss').data[1])"
+)
+
+
+def drawn_loss(page) -> list:
+    return page.evaluate(f"() => {DRAWN_LOSS}")
+
+
+def test_the_loss_curve_grows_while_an_elastic_cell_runs_and_marks_the_recovery(page, server):
+    open_notebook(page, server, "loss.ipynb")
+    page.locator("#pathways-monitor[data-state='live']").wait_for(state="attached", timeout=60_000)
+    run_first_cell(page, "setup done")
+    run_cell_at(page, 1)
+    page.locator(".jp-Notebook-ExecutionIndicator[data-status='busy']").first.wait_for(timeout=10_000)
+    open_dashboard(page)
+    page.set_viewport_size({"width": 1024, "height": 700})
+
+    # The curve appears while the cell runs, and grows.
+    page.locator(LOSS_CHART).wait_for(timeout=60_000)
+    page.wait_for_function(
+        f'() => Number(document.querySelector("{LOSS_CHART}")?.dataset.points) >= 10', timeout=60_000
+    )
+    first = loss_points(page)
+    page.wait_for_function(
+        f'() => Number(document.querySelector("{LOSS_CHART}").dataset.points) > {first}', timeout=30_000
+    )
+    assert page.locator(".jp-Notebook-ExecutionIndicator").first.get_attribute("data-status") == "busy"
+
+    # The slice loss and the reshard that recovered the run, on the curve's step axis.
+    for kind in ("slice_down", "reshard"):
+        page.locator(f"{LOSS_CHART} .jp-PathwaysDashboard-marker[data-kind='{kind}']:not([hidden])").first.wait_for(
+            timeout=90_000
+        )
+    down = page.locator(f"{LOSS_CHART} .jp-PathwaysDashboard-marker[data-kind='slice_down']").first
+    assert 40 <= int(down.get_attribute("data-step")) <= 50, down.get_attribute("data-step")
+    page.locator(LOSS_CHART).scroll_into_view_if_needed()
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "dashboard-loss-1024.png"))
+
+    # Smoothing changes the drawn curve: raw at 0, TensorBoard's EMA at 0.9.
+    page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(
+        state="attached", timeout=180_000
+    )
+    smoothing = page.get_by_role("slider", name="Smoothing")
+    smoothing.focus()
+    page.keyboard.press("Home")  # 0: the raw values
+    page.locator(f"{DASHBOARD} .jp-PathwaysDashboard-smoothing output", has_text="0.00").wait_for()
+    raw = drawn_loss(page)
+    page.evaluate(f"() => {{ window.rawLoss = JSON.stringify({DRAWN_LOSS}); }}")
+    page.keyboard.press("End")  # 0.99
+    page.locator(f"{DASHBOARD} .jp-PathwaysDashboard-smoothing output", has_text="0.99").wait_for()
+    page.wait_for_function(f"() => JSON.stringify({DRAWN_LOSS}) !== window.rawLoss", timeout=10_000)
+    smooth = drawn_loss(page)
+    assert len(raw) == len(smooth) and raw[0] == pytest.approx(smooth[0])
+
+    def wiggle(values: list) -> float:
+        return sum(abs(b - a) for a, b in zip(values[5:], values[6:], strict=False) if a is not None and b is not None)
+
+    assert wiggle(smooth) < 0.5 * wiggle(raw), "smoothing takes out the step-to-step noise"
+
+    # A second run of the loop overlays the first, one line each.
+    run_cell_at(page, 2)
+    page.locator(f"{LOSS_CHART}[data-runs='2']").wait_for(state="attached", timeout=120_000)
+    legend = page.locator(f"{LOSS_CHART} .u-legend").inner_text()
+    assert "#1" in legend and "#2" in legend, legend
+
+    # From the keyboard: Tab reaches the chart, the arrow keys move the readout step by step.
+    plot = page.locator(f"{LOSS_CHART} [role='img']")
+    plot.focus()
+    assert page.evaluate("() => document.activeElement.closest('figure')?.dataset.metric") == "loss"
+    readout = page.locator(f"{LOSS_CHART} .jp-PathwaysDashboard-readout")
+    page.keyboard.press("End")
+    readout.filter(has_text="step 159").wait_for(timeout=5_000)
+    page.keyboard.press("ArrowLeft")
+    readout.filter(has_text="step 158").wait_for(timeout=5_000)
+    page.keyboard.press("Home")
+    readout.filter(has_text="step 0 ").wait_for(timeout=5_000)
+    page.set_viewport_size({"width": 1400, "height": 900})
+
+
+DASHBOARD_WIDGET = "[...window.jupyterapp.shell.widgets('main')].find(w => w.id === 'pathways-dashboard-area').content"
+
+
+def test_memory_scales_to_the_data_and_the_legend_fits_one_row_at_1024(page, server):
+    page.set_viewport_size({"width": 1024, "height": 700})
+    open_notebook(page, server, "memory.ipynb")
+    page.locator("#pathways-monitor[data-state='live']").wait_for(state="attached", timeout=60_000)
+    run_first_cell(page, "allocated 32 MiB")
+    open_dashboard(page)
+    page.locator(f"{DASHBOARD}[data-state='live']").wait_for(state="attached", timeout=30_000)
+
+    # The 32 MiB line is well above zero: the axis runs to the data, not to the 64 GiB emulated capacity.
+    page.wait_for_function(
+        f"() => {{ const d = {DASHBOARD_WIDGET}; const r = d._memory.yRange; const m = d.data.memory().data;"
+        " const used = Math.max(...m.slice(1, -1).map(c => c[c.length - 1] ?? 0));"
+        " return r && used >= 32 * 2**20 && used / r[1] > 0.5; }",
+        timeout=30_000,
+    )
+    memory = page.locator(f"{DASHBOARD} figure[aria-label^='Memory used vs capacity']")
+    memory.scroll_into_view_if_needed()
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "dashboard-memory-1024.png"))
+    # % of capacity: a percentage axis.
+    memory.get_by_role("checkbox", name="% of capacity").check()
+    page.wait_for_function(f"() => {{ const r = {DASHBOARD_WIDGET}._memory.yRange; return r && r[1] === 100; }}")
+
+    # The event kinds are one row: a menu, routine kinds (snapshot, compile) off until asked for.
+    summary = page.locator(f"{DASHBOARD} .jp-PathwaysDashboard-filter summary")
+    box = summary.bounding_box()
+    font = page.evaluate(
+        "() => parseFloat(getComputedStyle(document.querySelector('.jp-PathwaysDashboard-filter summary')).fontSize)"
+    )
+    assert box["height"] < 2.5 * font, (box, font)  # one line of text (two would be over 2.5 font sizes)
+    dashboard = page.locator(DASHBOARD).bounding_box()
+    assert box["x"] + box["width"] <= dashboard["x"] + dashboard["width"], (box, dashboard)
+    summary.click()
+    assert not page.get_by_role("checkbox", name="snapshot").is_checked()
+    assert not page.get_by_role("checkbox", name="compile").is_checked()
+    assert page.get_by_role("checkbox", name="slice_down").is_checked()
+    page.keyboard.press("Escape")
+    page.get_by_role("checkbox", name="snapshot").wait_for(state="hidden", timeout=5_000)
+
+    # The time charts read from the keyboard too: the legend follows the arrow keys.
+    utilization = page.locator(UTILIZATION)
+    utilization.locator("[role='img']").focus()
+    page.keyboard.press("End")
+    legend = utilization.locator(".u-legend")
+    page.wait_for_function(
+        "(el) => /\\d\\d:\\d\\d:\\d\\d/.test(el.innerText)", arg=legend.element_handle(), timeout=5_000
+    )
+    before = legend.inner_text()
+    page.keyboard.press("ArrowLeft")
+    page.wait_for_function("([el, t]) => el.innerText !== t", arg=[legend.element_handle(), before], timeout=5_000)
+    page.set_viewport_size({"width": 1400, "height": 900})

@@ -47,6 +47,8 @@ export interface ChartOptions {
   range?: [number, number];
   /** Draw the last series dashed (a capacity line). */
   lastDashed?: boolean;
+  /** Scale the value axis to every series but the last (a capacity line, drawn only when in range). */
+  rangeOmitsLast?: boolean;
 }
 
 /** Series colours: JupyterLab theme variables only, cycled. */
@@ -73,6 +75,7 @@ export class TimeChart {
   private _markers: MonitorEvent[] = [];
   private _markerNodes: HTMLDivElement[] = [];
   private _width = 0;
+  private _index: number | null = null;
 
   constructor(
     private _options: ChartOptions,
@@ -89,7 +92,12 @@ export class TimeChart {
     this._plotNode = document.createElement('div');
     this._plotNode.className = 'jp-PathwaysDashboard-plot';
     this._plotNode.setAttribute('role', 'img');
-    this._plotNode.setAttribute('aria-label', `${_options.title}: ${_options.description}`);
+    this._plotNode.tabIndex = 0;
+    this._plotNode.setAttribute(
+      'aria-label',
+      `${_options.title}: ${_options.description}; arrow keys move the readout`
+    );
+    this._plotNode.addEventListener('keydown', event => this._onKey(event));
     this._readout = document.createElement('div');
     this._readout.className = 'jp-PathwaysDashboard-readout';
     this._readout.setAttribute('aria-live', 'polite');
@@ -121,9 +129,44 @@ export class TimeChart {
     this._placeMarkers(markers, range);
   }
 
+  /** Change how values read and scale (the memory chart's bytes / % of capacity); the next render rebuilds. */
+  setOptions(options: Partial<ChartOptions>): void {
+    this._options = { ...this._options, ...options };
+    this._key = '';
+  }
+
+  /** The value axis' current range, for tests: [min, max]. */
+  get yRange(): [number, number] | null {
+    const y = this._plot?.scales.y;
+    return y && y.min !== undefined && y.max !== undefined ? [y.min, y.max] : null;
+  }
+
   dispose(): void {
     this._plot?.destroy();
     this._plot = null;
+  }
+
+  /** Arrow keys move the cursor (and so the legend's readout) one point at a time; Home/End: first/last. */
+  private _onKey(event: KeyboardEvent): void {
+    const plot = this._plot;
+    const times = plot?.data[0] ?? [];
+    if (!plot || !times.length) {
+      return;
+    }
+    const last = times.length - 1;
+    const i = this._index === null || this._index > last ? last : this._index;
+    const moves: Record<string, number> = {
+      ArrowLeft: Math.max(0, i - 1),
+      ArrowRight: Math.min(last, i + 1),
+      Home: 0,
+      End: last
+    };
+    if (!(event.key in moves)) {
+      return;
+    }
+    event.preventDefault();
+    this._index = moves[event.key];
+    plot.setCursor({ left: plot.valToPos(times[this._index], 'x'), top: this._height / 3 });
   }
 
   private _build(columns: Columns, width: number): uPlot {
@@ -161,7 +204,14 @@ export class TimeChart {
       series,
       scales: {
         x: { time: true },
-        y: { range: o.range ?? ((_u, _min, max) => [0, max > 0 ? max * 1.1 : 1]) }
+        y: {
+          range:
+            o.range ??
+            ((u, _min, max) => {
+              const top = o.rangeOmitsLast ? largest(u.data.slice(1, -1)) : max;
+              return [0, top > 0 ? top * 1.1 : 1];
+            })
+        }
       },
       axes: [
         axis,
@@ -249,6 +299,20 @@ export class TimeChart {
       ? `${clock(first.time)} ${first.kind} · ${eventDetails(first)}${more}`
       : '';
   }
+}
+
+/** The largest value in `columns` (nulls skipped), or 0. */
+function largest(columns: readonly ArrayLike<number | null | undefined>[]): number {
+  let top = 0;
+  for (const column of columns) {
+    for (let i = 0; i < column.length; i++) {
+      const v = column[i];
+      if (v !== null && v !== undefined && v > top) {
+        top = v;
+      }
+    }
+  }
+  return top;
 }
 
 /** Kinds in MARKER_KINDS order (slice_down first), any other after them. */

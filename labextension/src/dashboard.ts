@@ -19,7 +19,9 @@ import { CHIP_WINDOW_S, DashboardModel, SLICE_WINDOW_S, isEmulated } from './das
 import { formatBytes } from './format';
 import { isPathwaysKernel } from './kernels';
 import { Change, MonitorModel } from './model';
-import { MAX_CHIP_HISTORY } from './protocol';
+import { StepChart } from './metricchart';
+import { DEFAULT_SMOOTHING, MetricSeries, StepColumns } from './metricseries';
+import { MAX_CHIP_HISTORY, MonitorEvent } from './protocol';
 
 export const DASHBOARD_ID = 'pathways-dashboard';
 
@@ -38,6 +40,15 @@ export function asKernelView(widget: unknown): KernelView | null {
 export class PathwaysDashboard extends Widget {
   readonly model = new MonitorModel();
   readonly data = new DashboardModel();
+  /** Training metrics (pw.log, an elastic run's loss) per name and run, against step. */
+  readonly metrics = new MetricSeries();
+  private _smoothing = DEFAULT_SMOOTHING;
+  private _metricCharts = new Map<string, StepChart>();
+  /** Columns per metric name, rebuilt only when points arrive or the smoothing changes. */
+  private _metricColumns = new Map<string, { key: string; columns: StepColumns }>();
+  private _metricSection: HTMLElement;
+  private _metricGrid: HTMLDivElement;
+  private _smoothingInput: HTMLInputElement;
   private _notebook: KernelView | null = null;
   private _kernel: Kernel.IKernelConnection | null = null;
   private _connection: MonitorConnection | null = null;
@@ -49,7 +60,10 @@ export class PathwaysDashboard extends Widget {
   private _header: HTMLDivElement;
   private _status: HTMLDivElement;
   private _body: HTMLDivElement;
-  private _filter: HTMLFieldSetElement;
+  private _filter: HTMLDetailsElement;
+  private _filterSummary: HTMLElement;
+  private _filterList: HTMLFieldSetElement;
+  private _memoryPercent = false;
   private _filterKinds = '';
   private _chipSelect: HTMLSelectElement;
   private _chipOptions = '';
@@ -72,8 +86,19 @@ export class PathwaysDashboard extends Widget {
     this._status = div('jp-PathwaysDashboard-message');
     this._status.setAttribute('role', 'status');
 
-    this._filter = document.createElement('fieldset');
+    // One row: a menu whose summary names how many kinds are shown; routine kinds start hidden.
+    this._filter = document.createElement('details');
     this._filter.className = 'jp-PathwaysDashboard-filter';
+    this._filterSummary = document.createElement('summary');
+    this._filterList = document.createElement('fieldset');
+    this._filterList.className = 'jp-PathwaysDashboard-kinds';
+    this._filter.append(this._filterSummary, this._filterList);
+    this._filter.addEventListener('keydown', event => {
+      if (event.key === 'Escape' && this._filter.open) {
+        this._filter.open = false;
+        this._filterSummary.focus();
+      }
+    });
     this._filter.addEventListener('change', event => {
       const box = event.target as HTMLInputElement;
       if (box.dataset.kind) {
@@ -99,7 +124,7 @@ export class PathwaysDashboard extends Widget {
     chipLabel.append(this._chipSelect);
     const hint = div('jp-PathwaysDashboard-hint');
     hint.textContent =
-      'Drag across a chart to zoom into a time range; double-click a chart to return to the live window.';
+      'Drag across a chart to zoom, double-click to go back to live; focus a chart and use the arrow keys to read it.';
     const controls = div('jp-PathwaysDashboard-controls');
     controls.append(this._filter, chipLabel, hint);
 
@@ -134,10 +159,26 @@ export class PathwaysDashboard extends Widget {
         description: 'bytes in use per slice and the slice capacity, last 15 minutes',
         axis: 'memory',
         format: formatBytes,
-        lastDashed: true
+        lastDashed: true,
+        rangeOmitsLast: true
       },
       this._window
     );
+    const percentLabel = document.createElement('label');
+    percentLabel.className = 'jp-PathwaysDashboard-memoryScale';
+    const percentBox = document.createElement('input');
+    percentBox.type = 'checkbox';
+    percentBox.addEventListener('change', () => {
+      this._memoryPercent = percentBox.checked;
+      this._memory.setOptions(
+        this._memoryPercent
+          ? { format: percent, range: [0, 100], axis: 'memory (% of capacity)', lastDashed: false }
+          : { format: formatBytes, range: undefined, axis: 'memory', lastDashed: true }
+      );
+      this._schedule();
+    });
+    percentLabel.append(percentBox, '% of capacity');
+    this._memory.node.querySelector('figcaption')?.append(percentLabel);
     this._stepTime = new TimeChart(
       {
         title: 'Step time',
@@ -156,6 +197,35 @@ export class PathwaysDashboard extends Widget {
       },
       this._window
     );
+    this._metricSection = document.createElement('section');
+    this._metricSection.className = 'jp-PathwaysDashboard-metrics';
+    this._metricSection.setAttribute('aria-label', 'Training metrics');
+    this._metricSection.hidden = true;
+    const metricBar = div('jp-PathwaysDashboard-metricBar');
+    const metricTitle = document.createElement('h3');
+    metricTitle.textContent = 'Training metrics (per step, each run a line)';
+    const smoothing = document.createElement('label');
+    smoothing.className = 'jp-PathwaysDashboard-smoothing';
+    smoothing.textContent = 'Smoothing ';
+    this._smoothingInput = document.createElement('input');
+    this._smoothingInput.type = 'range';
+    this._smoothingInput.min = '0';
+    this._smoothingInput.max = '0.99';
+    this._smoothingInput.step = '0.01';
+    this._smoothingInput.value = String(this._smoothing);
+    this._smoothingInput.title = 'Exponential moving average weight, as TensorBoard’s (0: raw)';
+    const smoothingValue = document.createElement('output');
+    smoothingValue.textContent = this._smoothing.toFixed(2);
+    this._smoothingInput.addEventListener('input', () => {
+      this._smoothing = Number(this._smoothingInput.value);
+      smoothingValue.textContent = this._smoothing.toFixed(2);
+      this._schedule();
+    });
+    smoothing.append(this._smoothingInput, smoothingValue);
+    metricBar.append(metricTitle, smoothing);
+    this._metricGrid = div('jp-PathwaysDashboard-grid');
+    this._metricSection.append(metricBar, this._metricGrid);
+
     this._grid = div('jp-PathwaysDashboard-grid');
     this._grid.append(
       this._utilization.node,
@@ -165,7 +235,7 @@ export class PathwaysDashboard extends Widget {
       this._throughput.node
     );
     this._body = div('jp-PathwaysDashboard-body');
-    this._body.append(controls, this._grid);
+    this._body.append(controls, this._metricSection, this._grid);
     this.node.append(this._header, this._status, this._body);
 
     this.model.subscribe(change => this._changed(change));
@@ -327,8 +397,12 @@ export class PathwaysDashboard extends Widget {
       case 'events':
         this.data.addEvents(this.model.events);
         break;
+      case 'points':
+        this.metrics.add(this.model.points!);
+        break;
       case 'reset':
         this.data.reset();
+        this.metrics.clear();
         this._renderChrome();
         break;
     }
@@ -390,33 +464,74 @@ export class PathwaysDashboard extends Widget {
         width
       );
     }
-    this._memory.render(this.data.memory(), markers, range, width);
+    this._memory.render(
+      this._memoryPercent ? this.data.memoryPercent() : this.data.memory(),
+      markers,
+      range,
+      width
+    );
     this._stepTime.render(this.data.stepTime(), markers, range, width);
     this._throughput.render(this.data.throughput(), markers, range, width);
+    this._drawMetrics(markers, width);
     this._renderHeader();
+  }
+
+  /** One chart per metric name, each run a line, smoothed; the markers of the same events on its step axis. */
+  private _drawMetrics(markers: MonitorEvent[], width: number): void {
+    const names = this.metrics.names();
+    this._metricSection.hidden = names.length === 0;
+    for (const name of names) {
+      let chart = this._metricCharts.get(name);
+      if (!chart) {
+        chart = new StepChart(name);
+        this._metricCharts.set(name, chart);
+        this._metricGrid.append(chart.node);
+      }
+      const placed = markers.flatMap(event => {
+        const step = this.metrics.stepOf(name, event);
+        return step === null ? [] : [{ step, event }];
+      });
+      const key = `${this.metrics.version}|${this._smoothing}`;
+      let cached = this._metricColumns.get(name);
+      if (cached?.key !== key) {
+        cached = { key, columns: this.metrics.columns(name, this._smoothing) };
+        this._metricColumns.set(name, cached);
+      }
+      chart.render(cached.columns, placed, width);
+    }
   }
 
   private _renderControls(): void {
     const kinds = this.data.kinds();
-    const key = kinds.join(',');
+    const hidden = this.data.hiddenKinds;
+    const key = `${kinds.join(',')}|${[...hidden].sort().join(',')}`;
     if (key !== this._filterKinds) {
+      const rebuild = kinds.join(',') !== this._filterKinds.split('|')[0];
       this._filterKinds = key;
-      this._filter.textContent = '';
-      const legend = document.createElement('legend');
-      legend.textContent = 'Event markers';
-      this._filter.append(legend);
-      for (const kind of kinds) {
-        const label = document.createElement('label');
-        label.className = 'jp-PathwaysDashboard-kind';
-        const box = document.createElement('input');
-        box.type = 'checkbox';
-        box.dataset.kind = kind;
-        box.checked = !this.data.hiddenKinds.has(kind);
+      const shown = kinds.filter(k => !hidden.has(k));
+      this._filterSummary.textContent = `Event markers (${shown.length} of ${kinds.length}) `;
+      for (const kind of shown) {
         const swatch = document.createElement('span');
         swatch.className = 'jp-PathwaysDashboard-swatch';
         swatch.dataset.kind = kind;
-        label.append(box, swatch, kind);
-        this._filter.append(label);
+        swatch.title = kind;
+        this._filterSummary.append(swatch);
+      }
+      if (rebuild) {
+        this._filterList.textContent = '';
+        for (const kind of kinds) {
+          const label = document.createElement('label');
+          label.className = 'jp-PathwaysDashboard-kind';
+          const box = document.createElement('input');
+          box.type = 'checkbox';
+          box.dataset.kind = kind;
+          box.checked = !hidden.has(kind);
+          const swatch = document.createElement('span');
+          swatch.className = 'jp-PathwaysDashboard-swatch';
+          swatch.dataset.kind = kind;
+          label.append(box, swatch, kind);
+          this._filterList.append(label);
+        }
       }
     }
     const slices = this.model.topology?.slices ?? [];
@@ -469,8 +584,15 @@ export class PathwaysDashboard extends Widget {
     this._renderHeader();
   }
 
-  private _allCharts(): TimeChart[] {
-    return [this._utilization, this._chips, this._memory, this._stepTime, this._throughput];
+  private _allCharts(): { dispose(): void }[] {
+    return [
+      this._utilization,
+      this._chips,
+      this._memory,
+      this._stepTime,
+      this._throughput,
+      ...this._metricCharts.values()
+    ];
   }
 }
 

@@ -34,6 +34,9 @@ export const MARKER_KINDS = [
   'goodput'
 ];
 
+/** Kinds that happen every few steps (a comb of markers): off until asked for. */
+export const ROUTINE_KINDS = ['snapshot', 'compile', 'checkpoint', 'goodput', STEPS_KIND];
+
 /**
  * HBM per chip (GiB) by JAX `device_kind`, from Google Cloud's TPU pages
  * (v4 32, v5e 16, v5p 95, v6e 32, TPU7x 192; checked 2026-12).
@@ -180,8 +183,8 @@ export class DashboardModel {
   capacities: Capacity[] = [];
   /** Events newest first, `steps` events excluded (they are the step charts). */
   events: MonitorEvent[] = [];
-  /** Kinds whose markers are hidden. */
-  readonly hiddenKinds = new Set<string>();
+  /** Kinds whose markers are hidden: the routine ones until the user shows them. */
+  readonly hiddenKinds = new Set<string>(ROUTINE_KINDS);
   /** Slice whose chips get their own chart, or null. */
   chipSlice: number | null = null;
   /** Memory per emulated chip (GiB), the setting `emulatedChipMemoryGiB`. */
@@ -424,6 +427,19 @@ export class DashboardModel {
       ? ['used, all slices', `capacity, up slices${capacity}`]
       : [...(t?.slices.map(s => `slice ${s.index}`) ?? []), `capacity per slice${capacity}`];
     return { labels, data: [this._memory.times, ...this._memory.columns] };
+  }
+
+  /** Memory in use as a percentage of the capacity line at each point (no capacity there: a gap). */
+  memoryPercent(): Columns {
+    const { labels, data } = this.memory();
+    const capacity = data[data.length - 1] ?? [];
+    const percent = data.slice(1, -1).map(column =>
+      column.map((v, i) => {
+        const c = capacity[i];
+        return v === null || c === null || c === undefined || !(c > 0) ? null : (100 * v) / c;
+      })
+    );
+    return { labels: labels.slice(0, -1), data: [data[0], ...percent] };
   }
 
   chips(): Columns {

@@ -137,6 +137,12 @@ test('markers: newest first, deduplicated, filtered by kind; the filter offers t
   const d = new DashboardModel();
   d.addEvents([ev(1, 'snapshot'), ev(2, 'reshard'), ev(3, 'slice_down'), ev(4, 'my_kind')]);
   d.addEvents([ev(2, 'reshard')]);
+  // Routine kinds (a snapshot every few steps) start hidden: no comb of markers until asked for.
+  assert.deepEqual(
+    d.markers().map(e => e.seq),
+    [4, 3, 2]
+  );
+  d.hiddenKinds.delete('snapshot');
   assert.deepEqual(
     d.markers().map(e => e.seq),
     [4, 3, 2, 1]
@@ -205,4 +211,17 @@ test('the kernel history seeds the slice series in front of the frames that came
   assert.deepEqual(u.data[1], [10, 20, 50]);
   assert.deepEqual(u.data[2], [100, null, 50]);
   assert.deepEqual(d.memory().data[2], [4, null, 6]);
+});
+
+test('memory as % of capacity: each slice over the capacity at that point, no capacity line', () => {
+  const d = new DashboardModel();
+  d.setTopology(decoded<TopologyMessage>(topology(2, 2, 2)));
+  d.addSlicePoint(100, [50, 50], [32 * 2 ** 20, 0]);
+  const bytes = d.memory();
+  const percent = d.memoryPercent();
+  assert.equal(percent.labels.length, bytes.labels.length - 1);
+  const capacity = bytes.data[bytes.data.length - 1][0] as number;
+  assert.ok(capacity > 0);
+  assert.equal(percent.data[1][0], (100 * 32 * 2 ** 20) / capacity);
+  assert.equal(percent.data[2][0], 0);
 });
