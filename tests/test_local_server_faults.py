@@ -192,6 +192,35 @@ def test_bad_requests_are_answered_in_one_line_naming_what_is_wrong():
         server.stop()
 
 
+def test_a_lost_array_is_answered_not_deleted_as_pathways_does():
+    # In this process, on its one CPU device: JAX's client asks IsArrayDeleted only in paths
+    # a script cannot pick, and an error status there made it log an error line per ask.
+    import jax
+    import numpy as np
+
+    from pathways_kernel.server import service
+    from pathways_kernel.server.arrays import ServerArray, Sharding
+    from pathways_kernel.server.devices import Topology
+
+    server = service.Server(Topology(1, 1))
+    session = server.open_session(None)
+    sharding = Sharding((0,), None)
+    session.arrays.put(7, ServerArray.from_jax(jax.device_put(np.arange(4.0), jax.devices()[0]), sharding))
+    assert server.fail_slice(0) == 1
+
+    answers: list = []
+    for op_id, handle in enumerate((7, 8), 1):
+        request = protos.proxy("IfrtRequest")()
+        request.request_metadata.op_id = op_id
+        request.is_array_deleted_request.array_handle = handle
+        session._process(request, answers.append)
+    lost, unknown = sorted(answers, key=lambda r: r.response_metadata.op_id)
+    assert lost.response_metadata.status.code == 0, lost.response_metadata.status.message
+    assert lost.is_array_deleted_response.deleted is False
+    assert unknown.response_metadata.status.code == 5  # NOT_FOUND
+    server.pool.shutdown()
+
+
 # ---- what JAX's client sees -----------------------------------------------------------
 
 

@@ -212,6 +212,15 @@ class ArrayStore:
             raise entry.error
         return entry
 
+    def is_deleted(self, handle: int) -> bool:
+        """Whether the client deleted ``handle``'s array. A poisoned one is not deleted, as on
+        Pathways: its error is for the uses of it (an error here makes the client log a line)."""
+        with self._lock:
+            entry = self._entries.get(handle)
+        if entry is None:
+            raise ServerError.not_found(f"Unknown array handle: {handle}")
+        return isinstance(entry, ServerArray) and entry.deleted
+
     def put(self, handle: int, entry: ServerArray | Poisoned) -> None:
         with self._lock:
             self._entries[handle] = entry

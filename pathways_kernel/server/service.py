@@ -628,7 +628,7 @@ class Session:
         response.delete_array_response.deletion_future_handle = future_handle
 
     def _is_array_deleted_request(self, request, response):
-        response.is_array_deleted_response.deleted = self.arrays.get(request.array_handle).deleted
+        response.is_array_deleted_response.deleted = self.arrays.is_deleted(request.array_handle)
 
     def _destruct_array_request(self, request, response):
         missing = self.arrays.destruct(request.array_handle)
