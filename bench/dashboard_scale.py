@@ -15,7 +15,10 @@ Prints:
 - median render per update: performance.now() around the dashboard's frame
   (the benchmark wraps the widget's draw method from outside, as
   panel_scale.py does for the panel), with all slices, then with slice 0's
-  1,024 chips charted as well; goal <= 16 ms;
+  1,024 chips charted as well; goal <= 16 ms. The session also holds the
+  training metrics of three runs (loss and accuracy, 2,000 steps each), and
+  a fourth logs a step every 0.5 s throughout, so the two metric charts
+  redraw with every update too;
 - kernel memory for history against the bound stated in history.py (64 MiB);
 - bytes per chip per metrics update on the wire; goal <= 3.
 
@@ -53,6 +56,34 @@ for _i in range(1, 1800):
 print(json.dumps({"points": len(_h), "nbytes": _h.nbytes, "keeps_chips": _h.keeps_chips,
                   "bound": _history_mod.bytes_for(len(_m.slices), len(_m.utilization), _hub.publish_hz),
                   "max": _history_mod.MAX_BYTES}))
+"""
+
+# Training metrics: 3 finished runs of 2,000 steps (loss, acc), and one that logs a step every 0.5 s.
+METRICS = """
+import threading
+from pathways_kernel.training.metric_log import MetricLog
+
+class _Run:
+    def __init__(self, name):
+        self.name, self._open_step, self.first_step, self.steps, self.wall_s = name, 0, 0, 0, 0.0
+
+_log = _fake.component(MetricLog)
+for _r in range(3):
+    _run = _Run("train")
+    for _i in range(2000):
+        _run._open_step, _run.wall_s = _i, 0.1 * _i
+        _log.log(_run, {"loss": 1.0 / (_i + 1) + 0.01 * _r, "acc": _i / 2000})
+_log.flush()
+
+def _live():
+    _run = _Run("live")
+    for _i in range(100_000):
+        _run._open_step = _i
+        _log.log(_run, {"loss": 1.0 / (_i + 1), "acc": _i / 100_000})
+        time.sleep(0.5)
+
+threading.Thread(target=_live, daemon=True).start()
+print(len(_log.points()), "metric points")
 """
 
 # In the page, before JupyterLab loads: note when a pathways.monitor comm_open leaves and when a
@@ -110,6 +141,7 @@ def main(seconds: float = 20.0) -> None:
             client = base.kernel_client(server, kernel_id)
             print(base.run(client, base.SETUP).strip())
             memory = json.loads(base.run(client, FILL).strip().splitlines()[-1])
+            print(base.run(client, METRICS).strip())
             artifacts = Path(__file__).resolve().parent.parent / "test-artifacts"
             artifacts.mkdir(exist_ok=True)
             with labtools.browser(root / "chromium") as context:
@@ -142,6 +174,7 @@ def main(seconds: float = 20.0) -> None:
                     timeout=30_000,
                 )
                 loaded_ms = page.evaluate("window.loadedAt - window.openedAt")
+                page.locator("#pathways-dashboard figure[data-metric='loss'][data-runs='4']").wait_for()
                 page.evaluate(TIME_RENDERS)
                 points = page.evaluate("window.dashboardPoints()")
                 times = page.evaluate("window.wsTimes")

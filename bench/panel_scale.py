@@ -65,7 +65,9 @@ class SyntheticSource(telemetry.MetricsSource):
 
 _backend = types.SimpleNamespace(spec="synthetic:{SLICES}x{CHIPS_PER_SLICE}", target="bench",
                                  supports_fault_injection=False, close=lambda: None)
-_fake = types.SimpleNamespace(topology=_topology, events=EventLog(), backend=_backend)
+_components = {{}}  # what a session keeps per kind (the monitor reads its metric log)
+_fake = types.SimpleNamespace(topology=_topology, events=EventLog(), backend=_backend,
+                              component=lambda kind: _components.setdefault(kind, kind(None)))
 _hub = telemetry.TelemetryHub(_fake, source=SyntheticSource(), sample_hz=2, publish_hz=2)
 assert session().component(telemetry.TelemetryHub, lambda s: _hub) is _hub, "a hub existed before the benchmark's"
 _fake.events.emit("connect", detail="synthetic 64 x 1024 chips")
