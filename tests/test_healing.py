@@ -74,10 +74,10 @@ def test_a_slice_lost_between_cells_heals_before_the_next_cell(notebook):
     notebook.run("%pathways autosnapshot off")
 
 
-def run_until_printed_then_interrupt(kernel, code: str, marker: str, timeout: float = 60) -> str:
-    """Run ``code``; once it prints ``marker``, interrupt the kernel (as the stop button does); all it printed and displayed."""
-    msg_id = kernel.kc.execute(code)
-    shown, interrupted = [], False
+def shown_until_idle(kernel, msg_id: str, timeout: float, after_output=None) -> tuple[str, bool]:
+    """All the cell ``msg_id`` printed and displayed, and whether it went idle within ``timeout``;
+    ``after_output(shown so far)`` runs after each of its messages."""
+    shown: list[str] = []
     deadline = time.time() + timeout
     while time.time() < deadline:
         msg = kernel.iopub(timeout=deadline - time.time())
@@ -91,12 +91,25 @@ def run_until_printed_then_interrupt(kernel, code: str, marker: str, timeout: fl
         elif kind == "error":
             shown.append("\n".join(content["traceback"]))
         elif kind == "status" and content["execution_state"] == "idle":
-            break
-        if not interrupted and marker in "".join(shown):
+            return "".join(shown), True
+        if after_output is not None:
+            after_output("".join(shown))
+    return "".join(shown), False
+
+
+def run_until_printed_then_interrupt(kernel, code: str, marker: str, timeout: float = 60) -> str:
+    """Run ``code``; once it prints ``marker``, interrupt the kernel (as the stop button does); all it printed and displayed."""
+    interrupted = False
+
+    def interrupt_at_marker(shown: str) -> None:
+        nonlocal interrupted
+        if not interrupted and marker in shown:
             kernel.km.interrupt_kernel()
             interrupted = True
-    assert interrupted, "".join(shown)
-    return "".join(shown)
+
+    shown, _ = shown_until_idle(kernel, kernel.kc.execute(code), timeout, interrupt_at_marker)
+    assert interrupted, shown
+    return shown
 
 
 def test_interrupting_an_elastic_cell_right_after_a_loss_heals_from_the_runs_newest_snapshot(fresh_kernel):
@@ -231,22 +244,10 @@ def _run_interrupted(kernel, code: str, delay: float | None) -> str:
     if delay is not None:
         time.sleep(delay)
         kernel.km.interrupt_kernel()
-    shown = []
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        msg = kernel.iopub(timeout=deadline - time.time())
-        if msg is None or msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        kind, content = msg["header"]["msg_type"], msg["content"]
-        if kind == "stream":
-            shown.append(content["text"])
-        elif kind in ("display_data", "execute_result"):
-            shown.append(content["data"].get("text/plain", "") + "\n")
-        elif kind == "error":
-            shown.append("\n".join(content["traceback"]))
-        elif kind == "status" and content["execution_state"] == "idle":
-            return "".join(shown)
-    raise AssertionError("the cell never finished: " + "".join(shown))
+    shown, finished = shown_until_idle(kernel, msg_id, 120)
+    if not finished:
+        raise AssertionError("the cell never finished: " + shown)
+    return shown
 
 
 def _run_silently(kernel, code: str) -> None:
