@@ -33,7 +33,6 @@ backend has it. If a sample costs more than
 from __future__ import annotations
 
 import abc
-import atexit
 import collections
 import dataclasses
 import threading
@@ -47,6 +46,7 @@ import numpy as np
 from pathways_kernel.core.errors import PathwaysError
 from pathways_kernel.core.eventlog import Event
 from pathways_kernel.core.slices import Topology
+from pathways_kernel.core.threads import stopped_at_exit
 from pathways_kernel.emulator import faults
 from pathways_kernel.monitoring.history import History
 from pathways_kernel.training.step_rate import StepRate
@@ -606,16 +606,8 @@ class TelemetryHub:
         return metrics
 
 
-#: Hubs whose thread was started, stopped at exit.
-_sampling: weakref.WeakSet[TelemetryHub] = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_sampling() -> None:
-    # A sample reads arrays in jaxlib; a daemon thread still in there when the
-    # interpreter stops its threads aborts the process ("FATAL: exception not rethrown").
-    for h in list(_sampling):
-        h.close()
+#: Hubs whose thread was started (a sample reads arrays in jaxlib).
+_sampling = stopped_at_exit(TelemetryHub.close)
 
 
 def _call(fn: Callable, *args: Any) -> None:

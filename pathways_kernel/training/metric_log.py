@@ -20,7 +20,6 @@ point's ``to_dict()``: run, step, time, elapsed_s, name, value).
 
 from __future__ import annotations
 
-import atexit
 import collections
 import dataclasses
 import numbers
@@ -29,6 +28,8 @@ import time
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from pathways_kernel.core.threads import stopped_at_exit
 
 #: Points one session keeps (the oldest drop off).
 MAX_POINTS = 200_000
@@ -220,15 +221,8 @@ class MetricLog:
         return unsubscribe
 
 
-#: Logs whose reader thread was started, stopped at exit: a daemon thread still
-#: inside jaxlib when the interpreter stops its threads aborts the process.
-_reading: weakref.WeakSet[MetricLog] = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_reading() -> None:
-    for log in list(_reading):
-        log.close()
+#: Logs whose reader thread was started.
+_reading = stopped_at_exit(MetricLog.close)
 
 
 def metric_log(session: Any = None) -> MetricLog:
