@@ -20,7 +20,8 @@ export const KERNEL_TYPES = [
   'event',
   'reply',
   'no_backend',
-  'metric_points'
+  'metric_points',
+  'goodput_intervals'
 ] as const;
 /** Frontend -> kernel request types and their own fields. */
 export const REQUEST_FIELDS = {
@@ -214,7 +215,30 @@ export interface MetricPointsMessage {
   points: MetricPoint[];
 }
 
+/** A finished run's goodput over time (`pw.goodput_over_time`): one value per interval in each array. */
+export interface GoodputIntervalsMessage {
+  v: 1;
+  type: 'goodput_intervals';
+  run: string;
+  kind: string;
+  header: string;
+  started: number;
+  wall_s: number;
+  /** Stacking order: productive, then the badput categories. */
+  categories: string[];
+  start_s: (number | null)[];
+  end_s: (number | null)[];
+  goodput: (number | null)[];
+  /** Category -> seconds per interval. */
+  seconds: Record<string, (number | null)[]>;
+  steps: number[];
+  step_time_mean_s: (number | null)[];
+  step_time_std_s: (number | null)[];
+  step_time: Record<string, unknown>;
+}
+
 export type KernelMessage =
+  | GoodputIntervalsMessage
   | MetricPointsMessage
   | TopologyMessage
   | HistoryMessage
@@ -275,6 +299,9 @@ export function decodeMessage(data: unknown, buffers: readonly Buffer[] = []): K
           };
         })
       };
+    case 'goodput_intervals':
+      noBuffers('goodput_intervals', buffers);
+      return decodeGoodputIntervals(msg);
     case 'no_backend':
       noBuffers('no_backend', buffers);
       return { v: 1, type: 'no_backend', error: string(msg.error, 'no_backend.error') };
@@ -283,6 +310,34 @@ export function decodeMessage(data: unknown, buffers: readonly Buffer[] = []): K
         `unknown message type ${JSON.stringify(msg.type)}; expected one of ${KERNEL_TYPES.join(', ')}`
       );
   }
+}
+
+function decodeGoodputIntervals(msg: Record<string, unknown>): GoodputIntervalsMessage {
+  const at = 'goodput_intervals';
+  const numbers = (v: unknown, name: string) =>
+    array(v, `${at}.${name}`).map((x, i) => nullable(x, y => number(y, `${at}.${name}[${i}]`)));
+  const categories = array(msg.categories, `${at}.categories`).map((c, i) =>
+    string(c, `${at}.categories[${i}]`)
+  );
+  const seconds = object(msg.seconds, `${at}.seconds`);
+  return {
+    v: 1,
+    type: 'goodput_intervals',
+    run: string(msg.run, `${at}.run`),
+    kind: string(msg.kind, `${at}.kind`),
+    header: string(msg.header, `${at}.header`),
+    started: number(msg.started, `${at}.started`),
+    wall_s: number(msg.wall_s, `${at}.wall_s`),
+    categories,
+    start_s: numbers(msg.start_s, 'start_s'),
+    end_s: numbers(msg.end_s, 'end_s'),
+    goodput: numbers(msg.goodput, 'goodput'),
+    seconds: Object.fromEntries(categories.map(c => [c, numbers(seconds[c], `seconds.${c}`)])),
+    steps: array(msg.steps, `${at}.steps`).map((x, i) => integer(x, `${at}.steps[${i}]`)),
+    step_time_mean_s: numbers(msg.step_time_mean_s, 'step_time_mean_s'),
+    step_time_std_s: numbers(msg.step_time_std_s, 'step_time_std_s'),
+    step_time: object(msg.step_time, `${at}.step_time`)
+  };
 }
 
 function decodeTopology(msg: Record<string, unknown>, buffers: readonly Buffer[]): TopologyMessage {

@@ -199,3 +199,30 @@ test('latest_profile encodes without fields; its result decodes with run null wh
   assert.equal(some.run, 'k/20260101-000000-loop');
   assert.throws(() => decodeLatestProfile(reply({ run: 3, message: '' })), ProtocolError);
 });
+
+test('goodput_intervals decodes its per-interval columns; nulls stay null', () => {
+  const message = decodeMessage({
+    v: 1,
+    type: 'goodput_intervals',
+    run: 'train',
+    kind: 'elastic',
+    header: "run 'train'",
+    started: 1.5,
+    wall_s: 2,
+    categories: ['productive', 'compile'],
+    start_s: [0, 1],
+    end_s: [1, 2],
+    goodput: [0.25, 1],
+    seconds: { productive: [0.25, 1], compile: [0.75, 0] },
+    steps: [1, 4],
+    step_time_mean_s: [null, 0.25],
+    step_time_std_s: [null, 0],
+    step_time: { steps: 4, median_s: 0.25, mean_s: 0.25, std_s: 0, slowest: [] }
+  });
+  assert.equal(message.type, 'goodput_intervals');
+  if (message.type === 'goodput_intervals') {
+    assert.deepEqual(message.seconds.compile, [0.75, 0]);
+    assert.deepEqual(message.step_time_mean_s, [null, 0.25]);
+  }
+  assert.throws(() => decodeMessage({ v: 1, type: 'goodput_intervals', run: 'x' }), ProtocolError);
+});
