@@ -193,8 +193,9 @@ def test_bad_requests_are_answered_in_one_line_naming_what_is_wrong():
 
 
 def test_a_lost_array_is_answered_not_deleted_as_pathways_does():
-    # In this process, on its one CPU device: JAX's client asks IsArrayDeleted only in paths
-    # a script cannot pick, and an error status there made it log an error line per ask.
+    # On the session itself, in this process (one CPU device): JAX's client answers
+    # is_deleted() here without asking the server; an error status to IsArrayDeleted made it
+    # log an error line per ask.
     import jax
     import numpy as np
 
@@ -204,20 +205,29 @@ def test_a_lost_array_is_answered_not_deleted_as_pathways_does():
 
     server = service.Server(Topology(1, 1))
     session = server.open_session(None)
-    sharding = Sharding((0,), None)
-    session.arrays.put(7, ServerArray.from_jax(jax.device_put(np.arange(4.0), jax.devices()[0]), sharding))
+    session.arrays.put(7, ServerArray.from_jax(jax.device_put(np.arange(4.0), jax.devices()[0]), Sharding((0,), None)))
     assert server.fail_slice(0) == 1
 
-    answers: list = []
-    for op_id, handle in enumerate((7, 8), 1):
+    def ask(fill) -> object:
         request = protos.proxy("IfrtRequest")()
-        request.request_metadata.op_id = op_id
-        request.is_array_deleted_request.array_handle = handle
+        fill(request)
+        answers: list = []
         session._process(request, answers.append)
-    lost, unknown = sorted(answers, key=lambda r: r.response_metadata.op_id)
+        return answers[0]
+
+    def is_deleted(handle: int):
+        return ask(lambda r: setattr(r.is_array_deleted_request, "array_handle", handle))
+
+    lost = is_deleted(7)
     assert lost.response_metadata.status.code == 0, lost.response_metadata.status.message
     assert lost.is_array_deleted_response.deleted is False
-    assert unknown.response_metadata.status.code == 5  # NOT_FOUND
+    assert is_deleted(8).response_metadata.status.code == 5  # NOT_FOUND: no such handle
+    # A failed request's named result holds its error, and is not deleted either.
+    failed = ask(
+        lambda r: (r.copy_arrays_request.array_handles.append(8), r.copy_arrays_request.result_handles.append(9))
+    )
+    assert failed.response_metadata.status.code == 5
+    assert is_deleted(9).response_metadata.status.code == 0
     server.pool.shutdown()
 
 

@@ -25,7 +25,8 @@ def _library() -> str:
     return os.path.join(os.path.dirname(jaxlib.__file__), "libjax_common.so")
 
 
-def _varint(data: bytes, i: int) -> tuple[int, int]:
+def read_varint(data: bytes, i: int) -> tuple[int, int]:
+    """The protobuf varint at ``data[i]``, and where the next field starts."""
     result = shift = 0
     while True:
         byte = data[i]
@@ -43,14 +44,14 @@ def _end_of_message(data: bytes, start: int) -> int:
     i = start
     while i < len(data):
         try:
-            tag, j = _varint(data, i)
+            tag, j = read_varint(data, i)
             field, wire = tag >> 3, tag & 7
             if field == 0 or field > 20 or wire not in (0, 2):
                 break
             if wire == 0:
-                _, j = _varint(data, j)
+                _, j = read_varint(data, j)
             else:
-                length, j = _varint(data, j)
+                length, j = read_varint(data, j)
                 j += length
         except IndexError:
             break

@@ -222,7 +222,8 @@ class Session:
                 log.exception("%s failed", kind)
                 error = ServerError(INTERNAL, f"{kind}: {error}")
             # Handles the client named for this request's results now hold the error, so
-            # later uses (and the client's destruct of them) find them.
+            # later uses (and the client's destruct of them) find them; handlers need not
+            # (handles the server made for them are never told to the client).
             self.arrays.poison(_result_handles(getattr(request, kind)) if kind else [], error)
             respond(_error_response(op_id, error))
             return
@@ -449,29 +450,20 @@ class Session:
 
     def _make_array_from_host_buffer_request(self, request, response):
         handle = request.array_handle if request.HasField("array_handle") else self.arrays.new_handle()
-        try:
-            sharding = sharding_from_proto(request.sharding)
-            for device in sharding.device_ids:
-                self.topology.check_device(device)
-            self.topology.check_up(sharding.device_ids)
-            dtype = dtype_from_proto(request.dtype)
-            data = self.host_buffers.take(request.host_buffer_handle)
-            strides = list(request.byte_strides.strides) if request.HasField("byte_strides") else None
-            value = from_host_bytes(data, dtype, request.shape.dims, strides)
-            array = ServerArray.from_jax(_device_put(value, sharding), sharding)
-        except ServerError as error:
-            self.arrays.poison([handle], error)
-            raise
-        self.arrays.put(handle, array)
+        sharding = sharding_from_proto(request.sharding)
+        for device in sharding.device_ids:
+            self.topology.check_device(device)
+        self.topology.check_up(sharding.device_ids)
+        dtype = dtype_from_proto(request.dtype)
+        data = self.host_buffers.take(request.host_buffer_handle)
+        strides = list(request.byte_strides.strides) if request.HasField("byte_strides") else None
+        value = from_host_bytes(data, dtype, request.shape.dims, strides)
+        self.arrays.put(handle, ServerArray.from_jax(_device_put(value, sharding), sharding))
         response.make_array_from_host_buffer_response.array_handle = handle
 
     def _make_arrays_from_host_buffer_shards_request(self, request, response):
         handles = self.arrays.handles_for(request.array_handles, len(request.specs))
-        try:
-            arrays = [self._array_from_shards(spec) for spec in request.specs]
-        except ServerError as error:
-            self.arrays.poison(handles, error)
-            raise
+        arrays = [self._array_from_shards(spec) for spec in request.specs]
         for handle, array in zip(handles, arrays, strict=True):
             self.arrays.put(handle, array)
         response.make_arrays_from_host_buffer_shards_response.array_handles.extend(handles)
@@ -543,21 +535,17 @@ class Session:
 
     def _assemble_array_from_single_device_arrays_request(self, request, response):
         handle = request.result_handle or self.arrays.new_handle()
-        try:
-            sharding = sharding_from_proto(request.sharding)
-            pieces = [self.arrays.get(h) for h in request.single_device_array_handles]
-            by_device = {}
-            for piece in pieces:
-                piece.check_live()
-                by_device[piece.sharding.device_ids[0]] = piece.shards[0]
-            missing = [d for d in sharding.device_ids if d not in by_device]
-            if missing:
-                raise ServerError.invalid(f"no single-device array on device {missing[0]} of the sharding")
-            dtype = dtype_from_proto(request.dtype) if request.HasField("dtype") else pieces[0].dtype
-            array = ServerArray(dtype, tuple(request.shape.dims), sharding, [by_device[d] for d in sharding.device_ids])
-        except ServerError as error:
-            self.arrays.poison([handle], error)
-            raise
+        sharding = sharding_from_proto(request.sharding)
+        pieces = [self.arrays.get(h) for h in request.single_device_array_handles]
+        by_device = {}
+        for piece in pieces:
+            piece.check_live()
+            by_device[piece.sharding.device_ids[0]] = piece.shards[0]
+        missing = [d for d in sharding.device_ids if d not in by_device]
+        if missing:
+            raise ServerError.invalid(f"no single-device array on device {missing[0]} of the sharding")
+        dtype = dtype_from_proto(request.dtype) if request.HasField("dtype") else pieces[0].dtype
+        array = ServerArray(dtype, tuple(request.shape.dims), sharding, [by_device[d] for d in sharding.device_ids])
         self.arrays.put(handle, array)
         response.assemble_array_from_single_device_arrays_response.array_handle = handle
 
@@ -576,39 +564,29 @@ class Session:
         import jax
 
         handles = self.arrays.handles_for(request.result_handles, len(request.array_handles))
-        try:
-            targets = list(request.device_ids)
-            for device in targets:
-                self.topology.check_device(device)
-            self.topology.check_up(targets)
-            devices = jax.devices()
-            copies = []
-            for source in [self.arrays.get(h) for h in request.array_handles]:
-                source.check_live()
-                destination = source.sharding.with_devices(targets) if targets else source.sharding
-                shards = [
-                    jax.device_put(s, devices[d]) for s, d in zip(source.shards, destination.device_ids, strict=True)
-                ]
-                copies.append(ServerArray(source.dtype, source.shape, destination, shards))
-        except ServerError as error:
-            self.arrays.poison(handles, error)
-            raise
+        targets = list(request.device_ids)
+        for device in targets:
+            self.topology.check_device(device)
+        self.topology.check_up(targets)
+        devices = jax.devices()
+        copies = []
+        for source in [self.arrays.get(h) for h in request.array_handles]:
+            source.check_live()
+            destination = source.sharding.with_devices(targets) if targets else source.sharding
+            shards = [jax.device_put(s, devices[d]) for s, d in zip(source.shards, destination.device_ids, strict=True)]
+            copies.append(ServerArray(source.dtype, source.shape, destination, shards))
         for handle, copy in zip(handles, copies, strict=True):
             self.arrays.put(handle, copy)
         response.copy_arrays_response.array_handles.extend(handles)
 
     def _reshard_arrays_request(self, request, response):
         handles = self.arrays.handles_for(request.result_handles, len(request.array_handles))
-        try:
-            results = []
-            for handle, spec in zip(request.array_handles, request.array_specs, strict=True):
-                source = self.arrays.get(handle)
-                sharding = sharding_from_proto(spec.sharding)
-                self.topology.check_up(sharding.device_ids)
-                results.append(ServerArray.from_jax(_device_put(source.jax_array(), sharding), sharding))
-        except ServerError as error:
-            self.arrays.poison(handles, error)
-            raise
+        results = []
+        for handle, spec in zip(request.array_handles, request.array_specs, strict=True):
+            source = self.arrays.get(handle)
+            sharding = sharding_from_proto(spec.sharding)
+            self.topology.check_up(sharding.device_ids)
+            results.append(ServerArray.from_jax(_device_put(source.jax_array(), sharding), sharding))
         for handle, result in zip(handles, results, strict=True):
             self.arrays.put(handle, result)
         response.reshard_arrays_response.array_handles.extend(handles)
@@ -694,15 +672,7 @@ def _data_field(raw: bytes) -> memoryview:
         return view
     if raw[0] != 0x0A:
         return memoryview(protos.proxy("GrpcHostBufferStoreRequest").FromString(raw).data)
-    length = shift = 0
-    i = 1
-    while True:
-        byte = raw[i]
-        i += 1
-        length |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            break
+    length, i = protos.read_varint(raw, 1)
     return view[i : i + length]
 
 
