@@ -131,17 +131,7 @@ def main() -> None:
     try:
         for _ in range(2):
             in_process_runs.append(run({**base, "JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "8"}))
-            proxied_runs.append(
-                run(
-                    {
-                        **base,
-                        "JAX_PLATFORMS": "proxy",
-                        "JAX_BACKEND_TARGET": server.target,
-                        "IFRT_PROXY_USE_INSECURE_GRPC_CREDENTIALS": "true",
-                        "PATHWAYS_PROXY_CONNECTION_TIMEOUT_SECS": "60",
-                    }
-                )
-            )
+            proxied_runs.append(run(launch.client_env(server.target, connect_timeout_s=60)))
     finally:
         server.stop()
     in_process, proxied = best(in_process_runs), best(proxied_runs)

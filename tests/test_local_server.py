@@ -28,24 +28,13 @@ BATCH = 64
 BIG = 512 << 20
 
 
-def client_env(target: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
-    env.update(
-        JAX_PLATFORMS="proxy",
-        JAX_BACKEND_TARGET=target,
-        IFRT_PROXY_USE_INSECURE_GRPC_CREDENTIALS="true",
-        PATHWAYS_PROXY_CONNECTION_TIMEOUT_SECS="30",
-    )
-    return env
-
-
 def run_client(mode: str, target: str, *args: str, timeout: float = 240, env=None, prefix=()) -> dict:
     out = subprocess.run(
         [*prefix, sys.executable, HERE, mode, target, *args],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=env or client_env(target),
+        env=env or launch.client_env(target),
     )
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     said = "\n".join(line for line in out.stderr.splitlines() if line.strip())

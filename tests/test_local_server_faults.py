@@ -25,17 +25,6 @@ HERE = os.path.abspath(__file__)
 CLI = [sys.executable, "-m", "pathways_kernel.server"]
 
 
-def client_env(target: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
-    env.update(
-        JAX_PLATFORMS="proxy",
-        JAX_BACKEND_TARGET=target,
-        IFRT_PROXY_USE_INSECURE_GRPC_CREDENTIALS="true",
-        PATHWAYS_PROXY_CONNECTION_TIMEOUT_SECS="30",
-    )
-    return env
-
-
 def first_line(error: BaseException) -> str:
     return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
@@ -244,7 +233,7 @@ def test_a_rejected_program_and_a_killed_server_are_one_line_each(tmp_path):
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env=client_env(server.target),
+            env=launch.client_env(server.target),
         )
         deadline = time.monotonic() + 180
         while not marker.exists() and client.poll() is None and time.monotonic() < deadline:

@@ -27,6 +27,20 @@ from pathways_kernel.core.errors import BackendError
 FIRST_LINE = "pathways-local: serving "
 
 
+def client_env(target: str, connect_timeout_s: int = 30) -> dict[str, str]:
+    """This process's environment for a JAX process that is a proxy client of ``target``,
+    as a Pathways user's is (``pathwaysutils.initialize()`` is up to it); this process's
+    own ``JAX_*``/``XLA_*`` settings are left out."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
+    env.update(
+        JAX_PLATFORMS="proxy",
+        JAX_BACKEND_TARGET=target,
+        IFRT_PROXY_USE_INSECURE_GRPC_CREDENTIALS="true",
+        PATHWAYS_PROXY_CONNECTION_TIMEOUT_SECS=str(connect_timeout_s),
+    )
+    return env
+
+
 @dataclass
 class LocalServer:
     """A running server: its target (for ``JAX_BACKEND_TARGET``), pid and process."""
