@@ -19,6 +19,7 @@ import time
 import grpc
 import pytest
 
+from pathways_kernel.core.errors import BackendError
 from pathways_kernel.server import launch, protos
 
 HERE = os.path.abspath(__file__)
@@ -119,6 +120,15 @@ def test_serving_another_address_says_what_it_exposes():
     assert "can run programs as" in lines[0]
     assert lines[1].startswith("pathways-local: cannot listen on 192.0.2.1:0: Cannot assign requested address;")
     assert len(lines) == 2
+
+
+def test_a_server_that_cannot_start_is_one_line_with_its_own_reason():
+    with pytest.raises(BackendError) as failed:
+        launch.start(1, 2, host="192.0.2.1")
+    assert str(failed.value).startswith(
+        "the local Pathways server did not start: pathways-local: cannot listen on 192.0.2.1:0: "
+        "Cannot assign requested address;"
+    ), str(failed.value)
 
 
 # ---- bad requests, on the wire -----------------------------------------------------------

@@ -110,7 +110,8 @@ def start(
             sink(line.rstrip("\n"))
 
     threading.Thread(target=pump, args=(process.stdout, lines.put), daemon=True).start()
-    threading.Thread(target=pump, args=(process.stderr, server.stderr_lines.append), daemon=True).start()
+    errors = threading.Thread(target=pump, args=(process.stderr, server.stderr_lines.append), daemon=True)
+    errors.start()
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -122,6 +123,6 @@ def start(
             return server
         if process.poll() is not None or time.monotonic() > deadline:
             server.stop()
-            time.sleep(0.2)  # let the stderr pump catch the last line
+            errors.join(5.0)  # its stderr ends with it: the pump has its last line then
             said = next((s for s in reversed(server.stderr_lines) if s.strip()), "no output")
             raise BackendError(f"the local Pathways server did not start: {said}")
