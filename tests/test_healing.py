@@ -252,18 +252,8 @@ def _run_interrupted(kernel, code: str, delay: float | None) -> str:
 
 def _run_silently(kernel, code: str) -> None:
     """Run ``code`` as a silent execution: IPython runs no pre/post-cell hooks (no healing) for it."""
-    msg_id = kernel.kc.execute(code, silent=True)
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        msg = kernel.iopub(timeout=deadline - time.time())
-        if (
-            msg is not None
-            and msg["parent_header"].get("msg_id") == msg_id
-            and msg["header"]["msg_type"] == "status"
-            and msg["content"]["execution_state"] == "idle"
-        ):
-            return
-    raise AssertionError("silent execution never finished")
+    if not shown_until_idle(kernel, kernel.kc.execute(code, silent=True), 60)[1]:
+        raise AssertionError("silent execution never finished")
 
 
 @pytest.mark.parametrize(
