@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from pathways_kernel.backends import preflight as preflight_lib
-from pathways_kernel.backends.proxy import ProxyBackend
+from pathways_kernel.backends.proxy import ProxyBackend, device_slice
 from pathways_kernel.core import jaxcompat
 from pathways_kernel.core.errors import BackendError
 from pathways_kernel.monitoring import telemetry
@@ -201,7 +201,7 @@ class LocalServerBackend(ProxyBackend):
         lost = [
             array
             for array in jax.live_arrays()
-            if not array.is_deleted() and any(_slice_index(d) == index for d in array.sharding.device_set)
+            if not array.is_deleted() and any(device_slice(d) == index for d in array.sharding.device_set)
         ]
         self._lost.update((id(array), array) for array in lost)
         return len(lost), sum(array.nbytes for array in lost)
@@ -227,7 +227,7 @@ class LocalServerBackend(ProxyBackend):
         if session is None or session.backend is not self:
             return False
         down = {s.index for s in session.topology.slices if not s.up}
-        return bool(down) and any(_slice_index(d) in down for d in array.sharding.device_set)
+        return bool(down) and any(device_slice(d) in down for d in array.sharding.device_set)
 
     # -- telemetry ------------------------------------------------------------
     def metrics_source(self, layout: Any) -> telemetry.MetricsSource:
@@ -264,11 +264,6 @@ class ServerSource(telemetry.ClientSource):
                 if 0 <= device_id < len(per_device):
                     memory[position] = per_device[device_id]
         return dataclasses.replace(sample, memory=memory)
-
-
-def _slice_index(device: Any) -> int:
-    value = getattr(device, "slice_index", None)
-    return 0 if value is None else int(value)
 
 
 def _died(pid: int, code: int | None) -> str:

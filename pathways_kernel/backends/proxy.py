@@ -187,10 +187,10 @@ def device_placements(devices: Sequence[Any]) -> list[Placement]:
     if missing:
         counts: dict[int, int] = {}
         for d in missing:
-            counts[_slice_index(d)] = counts.get(_slice_index(d), 0) + 1
+            counts[device_slice(d)] = counts.get(device_slice(d), 0) + 1
         widths = {s: grid_shape(n)[0] for s, n in counts.items()}
     for device in devices:
-        slice_index = _slice_index(device)
+        slice_index = device_slice(device)
         coords = getattr(device, "coords", None)
         if coords is None:
             position = by_slice.get(slice_index, 0)
@@ -208,7 +208,8 @@ def device_placements(devices: Sequence[Any]) -> list[Placement]:
     return placements
 
 
-def _slice_index(device: Any) -> int:
+def device_slice(device: Any) -> int:
+    """The slice a proxy device belongs to (0 where the server does not say)."""
     value = getattr(device, "slice_index", None)
     return 0 if value is None else int(value)
 
