@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from pathways_kernel.core.display import TextDisplay
+from pathways_kernel.core.text import count
 
 #: The TraceAnnotation a capture wraps its body in; its span is the window.
 WINDOW_PREFIX = "pathways.profile:"
@@ -116,13 +117,13 @@ class Summary(TextDisplay):
         if self.top_ops:
             lines.append(
                 f"  top ops by self time: per device (mean over the devices that ran it), summed over devices, "
-                f"share of all devices' {_ms(self.device_ns)} ({_count(self.busy_devices, 'device')})"
+                f"share of all devices' {_ms(self.device_ns)} ({count(self.busy_devices, 'device')})"
             )
             lines.append(f"    {'per device':>10}  {'summed':>10}  share  count  op (XLA op, module)")
             for op in self.top_ops:
                 lines.append(
                     f"    {_ms(op.mean_ns):>10}  {_ms(op.self_ns):>10}  {_share(op.self_ns, self.device_ns):>5}  "
-                    f"{op.occurrences:>5}  {op.name}  ({op.detail}; {_count(op.devices, 'device')})"
+                    f"{op.occurrences:>5}  {op.name}  ({op.detail}; {count(op.devices, 'device')})"
                 )
         else:
             lines.append("  no device ops ran inside the capture")
@@ -176,10 +177,6 @@ def _ms(ns: float) -> str:
 
 def _share(part: int, whole: int) -> str:
     return f"{part / whole:.0%}" if whole else "-"
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def _ids(ids: Sequence[int]) -> str:
