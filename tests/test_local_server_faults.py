@@ -26,10 +26,6 @@ HERE = os.path.abspath(__file__)
 CLI = [sys.executable, "-m", "pathways_kernel.server"]
 
 
-def first_line(error: BaseException) -> str:
-    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-
-
 def client_faults(target: str, marker: str) -> dict:
     """A program the compiler rejects, then steps until the server is killed under it."""
     import jax
