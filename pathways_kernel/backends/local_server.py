@@ -38,6 +38,7 @@ import atexit
 import dataclasses
 import os
 import signal
+import subprocess
 import threading
 import time
 import weakref
@@ -170,7 +171,7 @@ class LocalServerBackend(ProxyBackend):
             try:
                 server.process.wait(1.0)
                 return
-            except Exception:
+            except subprocess.TimeoutExpired:
                 pass
         super()._on_disconnect(status)
 
