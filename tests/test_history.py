@@ -7,6 +7,7 @@ import time
 import jax
 import numpy as np
 import pytest
+from waiting import wait_until
 
 from pathways_kernel.emulator.faults import fail_slice, repair_slice
 from pathways_kernel.monitoring import history, telemetry
@@ -71,9 +72,7 @@ def test_the_hub_keeps_history_after_its_last_subscriber_leaves(local_session):
     hub = telemetry.hub(local_session)
     x = jax.device_put(np.ones((8, 128), np.float32), local_session.devices()[0])
     sub = hub.subscribe(on_metrics=lambda m: None)
-    deadline = time.monotonic() + 10
-    while (hub.history() is None or len(hub.history()) < 2) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(lambda: hub.history() is not None and len(hub.history()) >= 2, 10)
     sub.close()
     before = len(hub.history())
     time.sleep(2.5)  # nobody subscribed: the hub samples once a second for the history

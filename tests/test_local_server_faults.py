@@ -18,6 +18,7 @@ import time
 
 import grpc
 import pytest
+from waiting import wait_until
 
 from pathways_kernel.core.errors import BackendError
 from pathways_kernel.server import launch, protos
@@ -241,9 +242,7 @@ def test_a_rejected_program_and_a_killed_server_are_one_line_each(tmp_path):
             text=True,
             env=launch.client_env(server.target),
         )
-        deadline = time.monotonic() + 180
-        while not marker.exists() and client.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_until(lambda: marker.exists() or client.poll() is not None, 180)
         assert marker.exists(), client.communicate()[1][-2000:]
         time.sleep(0.5)  # mid-loop
         os.kill(server.pid, signal.SIGKILL)

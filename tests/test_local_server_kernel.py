@@ -15,6 +15,7 @@ import time
 
 import pytest
 from kernels import Kernel
+from waiting import wait_until
 
 SETUP = """
 import jax, numpy as np, pathwaysutils
@@ -57,15 +58,6 @@ def alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
-
-
-def wait_until(condition, timeout: float = 60.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return condition()
 
 
 def test_the_kernel_runs_jax_s_proxy_client_against_its_own_server(server_kernel):
