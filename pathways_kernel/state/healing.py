@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
+import weakref
 from typing import Any
 
 from pathways_kernel.core.display import TextDisplay
@@ -229,8 +230,9 @@ class Healer:
         # Slices lost whose healing is not done yet (it waits for a slice, or was interrupted).
         self._due: set[int] = set()
         # Unusable variables already reported, with the arrays they held then:
-        # one that is still lost is not announced again at the next loss.
-        self._reported: dict[str, tuple[int, ...]] = {}
+        # one that is still lost is not announced again at the next loss. Weak
+        # references, not ids: a new array may get a dead one's id.
+        self._reported: dict[str, tuple[weakref.ref[Any], ...]] = {}
 
     def check(self, *_: Any) -> HealingReport | None:
         """Heal if a slice went down since the last check, or a pass is still due; display the report.
@@ -281,9 +283,10 @@ class Healer:
     def _already_reported(self, name: str) -> bool:
         import jax
 
-        arrays = tuple(id(leaf) for leaf in jax.tree.leaves(self.shell.user_ns.get(name)))
-        seen = self._reported.get(name) == arrays
-        self._reported[name] = arrays
+        leaves = [leaf for leaf in jax.tree.leaves(self.shell.user_ns.get(name)) if isinstance(leaf, jax.Array)]
+        before = self._reported.get(name, ())
+        seen = len(before) == len(leaves) and all(ref() is leaf for ref, leaf in zip(before, leaves, strict=True))
+        self._reported[name] = tuple(weakref.ref(leaf) for leaf in leaves)
         return seen
 
 
