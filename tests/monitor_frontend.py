@@ -229,7 +229,7 @@ def decode_chip_history(data: dict[str, Any], buffers: Sequence[Any]) -> ChipHis
     """The ``reply`` to a ``chip_history`` request."""
     _expect_kernel_envelope(data, "reply")
     if data.get("ok") is not True or not isinstance(data.get("result"), dict):
-        raise ProtocolError(f"chip_history failed: {data.get('error')}")
+        raise ProtocolError(str(data.get("error")))
     r = data["result"]
     start = _int(r, "start", low=0)
     stop = _int(r, "stop", low=start + 1)

@@ -432,7 +432,7 @@ function decodeHistory(msg: Record<string, unknown>, buffers: readonly Buffer[])
  */
 export function decodeChipHistory(reply: ReplyMessage): ChipHistory {
   if (!reply.ok || !reply.result) {
-    throw new ProtocolError(`chip_history failed: ${reply.error}`);
+    throw new ProtocolError(String(reply.error));
   }
   const r = reply.result;
   const start = integer(r.start, 'chip_history.start');
