@@ -128,6 +128,21 @@ def test_a_server_that_cannot_start_is_one_line_with_its_own_reason():
     ), str(failed.value)
 
 
+def test_a_socket_path_no_client_could_reach_or_that_is_a_file_is_refused_and_the_file_kept(tmp_path):
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    notes = private / "notes.txt"
+    notes.write_text("mine")
+    with pytest.raises(BackendError) as failed:
+        launch.start(1, 2, socket_path=str(notes))
+    assert str(failed.value).endswith(f"{notes} exists and is not a socket; choose another path"), str(failed.value)
+    assert notes.read_text() == "mine"
+    with pytest.raises(BackendError) as failed:
+        launch.start(1, 2, socket_path=str(private / "Server.sock"))
+    assert "has capitals, and JAX's proxy client lower-cases JAX_BACKEND_TARGET" in str(failed.value)
+    assert "\n" not in str(failed.value)
+
+
 # ---- bad requests, on the wire -----------------------------------------------------------
 
 

@@ -55,6 +55,12 @@ def _cannot_bind(host: str, port: int) -> str | None:
 def _private_socket(path: str) -> str:
     """``path``, after making sure its directory exists and only this user can enter it."""
     path = os.path.abspath(path)
+    if path != path.lower():
+        # JAX's proxy client lower-cases JAX_BACKEND_TARGET before it connects.
+        raise SystemExit(
+            f"pathways-local: the socket path {path} has capitals, and JAX's proxy client lower-cases "
+            "JAX_BACKEND_TARGET, so no client could reach it; choose a lower-case path"
+        )
     directory = os.path.dirname(path)
     os.makedirs(directory, mode=0o700, exist_ok=True)
     info = os.stat(directory)
@@ -63,8 +69,10 @@ def _private_socket(path: str) -> str:
             f"pathways-local: {directory} must be a directory only you can enter (chmod 700), "
             "since whoever reaches the socket can run programs as you"
         )
-    if os.path.exists(path):
-        os.unlink(path)
+    if os.path.lexists(path):
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            raise SystemExit(f"pathways-local: {path} exists and is not a socket; choose another path")
+        os.unlink(path)  # a socket left by an earlier server
     return path
 
 
