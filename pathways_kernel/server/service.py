@@ -5,6 +5,10 @@ order they come (a request may name arrays the previous one made), but anything
 that waits (compilation, a value becoming ready, a copy to the host) is answered
 from a worker pool when it completes, so responses go back out of order, matched
 by ``op_id``, and a slow copy does not hold up the session.
+
+Over 700 lines for now: the request handlers by kind (arrays, programs, host
+buffers) are its seams, to be split in issue #21's structure round, once the
+server is the default backend and its request set has settled.
 """
 
 from __future__ import annotations
