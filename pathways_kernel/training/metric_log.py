@@ -139,7 +139,7 @@ class MetricLog:
             self._read(wait=False)
             if not self._pending:
                 self._work.clear()
-                if self._pending:  # queued between the check and the clear
+                if self._pending or self._closed:  # queued, or closed, between the check and the clear
                     self._work.set()
                 continue
             time.sleep(POLL_S)
