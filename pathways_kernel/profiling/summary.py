@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from pathways_kernel.core.display import TextDisplay
+from pathways_kernel.core.protowire import read_varint
 from pathways_kernel.core.text import count
 
 #: The TraceAnnotation a capture wraps its body in; its span is the window.
@@ -386,13 +387,13 @@ def _fields(data: memoryview) -> Iterator[tuple[int, Any]]:
     fields, a memoryview of the bytes of length-delimited ones."""
     i, end = 0, len(data)
     while i < end:
-        tag, i = _varint(data, i)
+        tag, i = read_varint(data, i)
         wire = tag & 7
         value: Any
         if wire == 0:
-            value, i = _varint(data, i)
+            value, i = read_varint(data, i)
         elif wire == 2:
-            length, i = _varint(data, i)
+            length, i = read_varint(data, i)
             value, i = data[i : i + length], i + length
         elif wire in (1, 5):
             width = 8 if wire == 1 else 4
@@ -400,17 +401,6 @@ def _fields(data: memoryview) -> Iterator[tuple[int, Any]]:
         else:
             raise ValueError(f"unexpected protobuf wire type {wire}")
         yield tag >> 3, value
-
-
-def _varint(data: memoryview, i: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        byte = data[i]
-        i += 1
-        result |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return result, i
 
 
 def _union_ns(starts: np.ndarray, ends: np.ndarray, start: int, end: int) -> tuple[int, np.ndarray]:

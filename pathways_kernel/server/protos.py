@@ -15,6 +15,8 @@ from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
+from pathways_kernel.core.protowire import read_varint
+
 _ROOT = "xla/python/ifrt_proxy/common/grpc_ifrt_service.proto"
 _PATH = re.compile(rb"\x0a(.)([a-zA-Z0-9_/]+\.proto)")
 
@@ -23,18 +25,6 @@ def _library() -> str:
     import jaxlib
 
     return os.path.join(os.path.dirname(jaxlib.__file__), "libjax_common.so")
-
-
-def read_varint(data: bytes, i: int) -> tuple[int, int]:
-    """The protobuf varint at ``data[i]``, and where the next field starts."""
-    result = shift = 0
-    while True:
-        byte = data[i]
-        i += 1
-        result |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return result, i
 
 
 def _end_of_message(data: bytes, start: int) -> int:

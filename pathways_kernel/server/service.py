@@ -24,6 +24,7 @@ from collections.abc import Callable
 import grpc
 import numpy as np
 
+from pathways_kernel.core.protowire import read_varint
 from pathways_kernel.server import protos
 from pathways_kernel.server.arrays import (
     ArrayStore,
@@ -676,7 +677,7 @@ def _data_field(raw: bytes) -> memoryview:
         return view
     if raw[0] != 0x0A:
         return memoryview(protos.proxy("GrpcHostBufferStoreRequest").FromString(raw).data)
-    length, i = protos.read_varint(raw, 1)
+    length, i = read_varint(raw, 1)
     return view[i : i + length]
 
 
