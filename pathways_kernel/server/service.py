@@ -14,6 +14,7 @@ server is the default backend and its request set has settled.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import itertools
 import logging
@@ -60,6 +61,13 @@ class Server:
         self.sessions: dict[int, Session] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
+        # Bytes through the host-buffer store each way and requests by kind, for
+        # ``status``: what shows whether an array's bytes went through the client.
+        self.counts: collections.Counter = collections.Counter()
+
+    def count(self, key: str, amount: int = 1) -> None:
+        with self._lock:
+            self.counts[key] += amount
 
     def open_session(self, version) -> Session:
         with self._lock:
@@ -100,6 +108,8 @@ class Server:
                 per_device[device] = per_device.get(device, 0) + nbytes
         status = self.topology.status()
         status["sessions"] = len(sessions)
+        with self._lock:
+            status["counts"] = dict(self.counts)
         status["bytes_per_device"] = [per_device.get(d, 0) for d in range(self.topology.device_count)]
         return status
 
@@ -213,6 +223,7 @@ class Session:
         kind = request.WhichOneof("request")
         op_id = request.request_metadata.op_id
         log.debug("session %s op %s: %s", self.id, op_id, kind)
+        self.server.count(f"requests.{kind}")
         response = protos.proxy("IfrtResponse")()
         response.response_metadata.op_id = op_id
         handler = getattr(self, f"_{kind}", None) if kind else None
@@ -754,6 +765,7 @@ def handlers(server: Server) -> grpc.GenericRpcHandler:
             if received + len(chunk) <= len(data):
                 data[received : received + len(chunk)] = chunk
             received += len(chunk)
+        server.count("host_bytes_from_client", received)
         if received != metadata.buffer_size:
             context.abort(grpc.StatusCode.DATA_LOSS, f"expected {metadata.buffer_size} bytes but got {received}")
         try:
@@ -774,6 +786,7 @@ def handlers(server: Server) -> grpc.GenericRpcHandler:
         except ServerError as error:
             await context.abort(codes[error.code], error.message)
         view = memoryview(data).cast("B")
+        server.count("host_bytes_to_client", len(view))
         for offset in range(0, max(len(view), 1), _CHUNK):
             yield _data_message(view[offset : offset + _CHUNK])
 
