@@ -9,7 +9,7 @@ PY_SOURCES := pyproject.toml $(shell find pathways_kernel kernelspecs -name '*.p
 LAB_BUNDLE := pathways_kernel/labextension/package.json
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: all lab test lint test-ts test-py test-compat bench notebooks clean
+.PHONY: all lab test lint docs test-ts test-py test-compat bench notebooks clean
 
 all: $(VENV)/.installed
 
@@ -59,7 +59,13 @@ test-ts: $(VENV)/.installed
 test-py: $(VENV)/.installed /usr/bin/chromium /usr/sbin/slurmctld
 	$(VENV)/bin/pytest -q --durations=25
 
-test: lint test-ts test-py
+# The docs site (Sphinx + MyST, docs/conf.py): warnings are errors, and -n makes every
+# internal link, heading anchor and toctree entry resolve. -E rebuilds every page, so a
+# warning in an unchanged page still fails. External links are not checked (no network).
+docs: $(VENV)/.installed
+	$(VENV)/bin/sphinx-build -E -W --keep-going -n -q -b html docs docs/_build/html
+
+test: lint docs test-ts test-py
 
 # Fault semantics and elastic tests against every jax/jaxlib 0.10.x (from 0.10.1)
 # the package index serves, each in its own venv: that venv holds only jax and
@@ -90,4 +96,4 @@ bench: $(VENV)/.installed
 	@for script in bench/*.py; do echo "== $$script"; $(PY) $$script; done
 
 clean:
-	rm -rf $(VENV) .venv-compat node_modules labextension/lib pathways_kernel/labextension tsconfig.tsbuildinfo
+	rm -rf $(VENV) .venv-compat docs/_build node_modules labextension/lib pathways_kernel/labextension tsconfig.tsbuildinfo
