@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pathways_kernel.backends.base import Placement
+from pathways_kernel.core.backend import Placement
 from pathways_kernel.core.slices import Topology
 from pathways_kernel.monitoring import comm, history, protocol, telemetry
 

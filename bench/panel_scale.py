@@ -40,7 +40,7 @@ SETUP = f"""
 import time, types
 import numpy as np
 from pathways_kernel.monitoring import telemetry
-from pathways_kernel.backends.base import Placement
+from pathways_kernel.core.backend import Placement
 from pathways_kernel.core.eventlog import EventLog
 from pathways_kernel.core.sessions import session
 from pathways_kernel.core.slices import Topology

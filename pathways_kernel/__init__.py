@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+from pathways_kernel import backends as _backends
+
 # Session, topology and meshes (api.py), and fault injection on the local backend.
 from pathways_kernel.api import (
     chaos,
@@ -30,6 +32,7 @@ from pathways_kernel.backends.slurm import connect as connect_slurm
 # Sidecars and data loading; the in-notebook monitor.
 from pathways_kernel.colocated.data_loader import Loader, loader
 from pathways_kernel.colocated.sidecars import Sidecar, SidecarError, SidecarTimeout, run_sidecar, sidecar
+from pathways_kernel.core import sessions as _sessions
 from pathways_kernel.core.errors import PathwaysError
 from pathways_kernel.monitoring.widget import monitor
 
@@ -55,6 +58,9 @@ from pathways_kernel.training.steps import steps
 from pathways_kernel.training.tensorboard import metrics_to_tensorboard
 
 __version__ = "0.1.0"
+
+# Core sits below the backends and cannot import them: it is told here how a spec becomes one.
+_sessions.use_backends(_backends.from_spec, _backends.default_spec)
 
 
 def load_ipython_extension(ipython) -> None:

@@ -216,7 +216,7 @@ def test_memory_stats_are_used_where_the_backend_reports_them(session):
     # Stand-in devices: CPU devices report no memory_stats(), TPUs (not here) do.
     import types
 
-    from pathways_kernel.backends.base import Placement
+    from pathways_kernel.core.backend import Placement
     from pathways_kernel.core.slices import Topology
 
     def device(i):

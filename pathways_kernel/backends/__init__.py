@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import re
 
-from pathways_kernel.backends.base import Backend, Placement
+from pathways_kernel.core.backend import Backend, Placement
 from pathways_kernel.core.errors import SpecError
 from pathways_kernel.emulator.local import LocalBackend
 

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from pathways_kernel.backends import preflight as preflight_lib
-from pathways_kernel.backends.base import Backend, Placement
+from pathways_kernel.core.backend import Backend, Placement
 from pathways_kernel.core.errors import BackendError, SpecError
 from pathways_kernel.emulator.local import grid_shape
 

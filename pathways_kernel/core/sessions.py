@@ -12,11 +12,10 @@ import dataclasses
 import html
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
-from pathways_kernel import backends
-from pathways_kernel.backends.base import Backend
 from pathways_kernel.core import meshes, text
+from pathways_kernel.core.backend import Backend
 from pathways_kernel.core.display import TextDisplay
 from pathways_kernel.core.errors import BackendError, NotSupportedError, PathwaysError
 from pathways_kernel.core.eventlog import EventLog, format_bytes
@@ -26,6 +25,32 @@ T = TypeVar("T")
 
 #: One log for the process, so a backend switch shows in the same timeline.
 EVENTS = EventLog()
+
+
+class BackendFactory(Protocol):
+    """Builds, without activating, the backend a spec names (``backends.from_spec``)."""
+
+    def __call__(
+        self, spec: str, *, timeout: float | None = None, insecure: bool | None = None, server: bool = False
+    ) -> Backend: ...
+
+
+# The backends sit above core (core imports no other layer, .importlinter), so the package
+# hands over how a spec becomes a backend when it is imported (pathways_kernel/__init__.py).
+_from_spec: BackendFactory | None = None
+_default_spec: Callable[[], str] | None = None
+
+
+def use_backends(from_spec: BackendFactory, default_spec: Callable[[], str]) -> None:
+    """Set how ``connect`` and the first ``session()`` build a backend from a spec."""
+    global _from_spec, _default_spec
+    _from_spec, _default_spec = from_spec, default_spec
+
+
+def _backend(spec: str | None = None, **options: Any) -> Backend:
+    if _from_spec is None or _default_spec is None:
+        raise RuntimeError("no backend factory: import pathways_kernel, which sets it (sessions.use_backends)")
+    return _from_spec(_default_spec() if spec is None else spec, **options)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,7 +218,7 @@ def session() -> Session:
     global _current
     with _current_lock:
         if _current is None:
-            _current = _start(backends.from_spec(backends.default_spec()))
+            _current = _start(_backend())
         return _current
 
 
@@ -239,7 +264,7 @@ def connect(
       BackendError: arrays would be discarded and ``force`` is false, or the
         backend cannot be reached (the previous session is kept).
     """
-    return install(backends.from_spec(spec, timeout=timeout, insecure=insecure, server=server), force)
+    return install(_backend(spec, timeout=timeout, insecure=insecure, server=server), force)
 
 
 def install(backend: Backend, force: bool = False) -> Session:
@@ -270,7 +295,7 @@ def install(backend: Backend, force: bool = False) -> Session:
             if old is not None:
                 # Give the user back a working session on the previous backend.
                 try:
-                    _current = _start(backends.from_spec(old.backend.spec))
+                    _current = _start(_backend(old.backend.spec))
                 except PathwaysError:
                     _current = None
             raise

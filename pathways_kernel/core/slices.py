@@ -13,7 +13,7 @@ import html
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal, cast
 
-from pathways_kernel.backends.base import Placement
+from pathways_kernel.core.backend import Placement
 from pathways_kernel.core.display import TextDisplay
 from pathways_kernel.core.text import count
 

@@ -24,8 +24,8 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-from pathways_kernel.backends.base import Backend, Placement
 from pathways_kernel.core import jaxcompat
+from pathways_kernel.core.backend import Backend, Placement
 from pathways_kernel.core.errors import BackendError
 from pathways_kernel.emulator import pathwaysutils_compat
 

@@ -3,6 +3,9 @@
 A backend configures JAX so that ``jax.devices()`` returns its devices, and
 says where each device sits (which slice, which chip coordinates). Everything
 above it (session, mesh, elastic, telemetry, views) sees only that interface.
+It lives in core, below the backends (``backends/``, ``emulator/local.py``)
+that implement it, because the session and the topology model are written
+against it and core imports no other layer (``.importlinter``).
 """
 
 from __future__ import annotations
