@@ -13,7 +13,7 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pathways_kernel.core.errors import StorageError, one_line
@@ -151,6 +151,32 @@ class Transfer:
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         p.text(self.summary())
+
+
+def reshard(arrays: Sequence[Any], shardings: Sequence[Any]) -> list[Any]:
+    """``jax.device_put(arrays, shardings)``, waited for, done by the server where the
+    backend can: through JAX's proxy client, ``device_put`` to a sharding of another shape
+    (a mesh that lost or gained a slice) reads the array into this process and uploads it
+    again, while IFRT's reshard (``pathwaysutils.reshard``) asks the server to move it.
+    A server that does not serve it is remembered and gets ``device_put``."""
+    import jax
+    import pathwaysutils
+
+    arrays, shardings = list(arrays), list(shardings)
+    if arrays and not _RESHARD_UNSERVED and pathwaysutils.is_pathways_backend_used():
+        from pathwaysutils import reshard as pathways_reshard
+
+        try:
+            return jax.block_until_ready(list(pathways_reshard.reshard(arrays, shardings)))
+        except jax.errors.JaxRuntimeError as error:
+            if "UNIMPLEMENTED" not in str(error):
+                raise
+            _RESHARD_UNSERVED.append(one_line(error))
+    return jax.block_until_ready(list(jax.device_put(arrays, shardings)))
+
+
+#: Why the backend's server does not reshard (set once it said so).
+_RESHARD_UNSERVED: list[str] = []
 
 
 def run_sync(kind: str, what: str, job: Callable[[Transfer], Any], events: EventLog | None, total: int = 0) -> Any:

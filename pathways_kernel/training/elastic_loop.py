@@ -62,7 +62,7 @@ from pathways_kernel.core import meshes
 from pathways_kernel.core.errors import PathwaysError, one_line
 from pathways_kernel.core.sessions import Session, session
 from pathways_kernel.core.text import count
-from pathways_kernel.state import snapshots
+from pathways_kernel.state import snapshots, transfers
 from pathways_kernel.training import goodput
 from pathways_kernel.training.metric_log import metric_log
 
@@ -276,17 +276,17 @@ def _default_device_without(s: Session, lost: int) -> Any:
 
 
 def _reshard(tree: Any, mesh: Any) -> Any:
-    """Move live state onto ``mesh`` keeping each leaf's PartitionSpec, in one ``device_put``."""
+    """Move live state onto ``mesh`` keeping each leaf's PartitionSpec, in one reshard
+    (on a Pathways server, the server moves it: ``transfers.reshard``)."""
     import jax
 
     leaves, treedef = jax.tree.flatten(tree)
     moving = [i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.Array)]
-    moved = jax.device_put(
+    moved = transfers.reshard(
         [leaves[i] for i in moving], [_placed(snapshots.spec_of(leaves[i]), leaves[i].shape, mesh) for i in moving]
     )
     for i, array in zip(moving, moved, strict=True):
         leaves[i] = array
-    jax.block_until_ready(moved)
     return jax.tree.unflatten(treedef, leaves)
 
 
