@@ -27,7 +27,7 @@ from pathways_kernel.api import (
     topology,
 )
 from pathways_kernel.backends.connection import connect_shared_service, reconnect
-from pathways_kernel.backends.slurm import connect as connect_slurm
+from pathways_kernel.backends.slurm_backend import connect as connect_slurm
 
 # Sidecars and data loading; the in-notebook monitor.
 from pathways_kernel.colocated.data_loader import Loader, loader

@@ -96,7 +96,7 @@ def from_spec(
         return LocalBackend(*parse_local(match.group("body")))
     # Before HOST:PORT, which `slurm:4` (a job id) also matches.
     if spec.startswith("slurm:"):
-        from pathways_kernel.backends.slurm import SlurmBackend, parse_spec
+        from pathways_kernel.backends.slurm_backend import SlurmBackend, parse_spec
 
         return SlurmBackend(parse_spec(spec), timeout=timeout, insecure=insecure)
     if spec.startswith("proxy:") or "://" in spec or _HOST_PORT.match(spec):

@@ -33,7 +33,7 @@ reports as its target (the monitor panel's header and ``pw.status()``).
 
 What "a slice goes down" does is the sink's business: on the proxy backend
 the session marks the slice (Pathways itself loses the arrays); on the
-embedded backend bound to a job (``emulator/slurm_binding.py``) it is the
+embedded backend bound to a job (``slurm_binding.py``) it is the
 fault path of ``pw.fail_slice``.
 """
 

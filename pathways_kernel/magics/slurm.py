@@ -12,6 +12,7 @@ from typing import Any
 
 from pathways_kernel import api
 from pathways_kernel.backends import slurm as slurm_lib
+from pathways_kernel.backends import slurm_backend
 from pathways_kernel.core.errors import SpecError
 from pathways_kernel.magics import SUBCOMMANDS, Subcommand, core, integer, number
 
@@ -62,8 +63,8 @@ def connect(shell: Any, args: Any, cell: str | None):
         job, local = args.spec.partition(":")[2], None
     else:
         job, local = args.slurm or "", args.spec
-    slurm_lib.connect(
-        slurm_lib.parse_spec("slurm:" + job),
+    slurm_backend.connect(
+        slurm_backend.parse_spec("slurm:" + job),
         submit=submit[0],
         sbatch=submit[1:],
         local=local,
