@@ -2,7 +2,7 @@
 
 One ``munged`` (own key and socket), one ``slurmctld`` and one ``slurmd`` per
 node, all on 127.0.0.1 with free ports and a state directory of their own
-(recipe: ../shared/NOTES.md, "A real Slurm cluster on one machine"). Every
+(recipe: docs/testing.md, "A real Slurm cluster on one machine"). Every
 daemon is started here and stopped by the pid in its pid file; nothing
 outside the temp directory is written. ``SLURM_CONF`` points commands at it.
 """

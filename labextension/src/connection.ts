@@ -4,7 +4,7 @@
  * Opens the comm on the comm target's subshell when the kernel has them
  * (JupyterLab >= 4.4 commsOverSubshells), so requests are answered while a
  * cell runs: JupyterLab's `open()` does not wait for the subshell, so we do
- * (shared/NOTES.md, trap 1). Decodes every kernel message into the model and
+ * (docs/architecture.md, trap 1). Decodes every kernel message into the model and
  * matches replies to requests; the kernel pushes everything else.
  *
  * Liveness is a `comm_info_request` for our target every 15 s on the comm's
