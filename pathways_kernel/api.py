@@ -10,13 +10,13 @@ from typing import Any
 
 from pathways_kernel.core import namespace
 from pathways_kernel.core.eventlog import Event, EventTable
-from pathways_kernel.core.sessions import Session, Status, connect, session
+from pathways_kernel.core.sessions import Session, Status, connect, is_lost, session
 from pathways_kernel.core.slices import Topology
 
 # Fault injection, chaos and the health check are implemented in their modules;
 # these are the API twins of %pathways fail/repair/chaos/health.
 from pathways_kernel.emulator.chaosmonkey import ChaosStatus, chaos, chaos_off, chaos_status
-from pathways_kernel.emulator.faults import FaultReport, fail_slice, is_lost, repair_slice
+from pathways_kernel.emulator.faults import FaultReport, fail_slice, repair_slice
 from pathways_kernel.emulator.healthcheck import Health, health
 
 

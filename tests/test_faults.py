@@ -8,7 +8,7 @@ import pytest
 
 from pathways_kernel import backends
 from pathways_kernel.core.errors import NotSupportedError, PathwaysError
-from pathways_kernel.core.sessions import Session
+from pathways_kernel.core.sessions import Session, is_lost
 from pathways_kernel.emulator import chaosmonkey, faults
 
 SETUP = """
@@ -327,7 +327,7 @@ def test_failure_cost_stays_flat_over_many_failures(local_session):
         work.put(None)
         for thread in threads:
             thread.join()
-    assert faults.is_lost(x)
+    assert is_lost(x)
     assert {report.arrays for report in reports} == {1}  # only x, each time
     # Old buffers are kept only while some thread may still be reading them.
     assert kept <= 10
@@ -394,9 +394,9 @@ def test_fail_and_restore_answer_while_a_long_step_is_read(local_session):
     thread.join()
     assert took["fail_slice"] < 1.0 and took["repair_slice"] < 1.0, took
     deadline = time.monotonic() + 2
-    while not faults.is_lost(loss) and time.monotonic() < deadline:
+    while not is_lost(loss) and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert faults.is_lost(loss) and faults.is_lost(w)
+    assert is_lost(loss) and is_lost(w)
 
 
 def test_fault_injection_is_off_outside_the_tested_jax(local_session, monkeypatch):

@@ -281,7 +281,7 @@ def test_memory_never_counts_arrays_lost_with_a_slice(session):
         c.wait(lambda: len(c.metrics) > up_from + 8, timeout=60)
         seen = [(m.slices[1].state, (m.memory_bytes - base) / 2**20) for m in c.metrics[down_from:]]
         assert all(m.memory_bytes == expected for m in c.metrics[down_from:]), seen
-        assert faults.is_lost(single) and faults.is_lost(both)
+        assert pw.is_lost(single) and pw.is_lost(both)
     finally:
         sub.close()
         if session.topology.down_slices:

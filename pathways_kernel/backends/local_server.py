@@ -49,6 +49,7 @@ from pathways_kernel.backends import preflight as preflight_lib
 from pathways_kernel.backends.proxy import ProxyBackend, device_slice
 from pathways_kernel.core import jaxcompat
 from pathways_kernel.core.errors import BackendError
+from pathways_kernel.emulator.faults import InjectedFaults
 from pathways_kernel.monitoring import telemetry
 
 SPEC_PREFIX = "local-server"
@@ -67,7 +68,7 @@ class SocketTarget:
         return self.url.removeprefix("grpc://")
 
 
-class LocalServerBackend(ProxyBackend):
+class LocalServerBackend(InjectedFaults, ProxyBackend):
     """S slices of C CPU devices owned by a ``pathways-local`` server this session started."""
 
     name: ClassVar[str] = "local-server"
@@ -214,7 +215,7 @@ class LocalServerBackend(ProxyBackend):
         self.check()
         control.repair(self.server.target, index)
 
-    def is_lost(self, array: Any) -> bool:
+    def is_lost(self, array: Any, wait: bool = True) -> bool:
         """Whether reading ``array`` raises the server's ``DATA_LOSS`` (see the module doc)."""
         import jax
 

@@ -13,7 +13,30 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
+
+from pathways_kernel.core.errors import NotSupportedError
+
+
+def reads_data_loss(array: Any, wait: bool = True) -> bool:
+    """Whether reading ``array`` raises ``DATA_LOSS``: how the runtime says its data was on a lost slice.
+
+    Anything but a concrete, live ``jax.Array`` is not lost. With ``wait``, a
+    pending computation is waited for (its result may be lost too); without,
+    a pending array counts as not lost.
+    """
+    import jax
+
+    if not isinstance(array, jax.Array) or isinstance(array, jax.core.Tracer) or array.is_deleted():
+        return False
+    # jax.Array's stub lacks is_ready, which every concrete array has.
+    if not wait and not cast(Any, array).is_ready():
+        return False
+    try:
+        array.block_until_ready()
+    except jax.errors.JaxRuntimeError as exc:
+        return "DATA_LOSS" in str(exc)
+    return False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,3 +109,24 @@ class Backend(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook, deliberately a no-op by default
         """Release what ``activate`` acquired; the default holds nothing."""
+
+    # -- slice loss: what layers above ask instead of reaching into emulator/ --
+    def is_lost(self, array: Any, wait: bool = True) -> bool:
+        """Whether reading ``array`` raises ``DATA_LOSS`` (it had a shard on a lost slice).
+
+        By default the runtime's answer (``reads_data_loss``); a backend that
+        knows better without reading (a local server) says so itself.
+        """
+        return reads_data_loss(array, wait)
+
+    def is_leftover(self, array: Any) -> bool:
+        """Whether ``array`` only keeps a lost slice's buffers alive for a reader in flight (no usable data)."""
+        return False
+
+    def fail_slice(self, session: Any, index: int, detail: str) -> Any:
+        """Lose slice ``index`` as Pathways does (``supports_fault_injection`` backends); returns their report."""
+        raise NotSupportedError(f"fail_slice is only for the local backends; this session runs {self.spec}")
+
+    def repair_slice(self, session: Any, index: int, detail: str) -> Any:
+        """Bring slice ``index`` back, empty (``supports_fault_injection`` backends); returns their report."""
+        raise NotSupportedError(f"repair_slice is only for the local backends; this session runs {self.spec}")

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar, cast
 
 from pathways_kernel.core import meshes, text
-from pathways_kernel.core.backend import Backend
+from pathways_kernel.core.backend import Backend, reads_data_loss
 from pathways_kernel.core.display import TextDisplay
 from pathways_kernel.core.errors import BackendError, NotSupportedError, PathwaysError
 from pathways_kernel.core.eventlog import EventLog, format_bytes
@@ -183,6 +183,21 @@ class Session:
                 f"{what} is only for the embedded local backend; this session runs {self.backend.spec}"
             )
 
+    def fail_slice(self, index: int, detail: str = "fault injected") -> Any:
+        """Lose slice ``index`` through the backend's fault injection (``pw.fail_slice``); returns its report.
+
+        Raises:
+          NotSupportedError: the backend cannot lose a slice on request.
+          PathwaysError: no such slice.
+        """
+        self.require_fault_injection("fail_slice")
+        return self.backend.fail_slice(self, index, detail)
+
+    def repair_slice(self, index: int, detail: str = "repaired") -> Any:
+        """Bring slice ``index`` back, empty (``pw.repair_slice``); returns the backend's report."""
+        self.require_fault_injection("repair_slice")
+        return self.backend.repair_slice(self, index, detail)
+
     # -- lifecycle ------------------------------------------------------------
     def component(self, kind: type[T], factory: Callable[[Session], T] | None = None) -> T:
         """The session's one ``kind`` (telemetry hub, snapshot store, fault injector, ...).
@@ -237,6 +252,18 @@ def _start(backend: Backend) -> Session:
     s = Session(backend)
     EVENTS.emit("connect", detail=f"{backend.spec} ({backend.target})")
     return s
+
+
+def is_lost(array: Any, wait: bool = True) -> bool:
+    """Whether reading ``array`` raises ``DATA_LOSS`` (it had a shard on a lost slice).
+
+    Asked of the session's backend (a local server knows which arrays it
+    lost); without a session, of the runtime. With ``wait`` (the default), a
+    pending computation is waited for: its result may be lost too; without,
+    a pending array counts as not lost. Never starts a session.
+    """
+    s = _current
+    return s.backend.is_lost(array, wait) if s is not None else reads_data_loss(array, wait)
 
 
 def live_array_summary() -> tuple[int, int]:

@@ -80,10 +80,10 @@ Limits
 - A host read in progress on another thread delays its array's loss until
   the read is done (a ``float(loss)`` waiting on a long step: that long);
   ``fail_slice`` returns after ``_READ_WAIT_S`` and a thread of ours swaps
-  the array's buffers when the read ends. Until then ``is_lost`` says False.
+  the array's buffers when the read ends. Until then ``pw.is_lost`` says False.
 - An array computed after ``repair_slice`` from a lost input is lost too, but
   the ``jit`` call returns before the error is known (asynchronous dispatch);
-  ``is_lost`` waits for it.
+  ``pw.is_lost`` waits for it.
 - Executables compiled ahead of time (``jit(f).lower(...).compile()``) and
   called before the loss keep their own C++ dispatcher: their new results on a
   lost device are not marked lost (inputs that are lost still propagate).
@@ -101,9 +101,10 @@ import sys
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, ClassVar
 
-from pathways_kernel.core import jaxcompat
+from pathways_kernel.core import jaxcompat, sessions
+from pathways_kernel.core.backend import reads_data_loss
 from pathways_kernel.core.display import TextDisplay
 from pathways_kernel.core.errors import NotSupportedError, PathwaysError, slice_down_error
 from pathways_kernel.core.eventlog import format_bytes
@@ -400,7 +401,7 @@ def _arrays_on(devices: frozenset) -> list[Any]:
         if id(array) not in skip
         and not array.is_deleted()
         and not devices.isdisjoint(jaxcompat.devices_of(array))
-        and not is_lost(array, wait=False)
+        and not reads_data_loss(array, wait=False)
     ]
 
 
@@ -634,9 +635,7 @@ def _up(topology: Any) -> tuple[int, ...]:
 def injector(session: Any = None) -> FaultInjector:
     """The session's ``FaultInjector``."""
     if session is None:
-        from pathways_kernel.core.sessions import session as current
-
-        session = current()
+        session = sessions.session()
     return session.component(FaultInjector)
 
 
@@ -667,31 +666,25 @@ def repair_slice(index: int) -> FaultReport:
     return injector().repair(index)
 
 
+class InjectedFaults:
+    """What the local backends (``embedded:``, ``local:``) add to the backend protocol: slices
+    lost on request through the session's ``FaultInjector``. Layers above ask the session or
+    its backend (``Session.fail_slice``, ``Backend.is_leftover``), never this module."""
+
+    supports_fault_injection: ClassVar[bool] = True
+
+    def fail_slice(self, session: Any, index: int, detail: str) -> FaultReport:
+        return injector(session).fail(index, detail=detail)
+
+    def repair_slice(self, session: Any, index: int, detail: str) -> FaultReport:
+        return injector(session).repair(index, detail=detail)
+
+    def is_leftover(self, array: Any) -> bool:
+        return is_leftover(array)
+
+
 def is_leftover(array: Any) -> bool:
     """Whether ``array`` is what a loss left behind: a keeper of lost buffers for
     readers in flight, or an array whose loss waits for a read to end. Neither
     holds data anyone can use (memory figures count them nowhere)."""
     return id(array) in _kept or id(array) in _deferred_ids
-
-
-def is_lost(array: Any, wait: bool = True) -> bool:
-    """Whether reading ``array`` raises ``DATA_LOSS`` (it had a shard on a lost slice).
-
-    With ``wait`` (the default), a pending computation is waited for: its
-    result may be lost too; without, a pending array counts as not lost.
-    """
-    import jax
-
-    from pathways_kernel.core.sessions import current
-
-    if (server := _server_side(current())) is not None:
-        return bool(server.is_lost(array))
-    if not isinstance(array, jax.Array) or isinstance(array, jax.core.Tracer) or array.is_deleted():
-        return False
-    if not wait and not array.is_ready():
-        return False
-    try:
-        array.block_until_ready()
-    except jax.errors.JaxRuntimeError as exc:
-        return "DATA_LOSS" in str(exc)
-    return False

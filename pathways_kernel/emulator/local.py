@@ -28,6 +28,7 @@ from pathways_kernel.core import jaxcompat
 from pathways_kernel.core.backend import Backend, Placement
 from pathways_kernel.core.errors import BackendError
 from pathways_kernel.emulator import pathwaysutils_compat
+from pathways_kernel.emulator.faults import InjectedFaults
 
 #: Read by XLA (``DefaultThreadPoolSize``) when it creates the CPU client.
 _POOL_ENV = "PJRT_NPROC"
@@ -41,7 +42,7 @@ def grid_shape(chips: int) -> tuple[int, int, int]:
     return (chips // y, y, 1)
 
 
-class LocalBackend(Backend):
+class LocalBackend(InjectedFaults, Backend):
     """Slices emulated with the CPU devices of this process."""
 
     name: ClassVar[str] = "local"

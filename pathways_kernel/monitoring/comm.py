@@ -615,7 +615,7 @@ class MonitorServer:
 def _goodput_intervals(session: Any) -> protocol.Message | None:
     """The newest finished run's ``goodput_intervals``, or None (none yet, or it failed: logged)."""
     try:
-        return goodput.intervals_message(session)
+        return goodput.intervals_message(session, protocol.GOODPUT_INTERVALS, protocol.encode_goodput_intervals)
     except Exception:
         log.exception("pathways monitor: goodput intervals failed")
         return None
@@ -630,16 +630,9 @@ def _set_slice(index: int | None, state: str) -> dict[str, Any]:
     from pathways_kernel.core.sessions import session
 
     s = session()
-    what = "fail_slice" if state == "down" else "repair_slice"
-    s.require_fault_injection(what)
-    try:
-        from pathways_kernel.emulator import faults
-    except ImportError:
-        faults = None
-    if faults is not None:
-        report = faults.fail_slice(index) if state == "down" else faults.repair_slice(index)
-        return {"slice": index, "changed": bool(report.changed)}
-    return {"slice": index, "changed": s.set_slice_state(index, state, detail="from the monitor")}
+    # The session's backend loses the slice (monitoring never reaches into emulator/, .importlinter).
+    report = s.fail_slice(index) if state == "down" else s.repair_slice(index)
+    return {"slice": index, "changed": bool(report.changed)}
 
 
 # -- registration ------------------------------------------------------------------

@@ -19,7 +19,7 @@ backend reports it; CPU devices report nothing); arrays lost with a slice hold
 nothing usable and count for nothing, even after the slice is restored: an
 array with a shard on a down slice counts nowhere from the moment the slice is
 down (its buffers may be swapped a moment later), nor do the buffers a loss
-keeps for readers in flight (``faults.is_leftover``). A backend that can ask its
+keeps for readers in flight (the backend's ``is_leftover``). A backend that can ask its
 server instead (the Pathways proxy) plugs in its own source by defining
 ``metrics_source(layout) -> MetricsSource``.
 
@@ -47,7 +47,6 @@ from pathways_kernel.core.errors import PathwaysError
 from pathways_kernel.core.eventlog import Event
 from pathways_kernel.core.slices import Topology
 from pathways_kernel.core.threads import stopped_at_exit
-from pathways_kernel.emulator import faults
 from pathways_kernel.monitoring.history import History
 from pathways_kernel.training.step_rate import StepRate
 
@@ -128,7 +127,9 @@ class ClientSource(MetricsSource):
 
     name = "client"
 
-    def __init__(self) -> None:
+    def __init__(self, is_leftover: Callable[[Any], bool] = lambda array: False) -> None:
+        #: The backend's ``is_leftover``: arrays that only keep a lost slice's buffers for a reader.
+        self._is_leftover = is_leftover
         # id(sharding) -> (sharding, positions, whether a position is on a down slice);
         # the strong ref keeps the id unique. Cleared when the layout changes.
         self._shardings: dict[int, tuple[Any, np.ndarray, bool]] = {}
@@ -184,7 +185,7 @@ class ClientSource(MetricsSource):
         shardings = self._shardings
         for array in jax.live_arrays():
             try:
-                if array.is_deleted() or faults.is_leftover(array):
+                if array.is_deleted() or self._is_leftover(array):
                     continue
                 sharding = array.sharding
                 entry = shardings.get(id(sharding))
@@ -389,7 +390,7 @@ class TelemetryHub:
         self._topology_seq = 1
         self._layout = Layout.of(session.topology)
         self._target = session.backend.target
-        self._source = source or _backend_source(session, self._layout) or ClientSource()
+        self._source = source or _backend_source(session, self._layout) or ClientSource(session.backend.is_leftover)
         self._seq = 0
         self._latest: Metrics | None = None
         self._history: History | None = None

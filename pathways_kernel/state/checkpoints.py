@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from pathways_kernel.core import runs
 from pathways_kernel.core.errors import StorageError
 from pathways_kernel.state import storage
 from pathways_kernel.state.transfers import Transfer
-from pathways_kernel.training import goodput
 
 DEFAULT_KEEP = 3
 #: orbax names steps by int64.
@@ -297,7 +297,7 @@ def save(tree: Any, url: str, step: int, *, keep: int | None = DEFAULT_KEEP, for
     _ORBAX_ERRORS.hold()
     try:
         # The blocking part (device -> host copies) runs here; orbax writes the rest on its own thread.
-        with storage.errors_as("checkpoint save", location), goodput.spent("checkpoint_save"):
+        with storage.errors_as("checkpoint save", location), runs.spent("checkpoint_save"):
             manager.save(step, args=args, force=True)
     except BaseException as exc:
         failed()

@@ -4,7 +4,7 @@ Between cells (IPython ``pre_run_cell``, and ``post_run_cell`` so that a loss
 during a cell is reported under that cell), if a slice went down since the
 last check (a ``slice_down`` event in the session's log, whatever caused it),
 every variable of the user namespace holding a lost array
-(``faults.is_lost``: reading it raises ``DATA_LOSS``) is restored from the
+(``sessions.is_lost``: reading it raises ``DATA_LOSS``) is restored from the
 newest host snapshot of it, onto the mesh of the live slices, with the same
 ``PartitionSpec``s (``snapshots.restore``, which emits a ``restore`` event),
 and rebound to the same name. A variable's snapshots are those filed under
@@ -32,10 +32,10 @@ import html
 import weakref
 from typing import Any
 
+from pathways_kernel.core import sessions
 from pathways_kernel.core.display import TextDisplay
 from pathways_kernel.core.errors import PathwaysError, one_line
 from pathways_kernel.core.interrupts import deferred_interrupts
-from pathways_kernel.emulator import faults
 from pathways_kernel.state import snapshots
 
 #: IPython's own names: the output history holds arrays but is not user state.
@@ -143,7 +143,7 @@ def _plan(
     for name, value in snapshots.device_values(namespace).items():
         if name in hidden or name in _IPYTHON_NAMES or name in done:
             continue
-        if not any(faults.is_lost(leaf) for leaf in jax.tree.leaves(value)):
+        if not any(sessions.is_lost(leaf) for leaf in jax.tree.leaves(value)):
             continue
         own = store.latest(name)
         origin = store.origin(name, value)

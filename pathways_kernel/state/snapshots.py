@@ -250,9 +250,9 @@ def _is_device_array(value: Any) -> bool:
 def is_known_lost(value: Any) -> bool:
     """Whether ``value`` is a finished device array known lost with a slice
     (never waits for a pending one: it counts as not lost)."""
-    from pathways_kernel.emulator import faults
+    from pathways_kernel.core.sessions import is_lost
 
-    return _is_device_array(value) and not value.is_deleted() and value.is_ready() and faults.is_lost(value)
+    return _is_device_array(value) and not value.is_deleted() and value.is_ready() and is_lost(value)
 
 
 def _copy_array(array: Any, out: np.ndarray) -> None:

@@ -50,11 +50,12 @@ import threading
 import time
 import weakref
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
+from pathways_kernel.core import runs
 from pathways_kernel.core.display import TextDisplay
 from pathways_kernel.training import goodput_timeline
 
@@ -101,16 +102,14 @@ _local = threading.local()
 
 
 def _stack() -> list[Account]:
-    stack = getattr(_local, "stack", None)
-    if stack is None:
-        stack = _local.stack = []
-    return stack
+    # Kept in core, so that state can book time to the run (core.runs.spent) without importing training.
+    return runs.stack()
 
 
 def current() -> Account | None:
     """The innermost run in progress on this thread, if any."""
-    stack = _stack()
-    return stack[-1] if stack else None
+    account: Account | None = runs.current()
+    return account
 
 
 def running() -> Account | None:
@@ -1021,18 +1020,20 @@ def goodput_over_time(run: str | None = None, intervals: int | None = None, wind
     return _account(run).over_time(intervals, window_s)
 
 
-def intervals_message(session: Any) -> Any:
+def intervals_message(session: Any, intervals: int, encode: Callable[..., Any]) -> Any:
     """The monitor's ``goodput_intervals`` message for the session's newest finished
-    run (``protocol.GOODPUT_INTERVALS`` intervals), computed once per run; None before one."""
-    from pathways_kernel.monitoring import protocol
+    run (``intervals`` intervals), computed once per run; None before one.
 
+    ``encode`` is the monitor protocol's ``encode_goodput_intervals``: the monitor
+    passes it in, as training sits below monitoring and does not import it.
+    """
     book = ledger(session)
     with book._lock:
         account = book.runs[-1] if book.runs else None
     if account is None:
         return None
     if account._published is None:
-        frame = account.over_time(protocol.GOODPUT_INTERVALS)
+        frame = account.over_time(intervals)
         run = {
             "run": account.name,
             "kind": account.kind,
@@ -1041,7 +1042,7 @@ def intervals_message(session: Any) -> Any:
             "wall_s": account.wall_s,
         }
         columns = {name: frame[name].tolist() for name in frame.columns}
-        account._published = protocol.encode_goodput_intervals(run, CATEGORIES, columns, frame.attrs["step_time"])
+        account._published = encode(run, CATEGORIES, columns, frame.attrs["step_time"])
     return account._published
 
 
