@@ -34,7 +34,7 @@ class PathwaysKernel(IPythonKernel):
 
             self.log.error(one_line(exc))
             NOTICE.post(
-                f"The kernel started without a backend. {one_line(exc)}. `%pathways connect local:2x4` gives the embedded one."
+                f"The kernel started without a backend. {one_line(exc)}. `%pathways connect local:2x4` starts a local Pathways server, `%pathways connect embedded:2x4` emulates the slices in this process."
             )
         from pathways_kernel.state import compile_cache
 

@@ -4,36 +4,56 @@ import pytest
 
 # Tests emulate slices with CPU devices; nothing may reach for a TPU or GPU.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# This process's JAX runs on cpu: its own session can only be the embedded backend
+# (test kernels choose theirs explicitly, kernels.Kernel).
+os.environ.setdefault("PATHWAYS_BACKEND", "embedded:2x4")
 
 from gcs import gcs_server  # noqa: E402,F401  (one fake-gcs-server for the whole run)
-from kernels import Kernel  # noqa: E402
+from kernels import EMBEDDED, Kernel  # noqa: E402
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "backend(spec): the backend of this test's kernel, over its module's KERNEL_BACKEND (say why)"
+    )
+
+
+def _backend(request) -> str:
+    """The kernel backend: the test's ``backend`` mark, its module's ``KERNEL_BACKEND``, else embedded:2x4.
+
+    Modules of what users do on the product default (elastic, healing, faults, ...) set
+    ``KERNEL_BACKEND = SERVER``; UI and protocol modules stay on the faster embedded backend.
+    """
+    if (mark := request.node.get_closest_marker("backend")) is not None:
+        return mark.args[0]
+    return getattr(request.module, "KERNEL_BACKEND", EMBEDDED)
 
 
 @pytest.fixture(scope="module")
-def kernel():
-    """One `pathways` kernel (local:2x4) shared by a test module."""
-    k = Kernel("pathways")
+def kernel(request):
+    """One `pathways` kernel shared by a test module, on the module's KERNEL_BACKEND."""
+    k = Kernel("pathways", backend=_backend(request))
     yield k
     k.shutdown()
 
 
 @pytest.fixture
-def fresh_kernel():
-    """A `pathways` kernel of its own, for tests that change the backend or kill slices."""
-    k = Kernel("pathways")
+def fresh_kernel(request):
+    """A `pathways` kernel of its own (on the module's KERNEL_BACKEND), for tests that change the backend or kill slices."""
+    k = Kernel("pathways", backend=_backend(request))
     yield k
     k.shutdown()
 
 
 @pytest.fixture
 def local_session():
-    """This process's session on local:2x4, every slice up before and after the test."""
+    """This process's session on embedded:2x4 (its JAX runs on cpu), every slice up before and after the test."""
     import pathways_kernel as pw
     from pathways_kernel.emulator.faults import repair_slice
 
     s = pw.session()
-    if s.backend.spec != "local:2x4":
-        s = pw.connect("local:2x4", force=True)
+    if s.backend.spec != EMBEDDED:
+        s = pw.connect(EMBEDDED, force=True)
     for sl in s.topology.down_slices:
         repair_slice(sl.index)
     yield s

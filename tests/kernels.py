@@ -22,10 +22,27 @@ class Reply:
     messages: list[dict[str, Any]]
 
 
-class Kernel:
-    """A started kernel and a blocking client."""
+#: The product default: slices in a local Pathways server the kernel starts (a second process).
+SERVER = "local:2x4"
+#: The same slices in the kernel's own process: ~5 s less per kernel start and stop, for tests
+#: of the UI and protocol, and of what only the embedded backend does.
+EMBEDDED = "embedded:2x4"
 
-    def __init__(self, name: str = "pathways", env: dict[str, str] | None = None, jupyter_path: str | None = None):
+
+class Kernel:
+    """A started kernel and a blocking client.
+
+    ``backend`` is the kernel's backend spec (``PATHWAYS_BACKEND``); ``env`` wins over it,
+    and ``backend=None`` sets none, so the kernel starts on the product default.
+    """
+
+    def __init__(
+        self,
+        name: str = "pathways",
+        env: dict[str, str] | None = None,
+        jupyter_path: str | None = None,
+        backend: str | None = EMBEDDED,
+    ):
         self.km = KernelManager(kernel_name=name)
         # Grace before a kernel that was asked to exit is killed: an exit takes ~1 s
         # here, but several times that on a loaded 2-core machine (jupyter_client's 5 s
@@ -37,7 +54,10 @@ class Kernel:
             self.km.kernel_spec_manager = KernelSpecManager(kernel_dirs=[jupyter_path + "/kernels"])
         import os
 
-        self.km.start_kernel(env={**os.environ, **(env or {})})
+        chosen = {key: value for key, value in os.environ.items() if key != "PATHWAYS_BACKEND"}
+        if backend is not None:
+            chosen["PATHWAYS_BACKEND"] = backend
+        self.km.start_kernel(env={**chosen, **(env or {})})
         self.kc = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=60)

@@ -22,14 +22,28 @@ NOTEBOOKS = Path(__file__).parent.parent / "notebooks"
 NEEDS_CLUSTER = "needs-cluster"
 
 
-def execute(name: str, keep: Callable[[nbformat.NotebookNode], bool] = lambda cell: True, timeout: int = 180):
-    """Run ``notebooks/NAME`` (cells for which ``keep`` holds); returns the executed notebook."""
+def execute(
+    name: str,
+    keep: Callable[[nbformat.NotebookNode], bool] = lambda cell: True,
+    timeout: int = 180,
+    backend: str = "local:2x4",
+):
+    """Run ``notebooks/NAME`` (cells for which ``keep`` holds) on ``backend`` (default: the
+    product default, as a user and ``make notebooks`` run it); returns the executed notebook."""
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     nbformat.validate(nb)
     assert nb.metadata.kernelspec.name == "pathways"
     nb.cells = [cell for cell in nb.cells if keep(cell)]
-    NotebookClient(nb, timeout=timeout, kernel_name="pathways").execute()
+    NotebookClient(nb, timeout=timeout, kernel_name="pathways").execute(env=_kernel_env(backend))
     return nb
+
+
+def _kernel_env(backend: str | None) -> dict[str, str]:
+    """This process's environment with the kernel's backend: ``backend``, or none set (the product default)."""
+    env = {key: value for key, value in os.environ.items() if key != "PATHWAYS_BACKEND"}
+    if backend is not None:
+        env["PATHWAYS_BACKEND"] = backend
+    return env
 
 
 def code_cells(nb) -> list:
@@ -57,7 +71,9 @@ def save_with_outputs(name: str, timeout: int = 600) -> nbformat.NotebookNode:
     for cell in code_cells(nb):
         cell.outputs, cell.execution_count = [], None
     with _environment(name):
-        NotebookClient(nb, timeout=timeout, kernel_name="pathways", skip_cells_with_tag=NEEDS_CLUSTER).execute()
+        NotebookClient(nb, timeout=timeout, kernel_name="pathways", skip_cells_with_tag=NEEDS_CLUSTER).execute(
+            env=_kernel_env(None)
+        )
     nbformat.validate(nb)
     nbformat.write(nb, path)
     return nb

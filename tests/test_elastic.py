@@ -191,7 +191,7 @@ def test_on_restore_callbacks_get_the_step_and_the_new_mesh():
 def test_on_restore_callbacks_belong_to_the_session_they_were_registered_in():
     earlier, current = [], []
     unregister_earlier = pw.on_restore(lambda step, mesh: earlier.append(step))
-    pw.connect("local:2x4", force=True)
+    pw.connect("embedded:2x4", force=True)
     unregister_current = pw.on_restore(lambda step, mesh: current.append(step))
     try:
         train = pw.elastic(counting({3: [("fail", 1)]}), snapshot_every=2)

@@ -191,7 +191,7 @@ import sys, threading, time
 import jax, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 import pathways_kernel as pw
-pw.connect("local:2x4")
+pw.connect("embedded:2x4")
 mesh = pw.session().mesh()
 stop = threading.Event()
 def fail_and_repair():
@@ -444,7 +444,7 @@ def test_fault_injection_is_refused_on_a_pathways_backend():
     ):
         with pytest.raises(
             NotSupportedError,
-            match=r"only for the embedded local backend; this session runs proxy:grpc://127\.0\.0\.1:9",
+            match=r"only for the local backends \(local:SxC, embedded:SxC\); this session runs proxy:grpc://127\.0\.0\.1:9",
         ):
             attempt()
 

@@ -290,7 +290,9 @@ class CloudLoggingStandIn:
 def test_cloud_logging_is_refused_on_the_embedded_backend_and_bad_job_names_in_one_line(local_session, proxy_session):
     from pathways_kernel.core.errors import NotSupportedError, PathwaysError
 
-    with pytest.raises(NotSupportedError, match=r"^Cloud Logging of goodput is for Pathways on GKE .* runs local:2x4"):
+    with pytest.raises(
+        NotSupportedError, match=r"^Cloud Logging of goodput is for Pathways on GKE .* runs embedded:2x4"
+    ):
         pw.goodput_cloud_logging("my-job")
     for bad in ["", " ", "-job", "a" * 64, "my job", "job/1", "ü", 7, float("nan")]:
         with pytest.raises(PathwaysError, match=r"^goodput job name must be 1-63 letters") as caught:

@@ -27,7 +27,7 @@ def test_plain_jax_sees_the_session_devices_and_pw_is_bound(kernel):
 def test_status(kernel):
     reply = kernel.run("%pathways status")
     assert reply.status == "ok", reply.error
-    for expected in ("local:2x4", "cpu", "2/2 up", "chips     8", "devices   8", "jax       0."):
+    for expected in ("embedded:2x4", "cpu", "2/2 up", "chips     8", "devices   8", "jax       0."):
         assert expected in reply.text
     assert any("text/html" in bundle for bundle in reply.data)
 
@@ -143,22 +143,22 @@ def test_an_elastic_cell_that_deletes_its_state_is_one_line_and_the_state_is_kep
 
 def test_connect_before_first_computation_switches_the_backend(fresh_kernel):
     reply = fresh_kernel.run("%pathways status")
-    assert "local:2x4" in reply.text
-    reply = fresh_kernel.run("%pathways connect local:4x2")
+    assert "embedded:2x4" in reply.text
+    reply = fresh_kernel.run("%pathways connect embedded:4x2")
     assert reply.status == "ok", reply.error
-    assert "local:4x2" in reply.text and "4/4 up" in reply.text
+    assert "embedded:4x2" in reply.text and "4/4 up" in reply.text
     reply = fresh_kernel.run("import jax; print(len(jax.devices()), [len(s.chips) for s in pw.topology().slices])")
     assert reply.text.strip() == "8 [2, 2, 2, 2]"
 
 
 def test_connect_after_computation_says_what_would_be_lost_and_how(fresh_kernel):
     fresh_kernel.run("import jax.numpy as jnp\nx = jnp.ones((1024, 256))")
-    line = one_line(fresh_kernel.run("%pathways connect local:1x8"))
-    assert "holds 1 device array (1.0 MiB) on local:2x4" in line
+    line = one_line(fresh_kernel.run("%pathways connect embedded:1x8"))
+    assert "holds 1 device array (1.0 MiB) on embedded:2x4" in line
     assert "--force" in line and "restart the kernel" in line
     # still on the old backend, array intact
     assert fresh_kernel.run("print(float(x.sum()))").text.strip() == "262144.0"
-    reply = fresh_kernel.run("%pathways connect local:1x8 --force\nimport jax; print(len(pw.topology().slices))")
+    reply = fresh_kernel.run("%pathways connect embedded:1x8 --force\nimport jax; print(len(pw.topology().slices))")
     assert reply.status == "ok", reply.error
     assert reply.text.strip().endswith("1")
     kinds = fresh_kernel.run("print([e.kind for e in pw.events()])").text
@@ -170,7 +170,7 @@ def test_load_ext_in_a_stock_ipython_kernel():
     try:
         reply = k.run("%load_ext pathways_kernel\n%pathways status")
         assert reply.status == "ok", reply.error
-        assert "local:2x4" in reply.text
+        assert "embedded:2x4" in reply.text
         line = one_line(k.run("%pathways connect local:nope"))
         assert line.startswith("SpecError: bad local spec")
     finally:

@@ -1,4 +1,4 @@
-"""Real kernels on the server-backed local backend (``local:2x4 --server``).
+"""Real kernels on the local backend, the product default (``local:2x4``).
 
 The kernel starts ``pathways-local`` as a child and reaches it through JAX's own
 proxy client (``JAX_PLATFORMS=proxy``, pathwaysutils), as a GKE user reaches
@@ -29,8 +29,8 @@ on0 = jax.device_put(np.full(4, 3.0), pw.topology().slices[0].devices[0])
 
 @pytest.fixture(scope="module")
 def server_kernel():
-    """A kernel whose kernelspec environment picks the server-backed backend."""
-    k = Kernel("pathways", env={"PATHWAYS_BACKEND": "local-server:2x4"})
+    """A kernel on the product default: no backend named anywhere."""
+    k = Kernel("pathways", backend=None)
     reply = k.run(SETUP, timeout=240)
     assert reply.status == "ok", reply.error
     yield k
@@ -66,7 +66,7 @@ def test_the_kernel_runs_jax_s_proxy_client_against_its_own_server(server_kernel
         " jax.config.jax_platforms, dict(mesh.shape))"
     )
     assert reply.text.strip() == "[0, 0, 0, 0, 1, 1, 1, 1] True proxy {'data': 2, 'model': 4}", reply.text + reply.error
-    assert "backend   local-server:2x4" in server_kernel.run("%pathways status").text
+    assert "backend   local:2x4" in server_kernel.run("%pathways status").text
     step = server_kernel.run(
         "import jax.numpy as jnp\n"
         "f = jax.jit(lambda a: jnp.tanh(a @ a.T).sum(axis=0), out_shardings=NamedSharding(mesh, P('data')))\n"
@@ -85,6 +85,21 @@ def test_the_kernel_runs_jax_s_proxy_client_against_its_own_server(server_kernel
         " sample[0] > sample[1] > 0)"
     )
     assert memory.text.strip() == "server True True", memory.text + memory.error
+
+
+def test_a_host_callback_is_one_line_naming_the_limit_and_the_embedded_backend(server_kernel):
+    for code in (
+        "jax.jit(lambda x: (jax.debug.print('x={x}', x=x), x + 1)[1])(np.arange(3.0))",
+        "jax.pure_callback(lambda x: np.asarray(x) * 2, jax.ShapeDtypeStruct((3,), np.float32), np.arange(3, dtype=np.float32))",
+    ):
+        reply = server_kernel.run(code)
+        lines = [line for line in reply.error.splitlines() if line.strip()]
+        assert reply.status == "error" and len(lines) == 1, reply.error
+        assert "host callbacks (jax.debug.print, jax.pure_callback, io_callback) do not run on local:2x4" in lines[0]
+        assert "%pathways connect embedded:2x4" in lines[0]
+    # Other JAX errors keep their usual traceback.
+    other = server_kernel.run("jax.device_put(np.ones(3), jax.devices()[0]).reshape(4)")
+    assert other.status == "error" and "Traceback" in other.error and len(other.error.splitlines()) > 1
 
 
 def test_a_slice_lost_in_the_server_is_data_loss_and_named_snapshots_heal(server_kernel):
@@ -136,6 +151,7 @@ def test_an_elastic_run_survives_a_slice_lost_in_the_server(server_kernel):
 
 
 def test_a_server_killed_mid_step_is_one_line_and_connect_force_starts_a_new_one(fresh_kernel):
+    # From the embedded backend, with last wave's --server (it means what local:2x4 does by itself).
     reply = fresh_kernel.run("%pathways connect local:2x4 --server", timeout=240)
     assert reply.status == "ok", reply.error
     first = server_pid(fresh_kernel)
@@ -175,11 +191,11 @@ def test_a_server_killed_mid_step_is_one_line_and_connect_force_starts_a_new_one
     assert len(notice) == 1 and f"server pid {first} killed by SIGKILL" in notice[0], seen
     status = fresh_kernel.run("%pathways status")
     lines = [line for line in status.error.splitlines() if line.strip()]
-    assert len(lines) == 1 and "the local Pathways server (local-server:2x4) is gone" in lines[0], status.error
-    assert "pw.connect('local-server:2x4', force=True)" in lines[0]
+    assert len(lines) == 1 and "the local Pathways server (local:2x4) is gone" in lines[0], status.error
+    assert "pw.connect('local:2x4', force=True)" in lines[0]
     events = fresh_kernel.run("print(pw.events(kind='disconnect')[-1].detail)").text
     assert f"server pid {first} killed by SIGKILL" in events
-    again = fresh_kernel.run("%pathways connect local:2x4 --server --force", timeout=240)
+    again = fresh_kernel.run("%pathways connect local:2x4 --force", timeout=240)
     assert again.status == "ok", again.error
     second = server_pid(fresh_kernel)
     assert second != first and alive(second)
@@ -196,7 +212,7 @@ def test_a_server_killed_mid_step_is_one_line_and_connect_force_starts_a_new_one
     works = fresh_kernel.run("print(float(jnp.ones((8, 8)).sum()))")
     assert works.text.strip() == "64.0", works.text + works.error
     # Back to the embedded backend: the server goes with the session that started it.
-    assert fresh_kernel.run("%pathways connect local:2x4 --force").status == "ok"
+    assert fresh_kernel.run("%pathways connect embedded:2x4 --force").status == "ok"
     assert wait_until(lambda: not alive(second), 30)
 
 
@@ -204,16 +220,17 @@ def test_server_specs_and_a_server_for_a_remote_spec_is_one_line():
     from pathways_kernel import backends
     from pathways_kernel.core.errors import SpecError
 
-    assert backends.from_spec("local:2x4", server=True).spec == "local-server:2x4"
-    assert backends.from_spec("local-server:1x2").spec == "local-server:1x2"
-    assert backends.from_spec("local", server=True).spec == "local-server:2x4"
-    with pytest.raises(SpecError, match=r"use it with local:SxC, e.g. local:2x4, not 'grpc://localhost:29000'"):
+    assert backends.from_spec("local:2x4", server=True).spec == "local:2x4"
+    assert backends.from_spec("local-server:1x2").spec == "local:1x2"
+    assert backends.from_spec("local", server=True).spec == "local:2x4"
+    with pytest.raises(SpecError, match=r"use local:SxC, e.g. local:2x4, not 'grpc://localhost:29000'"):
         backends.from_spec("grpc://localhost:29000", server=True)
     with pytest.raises(SpecError, match="bad local spec"):
         backends.from_spec("local-server:2y4")
 
 
 def test_the_server_goes_when_its_kernel_is_killed():
+    # Last wave's spec in a kernelspec environment still starts the server.
     kernel = Kernel("pathways", env={"PATHWAYS_BACKEND": "local-server:1x2"})
     try:
         pid = server_pid(kernel)

@@ -116,7 +116,7 @@ def test_topology_then_metrics_on_open(frontend):
     assert msg is not None, "no topology after comm_open"
     topology = monitor_frontend.decode_topology(msg["content"]["data"], msg["buffers"])
     assert [s.chip_count for s in topology.slices] == [4, 4]
-    assert topology.chips == 8 and topology.backend == "local:2x4" and topology.supports_fault_injection
+    assert topology.chips == 8 and topology.backend == "embedded:2x4" and topology.supports_fault_injection
     msg = frontend.wait_for(lambda m: _is(m, comm, "metrics"), timeout=10)
     assert msg is not None, "no metrics after the topology"
     metrics = monitor_frontend.decode_metrics(msg["content"]["data"], msg["buffers"])
@@ -348,9 +348,9 @@ def test_comm_follows_a_backend_switch(frontend, kernel):
     assert frontend.wait_for(lambda m: _is(m, comm, "topology"), timeout=30) is not None
     mark = len(frontend.inbox)
     # Not kernel.run: it would swallow the comm's messages while it waits for the cell.
-    kernel.kc.execute("pw.connect('local:4x2', force=True)")
+    kernel.kc.execute("pw.connect('embedded:4x2', force=True)")
     msg = frontend.wait_for(
-        lambda m: _is(m, comm, "topology") and m["content"]["data"]["backend"] == "local:4x2", timeout=15, since=mark
+        lambda m: _is(m, comm, "topology") and m["content"]["data"]["backend"] == "embedded:4x2", timeout=15, since=mark
     )
     assert msg is not None, "no topology for the new backend"
     assert [s.chip_count for s in monitor_frontend.decode_topology(msg["content"]["data"], msg["buffers"]).slices] == [

@@ -132,12 +132,12 @@ def test_pathwaysutils_helper_follows_the_backend(local_session):
     device = Device()
     assert elastic.get_slice_to_devices([device]) == {3: [device]}
     assert elastic.get_slice_to_devices(jax.devices()).keys() == {0, 1}
-    session = pw.connect("local:1x8", force=True)
+    session = pw.connect("embedded:1x8", force=True)
     try:
         assert elastic.get_slice_to_devices(jax.devices()).keys() == {0}
         session.backend.close()  # what switching to a proxy backend does first
         with pytest.raises(AttributeError):  # CPU devices have no slice_index
             elastic.get_slice_to_devices(jax.devices())
     finally:
-        pw.connect("local:2x4", force=True)
+        pw.connect("embedded:2x4", force=True)
     assert elastic.get_slice_to_devices(jax.devices()).keys() == {0, 1}

@@ -219,7 +219,7 @@ def test_nested_and_concurrent_captures_are_refused_in_one_line(profiled):
     [
         (
             "--logdir gs://bucket/profiles",
-            r"ProfileError: gs:// profile dirs are for the proxy backend.*runs local:2x4",
+            r"ProfileError: gs:// profile dirs are for the proxy backend.*runs embedded:2x4",
         ),
         ("--logdir /etc/hostname/profiles", r"ProfileError: cannot write profiles there: .*is a file, not a directory"),
         ("--host-tracer-level 7", r"ProfileError: host tracer level 7 is not one of 0 \(off\)"),

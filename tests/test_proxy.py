@@ -6,7 +6,7 @@ name, a non-gRPC listener, a wrong scheme, a gRPC server that is not a proxy.
 One stand-in (``fake_proxy``) answers the IFRT proxy's version check so that
 the pre-flight passes and JAX's real proxy client gets to run and fail. Each
 case must give one clear line within the pre-flight timeout + 1 s and leave the
-kernel usable (``local:2x4`` works right after); the kernel must then exit 0.
+kernel usable (``embedded:2x4`` works right after); the kernel must then exit 0.
 """
 
 from __future__ import annotations
@@ -205,11 +205,11 @@ def test_wrong_target_fails_fast_in_one_line_and_local_still_works(kernel, serve
         assert word in lines[0], lines[0]
     assert elapsed < allowed, f"{case}: {elapsed:.2f} s in the kernel"
     assert round_trip < allowed + 3.0, f"{case}: {round_trip:.2f} s from the client (machine loaded?)"
-    # The working session is untouched: its arrays survive and local:2x4 connects.
+    # The working session is untouched: its arrays survive and embedded:2x4 connects.
     assert kernel.run("print(float(kept.sum()))").text.strip() == "28.0"
-    after = kernel.run("%pathways connect local:2x4")
+    after = kernel.run("%pathways connect embedded:2x4")
     assert after.status == "ok", after.error
-    assert "local:2x4" in after.text and "slices    2/2 up" in after.text
+    assert "embedded:2x4" in after.text and "slices    2/2 up" in after.text
 
 
 def test_client_failure_after_preflight_reports_and_restores_local(kernel, servers):
@@ -226,7 +226,7 @@ def test_client_failure_after_preflight_reports_and_restores_local(kernel, serve
     # JAX is back on the local CPU slices, not left pointing at the proxy.
     devices = kernel.run("import jax; print(jax.devices()[0].platform, len(jax.devices()))")
     assert devices.text.strip() == "cpu 8", devices.text + devices.error
-    assert "local:2x4" in kernel.run("%pathways status").text
+    assert "embedded:2x4" in kernel.run("%pathways status").text
 
 
 def test_disconnect_tells_what_is_gone_once(kernel):
@@ -243,7 +243,7 @@ def test_disconnect_tells_what_is_gone_once(kernel):
 def test_reconnect_clears_and_connects_again(kernel):
     reply = kernel.run("%pathways reconnect")
     assert reply.status == "ok", reply.error
-    assert "local:2x4" in reply.text
+    assert "embedded:2x4" in reply.text
     assert "connect" in kernel.run("%pathways events --last 1").text
 
 
@@ -309,7 +309,7 @@ def test_a_kernel_without_a_backend_says_so_once_and_cells_are_clean_after_conne
         auto = k.run("%pathways autosnapshot on")
         assert auto.status == "error" and len(auto.error.strip().splitlines()) == 1, auto.error
         assert "Error in callback" not in auto.text, auto.text
-        for code, shown in (("2 + 2", "4"), ("%pathways connect local:2x4", None), ("3 + 3", "6")):
+        for code, shown in (("2 + 2", "4"), ("%pathways connect embedded:2x4", None), ("3 + 3", "6")):
             reply = k.run(code)
             assert reply.status == "ok" and reply.error == "", f"{code}: {reply.error}"
             assert "Error in callback" not in reply.text, f"{code}: {reply.text}"

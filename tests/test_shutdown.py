@@ -37,7 +37,7 @@ SCRIPT = textwrap.dedent(
         def send(self, data=None, metadata=None, buffers=None): self.sent = True
         def close(self, data=None, metadata=None, buffers=None): pass
 
-    session = pw.connect("local:2x4")
+    session = pw.connect("embedded:2x4")
     telemetry.hub(session).configure(sample_hz=4.0)
     comm = Comm()
     Connection(comm, MonitorServer()).start(contextvars.copy_context())

@@ -649,7 +649,7 @@ def test_on_a_slurm_session_a_pending_job_has_no_slice_up_until_it_runs_again(sl
     job = slurm.submit(SLEEP, "--nodes=2", "--time=30", "--job-name=pw-proxyside")
     cancel.append(job)
     slurm.wait_job(job, "RUNNING")
-    session = pw.connect("local:2x4", force=True)
+    session = pw.connect("embedded:2x4", force=True)
     watch, _ = watch_of(slurm, job, SessionSlices(session.backend), monkeypatch)
     try:
         slurm.set_node("tpu-1", "down", "node failure")

@@ -1,8 +1,8 @@
 """The session never shows a topology JAX no longer has.
 
-A first cell ``jax.config.update('jax_num_cpu_devices', 4)`` in a ``local:2x4``
+A first cell ``jax.config.update('jax_num_cpu_devices', 4)`` in an ``embedded:2x4``
 kernel gives JAX 4 CPU devices; every pw call then says so in one line (and
-how to use them) instead of reporting ``local:2x4`` or "no slice 1".
+how to use them) instead of reporting ``embedded:2x4`` or "no slice 1".
 """
 
 from __future__ import annotations
@@ -25,8 +25,10 @@ def test_device_count_changed_in_a_cell_is_said_in_one_line_not_shown_stale(fres
     assert fresh_kernel.run("print('next cell')").error == ""  # no hook trips over it
     for code in ("pw.status()", "%pathways status", "pw.fail_slice(1)", "pw.mesh()", "%pathways topology"):
         line = one_line(fresh_kernel.run(code))
-        assert "BackendError" in line and "4 CPU devices, not the 8 of this session's local:2x4" in line, line
-        assert "local:1x4" in line
-    reply = fresh_kernel.run("pw.connect('local:1x4', force=True); print(pw.status().slices_total, len(pw.devices()))")
+        assert "BackendError" in line and "4 CPU devices, not the 8 of this session's embedded:2x4" in line, line
+        assert "embedded:1x4" in line
+    reply = fresh_kernel.run(
+        "pw.connect('embedded:1x4', force=True); print(pw.status().slices_total, len(pw.devices()))"
+    )
     assert reply.status == "ok", reply.error
     assert reply.text.split()[-2:] == ["1", "4"]

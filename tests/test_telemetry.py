@@ -19,9 +19,9 @@ from pathways_kernel.monitoring.comm import Connection, MonitorServer
 @pytest.fixture(scope="module")
 def session():
     s = current_session()
-    if s.backend.spec != "local:2x4" or s.topology.down_slices:
+    if s.backend.spec != "embedded:2x4" or s.topology.down_slices:
         # Another module left this process's session elsewhere: start clean.
-        s = pw.connect("local:2x4", force=True)
+        s = pw.connect("embedded:2x4", force=True)
     return s
 
 

@@ -11,7 +11,7 @@ from pathways_kernel.core.errors import MeshError
 
 @pytest.fixture(scope="module")
 def session():
-    s = pw.connect("local:2x4")
+    s = pw.connect("embedded:2x4")
     yield s
 
 

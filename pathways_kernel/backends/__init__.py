@@ -1,11 +1,14 @@
 """Backends: where the session's devices come from.
 
-A spec names one: ``local:SxC`` (embedded, CPU devices as S slices of C
-chips), ``proxy:grpc://HOST:PORT`` / ``grpc://HOST:PORT`` (Pathways) or
-``slurm:JOB`` (the Pathways proxy of a Slurm job, ``backends/slurm.py``) or
-``local-server:SxC`` (S slices of C chips in a ``pathways-local`` server the
-session starts, reached through the proxy client: ``backends/local_server.py``;
-``local:SxC`` with ``server=True`` / ``--server`` names it too).
+A spec names one: ``local:SxC`` (the default: S slices of C chips in a
+``pathways-local`` server the session starts, reached through JAX's own proxy
+client as on Pathways, ``backends/local_server.py``; ``local-server:SxC`` and
+``server=True`` / ``--server`` name it too, as they did before it was the
+default), ``embedded:SxC`` (the same slices emulated with CPU devices in this
+process, ``emulator/local.py``: no second process, faster steps, host
+callbacks work; the only choice in a process whose JAX already runs on
+``cpu``), ``proxy:grpc://HOST:PORT`` / ``grpc://HOST:PORT`` (Pathways) or
+``slurm:JOB`` (the Pathways proxy of a Slurm job, ``backends/slurm.py``).
 """
 
 from __future__ import annotations
@@ -23,15 +26,16 @@ BACKEND_ENV = "PATHWAYS_BACKEND"
 #: Upper bound on emulated devices; XLA's CPU client gets slow far beyond it.
 MAX_LOCAL_DEVICES = 4096
 
-_LOCAL = re.compile(r"^local(?::(?P<body>.*))?$", re.DOTALL)
-_LOCAL_SERVER = re.compile(r"^local-server(?::(?P<body>.*))?$", re.DOTALL)
+# local-server: is last wave's name for local:, kept so that its commands and kernelspecs still work.
+_LOCAL = re.compile(r"^local(?:-server)?(?::(?P<body>.*))?$", re.DOTALL)
+_EMBEDDED = re.compile(r"^embedded(?::(?P<body>.*))?$", re.DOTALL)
 _LOCAL_BODY = re.compile(r"([0-9]+)[xX]([0-9]+)")
 # HOST:PORT without a scheme: a proxy address missing its grpc://.
 _HOST_PORT = re.compile(r"^[\w.\-\[\]:]+:\d+$")
 
 
 def default_spec() -> str:
-    """The spec a new session starts with: kernelspec env, Pathways env, or local:2x4."""
+    """The spec a new session starts with: kernelspec env, Pathways env, or local:2x4 (a local Pathways server)."""
     if spec := os.environ.get(BACKEND_ENV):
         return spec
     if os.environ.get("JAX_PLATFORMS", "").strip() == "proxy" and os.environ.get("JAX_BACKEND_TARGET"):
@@ -39,8 +43,11 @@ def default_spec() -> str:
     return DEFAULT_SPEC
 
 
-def parse_local(body: str | None) -> tuple[int, int]:
-    """``"2x4"`` -> ``(2, 4)``; raises ``SpecError`` with the fix on bad input."""
+def parse_local(body: str | None, kind: str = "local") -> tuple[int, int]:
+    """``"2x4"`` -> ``(2, 4)``; raises ``SpecError`` with the fix on bad input.
+
+    ``kind`` (``local`` or ``embedded``) is the spec's prefix, as the message shows it.
+    """
     if body is None or body == "":
         return 2, 4
     # Escaped, so that a full-width digit or a newline shows as what it is; cut, so that it stays one line.
@@ -49,11 +56,12 @@ def parse_local(body: str | None) -> tuple[int, int]:
     match = _LOCAL_BODY.fullmatch(body)
     if match is None:
         raise SpecError(
-            f"bad local spec 'local:{shown}': expected local:SxC with S slices of C chips (digits 0-9), e.g. local:2x4"
+            f"bad {kind} spec '{kind}:{shown}': expected {kind}:SxC with S slices of C chips (digits 0-9), "
+            f"e.g. {kind}:2x4 (local:SxC runs them in a local Pathways server, embedded:SxC in this process)"
         )
     digits = [group.lstrip("0") for group in match.groups()]
     if not all(digits):
-        raise SpecError(f"bad local spec 'local:{shown}': slices and chips must be at least 1, e.g. local:2x4")
+        raise SpecError(f"bad {kind} spec '{kind}:{shown}': slices and chips must be at least 1, e.g. {kind}:2x4")
     # Numbers this long are too many devices anyway; int() of thousands of digits is slow or refused.
     if any(len(d) > 9 for d in digits):
         devices = "that many"
@@ -63,7 +71,7 @@ def parse_local(body: str | None) -> tuple[int, int]:
             return slices, chips
         devices = str(slices * chips)
     raise SpecError(
-        f"bad local spec 'local:{shown}': {devices} devices is more than the {MAX_LOCAL_DEVICES} the embedded backend emulates"
+        f"bad {kind} spec '{kind}:{shown}': {devices} devices is more than the {MAX_LOCAL_DEVICES} a local backend emulates"
     )
 
 
@@ -73,27 +81,25 @@ def from_spec(
     """Build (but do not activate) the backend a spec names.
 
     ``timeout`` (pre-flight seconds) and ``insecure`` (plaintext gRPC) apply
-    to the proxy backend only. ``server`` turns ``local:SxC`` into
-    ``local-server:SxC``: the same slices in a local Pathways server process.
+    to the proxy backends only. ``server`` only says what ``local:SxC``
+    already means (the slices in a local Pathways server process); it is
+    kept so that last wave's ``--server`` commands still work.
 
     Raises:
       SpecError: the spec is malformed or names no backend.
     """
     spec = spec.strip()
-    if server:
-        match = _LOCAL.match(spec) or _LOCAL_SERVER.match(spec)
-        if match is None:
-            raise SpecError(
-                f"--server (server=True) runs local slices in a local Pathways server: use it with local:SxC, "
-                f"e.g. local:2x4, not '{spec[:40]}'"
-            )
-        spec = "local-server" + spec[match.start("body") - 1 :] if match.group("body") is not None else "local-server"
-    if match := _LOCAL_SERVER.match(spec):
+    if server and not _LOCAL.match(spec):
+        raise SpecError(
+            f"--server (server=True) runs local slices in a local Pathways server, as local:SxC does by itself: "
+            f"use local:SxC, e.g. local:2x4, not '{spec[:40]}' (embedded:SxC runs them in this process)"
+        )
+    if match := _LOCAL.match(spec):
         from pathways_kernel.backends.local_server import LocalServerBackend
 
         return LocalServerBackend(*parse_local(match.group("body")), timeout=timeout)
-    if match := _LOCAL.match(spec):
-        return LocalBackend(*parse_local(match.group("body")))
+    if match := _EMBEDDED.match(spec):
+        return LocalBackend(*parse_local(match.group("body"), "embedded"))
     # Before HOST:PORT, which `slurm:4` (a job id) also matches.
     if spec.startswith("slurm:"):
         from pathways_kernel.backends.slurm_backend import SlurmBackend, parse_spec
@@ -104,8 +110,8 @@ def from_spec(
 
         return ProxyBackend.from_spec(spec, timeout=timeout, insecure=insecure)
     raise SpecError(
-        f"unknown backend spec '{spec}': use local:SxC (e.g. local:2x4), grpc://HOST:PORT for a Pathways proxy "
-        "or slurm:JOB for a Pathways job on Slurm"
+        f"unknown backend spec '{spec}': use local:SxC (e.g. local:2x4, a local Pathways server), embedded:SxC "
+        "(the same slices in the kernel's process), grpc://HOST:PORT for a Pathways proxy or slurm:JOB for a Pathways job on Slurm"
     )
 
 

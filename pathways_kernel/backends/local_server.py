@@ -1,4 +1,4 @@
-"""The server-backed local backend: ``local:SxC --server`` (spec ``local-server:SxC``).
+"""The local backend, the default: ``local:SxC`` (also ``local-server:SxC``, ``--server``).
 
 The session starts ``pathways-local serve`` as a child (``server/launch.py``:
 a Unix socket in a 0700 directory) and connects to it exactly as a GKE user
@@ -28,7 +28,7 @@ The server's life: it is stopped by pid when the session closes (switching
 backend, kernel shutdown) and at interpreter exit. If it dies, a watcher
 emits a ``disconnect`` event naming its pid and exit status (the monitor's
 timeline and the one-line notice before the next cell, ``connection.NOTICE``);
-``%pathways connect local-server:SxC --force`` or ``%pathways reconnect``
+``%pathways connect local:SxC --force`` or ``%pathways reconnect``
 starts a new server and a new client in the same kernel.
 """
 
@@ -42,7 +42,7 @@ import subprocess
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from pathways_kernel.backends import preflight as preflight_lib
@@ -52,7 +52,7 @@ from pathways_kernel.core.errors import BackendError
 from pathways_kernel.emulator.faults import InjectedFaults
 from pathways_kernel.monitoring import telemetry
 
-SPEC_PREFIX = "local-server"
+SPEC_PREFIX = "local"
 #: Seconds a status call to the server may take when sampling memory.
 _STATUS_TIMEOUT_S = 2.0
 
@@ -71,7 +71,7 @@ class SocketTarget:
 class LocalServerBackend(InjectedFaults, ProxyBackend):
     """S slices of C CPU devices owned by a ``pathways-local`` server this session started."""
 
-    name: ClassVar[str] = "local-server"
+    name: ClassVar[str] = "local"
     supports_fault_injection: ClassVar[bool] = True
 
     def __init__(self, num_slices: int, chips_per_slice: int, timeout: float | None = None):
@@ -82,6 +82,8 @@ class LocalServerBackend(InjectedFaults, ProxyBackend):
         # id -> array, for arrays the server dropped (jax arrays are not hashable).
         self._lost: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
         self._closing = False
+        #: Set while the slices are bound to a Slurm job (``slurm_binding``): the job's id and time left.
+        self.job_label: Callable[[], str] | None = None
 
     @property
     def spec(self) -> str:
@@ -89,6 +91,8 @@ class LocalServerBackend(InjectedFaults, ProxyBackend):
 
     @property
     def target(self) -> str:
+        if self.job_label is not None:
+            return self.job_label()
         if self.server is None:
             return "local Pathways server (not started)"
         return f"{self.server.target} (local Pathways server, pid {self.server.pid})"
@@ -266,6 +270,26 @@ class ServerSource(telemetry.ClientSource):
                 if 0 <= device_id < len(per_device):
                     memory[position] = per_device[device_id]
         return dataclasses.replace(sample, memory=memory)
+
+
+#: What JAX's proxy client says, before asking the server, when a program has a host callback
+#: and the platform is ``cpu`` (``jax.debug.print``, ``pure_callback``, ``io_callback``).
+HOST_CALLBACK_REFUSED = "Unsupported host callback type"
+
+
+def host_callback_line(error: BaseException) -> str | None:
+    """One line for a host callback the proxy client refused, naming where callbacks work; else None."""
+    if HOST_CALLBACK_REFUSED not in str(error):
+        return None
+    from pathways_kernel.core.sessions import current
+
+    session = current()
+    spec = session.backend.spec if session is not None else "this backend"
+    return (
+        f"{type(error).__name__}: host callbacks (jax.debug.print, jax.pure_callback, io_callback) do not run on "
+        f"{spec}: JAX's Pathways proxy client refuses them on a cpu platform ({HOST_CALLBACK_REFUSED}). "
+        "Run them on the embedded backend (`%pathways connect embedded:2x4`), which runs the slices in this process"
+    )
 
 
 def _died(pid: int, code: int | None) -> str:

@@ -180,7 +180,7 @@ class Session:
     def require_fault_injection(self, what: str) -> None:
         if not self.backend.supports_fault_injection:
             raise NotSupportedError(
-                f"{what} is only for the embedded local backend; this session runs {self.backend.spec}"
+                f"{what} is only for the local backends (local:SxC, embedded:SxC); this session runs {self.backend.spec}"
             )
 
     def fail_slice(self, index: int, detail: str = "fault injected") -> Any:
@@ -279,12 +279,21 @@ def connect(
 ) -> Session:
     """Switch the session to the backend ``spec`` names.
 
+    Specs: ``local:SxC`` (the default, ``local:2x4``): S slices of C chips
+    in a local Pathways server (``pathways-local``) the session starts as a
+    child, reached through JAX's own proxy client as on Pathways.
+    ``embedded:SxC``: the same slices emulated in this process (no second
+    process, faster steps, host callbacks such as ``jax.debug.print`` work;
+    the only choice where JAX already runs on ``cpu``).
+    ``grpc://HOST:PORT`` (or ``proxy:grpc://...``): a Pathways proxy.
+    ``slurm:JOB``: the Pathways proxy of a Slurm job.
+    ``local-server:SxC`` and ``server=True`` are last wave's names for
+    ``local:SxC`` and mean the same.
+
     Allowed freely before the first computation. Once device arrays exist,
     switching would discard them and every compiled function, so it is
     refused unless ``force=True``. ``timeout`` and ``insecure`` are the proxy
-    backend's pre-flight seconds and plaintext-gRPC choice. ``server=True``
-    runs ``local:SxC``'s slices in a local Pathways server the session starts
-    (spec ``local-server:SxC``), reached through the proxy client.
+    backends' pre-flight seconds and plaintext-gRPC choice.
 
     Raises:
       SpecError: the spec is malformed.

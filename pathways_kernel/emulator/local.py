@@ -1,7 +1,13 @@
-"""The embedded backend: S slices of C chips made of CPU devices.
+"""The embedded backend: S slices of C chips made of this process's CPU devices.
 
-``local:2x4`` asks XLA's CPU client for 8 devices (``jax_num_cpu_devices``)
-and groups them, in id order, into 2 slices of 4 chips. CPU devices carry no
+``embedded:2x4`` asks XLA's CPU client for 8 devices (``jax_num_cpu_devices``)
+and groups them, in id order, into 2 slices of 4 chips. Why it stays next to
+the default ``local:SxC`` (the same slices in a ``pathways-local`` server,
+``backends/local_server.py``): it runs in the kernel's own process, so there
+is no second process, a step costs no round trip, host callbacks
+(``jax.debug.print``, ``pure_callback``) work, which JAX's proxy client refuses
+on a ``cpu`` platform; and a process whose JAX already runs on ``cpu`` (the
+test process, a stock kernel after ``%load_ext``) can only use it. CPU devices carry no
 ``slice_index`` or ``coords``, so the placement lives here, in our topology
 model, not on the devices. Chips of a slice are laid out on the most square
 2D grid that holds them, like a TPU slice's ICI torus.
@@ -45,7 +51,7 @@ def grid_shape(chips: int) -> tuple[int, int, int]:
 class LocalBackend(InjectedFaults, Backend):
     """Slices emulated with the CPU devices of this process."""
 
-    name: ClassVar[str] = "local"
+    name: ClassVar[str] = "embedded"
     supports_fault_injection: ClassVar[bool] = True
 
     def __init__(self, num_slices: int, chips_per_slice: int):
@@ -58,7 +64,7 @@ class LocalBackend(InjectedFaults, Backend):
 
     @property
     def spec(self) -> str:
-        return f"local:{self.num_slices}x{self.chips_per_slice}"
+        return f"embedded:{self.num_slices}x{self.chips_per_slice}"
 
     @property
     def target(self) -> str:
@@ -117,7 +123,7 @@ class LocalBackend(InjectedFaults, Backend):
         if found < 1:
             return "Remove that setting and restart the kernel"
         chips = self.chips_per_slice if found % self.chips_per_slice == 0 else found
-        fits = f"local:{found // chips}x{chips}"
+        fits = f"embedded:{found // chips}x{chips}"
         return (
             f"Run `%pathways connect {fits} --force` (pw.connect('{fits}', force=True)) to use them, "
             f"or remove that setting and restart the kernel"

@@ -200,8 +200,17 @@ class PathwaysMagics(Magics):
 
 
 def _show_one_line(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: int | None = None) -> None:
-    """Custom exception handler: a ``PathwaysError`` is one red line, no traceback."""
-    shell._showtraceback(etype, value, [f"\x1b[0;31m{one_line(value)}\x1b[0m"])
+    """Custom exception handler: a ``PathwaysError`` is one red line, no traceback; so is a host
+    callback JAX's proxy client refused (its own message does not say what to do); other JAX
+    errors get IPython's usual traceback."""
+    from pathways_kernel.backends.local_server import host_callback_line
+
+    if isinstance(value, PathwaysError):
+        line = one_line(value)
+    elif (line := host_callback_line(value)) is None:
+        shell._showtraceback(etype, value, shell.InteractiveTB.structured_traceback(etype, value, tb, tb_offset))
+        return
+    shell._showtraceback(etype, value, [f"\x1b[0;31m{line}\x1b[0m"])
 
 
 def register(shell: Any) -> None:
@@ -221,7 +230,9 @@ def register(shell: Any) -> None:
 
     PathwaysMagics.pathways.__doc__ = top_level_help()
     shell.register_magics(PathwaysMagics)
-    shell.set_custom_exc((PathwaysError,), _show_one_line)
+    import jax
+
+    shell.set_custom_exc((PathwaysError, jax.errors.JaxRuntimeError), _show_one_line)
     healing.install(shell)  # restore variables lost with a slice, between cells
     connection.install(shell)  # the notice after a disconnect
     goodput.install(shell)  # the notebook's idle time between cells

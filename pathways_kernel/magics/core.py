@@ -63,7 +63,10 @@ def mesh(shell: Any, args: Any, cell: str | None):
 @subcommand("connect")
 @magic_arguments(name="pathways connect")
 @argument(
-    "spec", help="local:SxC (embedded, e.g. local:2x4), grpc://HOST:PORT (Pathways proxy) or sps (shared service)"
+    "spec",
+    help="local:SxC (default local:2x4: S slices of C chips in a local Pathways server, a child process reached "
+    "through JAX's proxy client), embedded:SxC (the same slices in the kernel's process: faster steps, "
+    "jax.debug.print works), grpc://HOST:PORT (Pathways proxy), slurm:JOB or sps (shared service)",
 )
 @argument("--force", action="store_true", help="switch even if device arrays would be discarded")
 @argument("--timeout", type=preflight_seconds, default=None, help="proxy: seconds for the pre-flight check (default 5)")
@@ -76,8 +79,8 @@ def mesh(shell: Any, args: Any, cell: str | None):
 @argument(
     "--server",
     action="store_true",
-    help="local:SxC: run the slices in a local Pathways server (a child process) and connect through "
-    "the Pathways proxy client",
+    help="local:SxC: run the slices in a local Pathways server (what local:SxC does by itself; kept for "
+    "last wave's commands)",
 )
 @argument("--cluster", default="", help="sps: GKE cluster name")
 @argument("--project", default="", help="sps: Google Cloud project")
