@@ -305,13 +305,16 @@ def client_transfers(target: str) -> dict:
     return result
 
 
-def client_plugins(target: str, trace_dir: str) -> dict:
-    """The plugin programs pathwaysutils sends, as its own code builds them."""
+def client_plugins(target: str, trace_dir: str, local_dir: str, bucket_url: str) -> dict:
+    """The plugin programs pathwaysutils sends, as its own code builds them, and colocated Python."""
     import datetime
 
     import jax
     import jax.numpy as jnp
+    import ml_dtypes
     from jax.experimental import colocated_python
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
     from pathwaysutils import profiling
     from pathwaysutils.persistence import helper
 
@@ -334,17 +337,53 @@ def client_plugins(target: str, trace_dir: str) -> dict:
 
     @colocated_python.colocated_python
     def colocated(x):
-        return x + 1
+        import os
 
-    return {
-        "colocated": attempt(lambda: colocated(values[0])),
-        "write": attempt(lambda: helper.write_arrays("gs://bucket/run", ["a"], values, timeout).result()),
-        "read": attempt(
-            lambda: helper.read_arrays(
-                "gs://bucket/run", ["a"], [values[0].dtype], [(4,)], [values[0].sharding], jax.devices()[:1], timeout
-            )
-        ),
+        return x + os.getpid()
+
+    @colocated_python.colocated_python
+    def broken(x):
+        raise KeyError("no shard file for this host")
+
+    first = colocated(values[0])
+    second = colocated(values[0] * 2)  # output specs known now: dispatched without waiting
+    result = {
+        "colocated": [np.asarray(first).tolist(), np.asarray(second).tolist()],
+        "colocated_devices": sorted(d.id for d in second.devices()),
+        "client_pid": os.getpid(),
+        "broken": attempt(lambda: np.asarray(broken(values[0]))),
     }
+
+    # Persistence: the server writes what it holds and reads it back onto other devices.
+    mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))
+    slice1 = Mesh(np.array(jax.devices()[4:]), ("model",))
+    host = {
+        "w": np.arange(64.0, dtype=np.float32).reshape(8, 8),
+        "b": (np.arange(8) / 3).astype(ml_dtypes.bfloat16),
+        "i": np.arange(6, dtype=np.int32).reshape(2, 3),
+    }
+    arrays = [
+        jax.device_put(host["w"], NamedSharding(mesh, P("data", "model"))),
+        jax.device_put(host["b"], NamedSharding(mesh, P())),
+        jax.device_put(host["i"], NamedSharding(mesh, P("data"))),
+    ]  # one write takes arrays over the same devices (pathwaysutils' rule)
+    targets = [NamedSharding(slice1, P("model")), NamedSharding(slice1, P("model")), NamedSharding(slice1, P())]
+    for where, url in (("local", local_dir), ("gcs", bucket_url)):
+        helper.write_arrays(url, list(host), arrays, timeout).result()
+        back, done = helper.read_arrays(
+            url, list(host), [a.dtype for a in arrays], [a.shape for a in arrays], targets, slice1.devices, timeout
+        )
+        done.result()
+        result[where] = {
+            "equal": [bool(np.array_equal(np.asarray(b), host[n])) for b, n in zip(back, host, strict=True)],
+            "devices": sorted({d.id for b in back for d in b.devices()}),
+        }
+    result["missing"] = attempt(
+        lambda: helper.read_arrays(local_dir, ["nope"], [np.float32], [(4,)], [targets[2]], slice1.devices, timeout)[
+            1
+        ].result()
+    )
+    return result
 
 
 CLIENTS = {
@@ -417,16 +456,30 @@ def test_transfers_round_trip_and_a_large_copy_does_not_stall_tiny_ops(server):
         assert got[direction]["tiny_ops_inside"] >= 1, got
 
 
-def test_pathwaysutils_profile_traces_the_server_persistence_and_colocated_python_are_refused_in_one_line(
-    server, tmp_path
-):
-    got = run_client("plugins", server.target, str(tmp_path))
+def test_pathwaysutils_profile_persistence_and_colocated_python_run_in_the_server(tmp_path, gcs_server):
+    import tensorstore as ts
+
+    server = launch.start(2, 4, env=gcs_server.env)
+    try:
+        bucket = gcs_server.make_bucket("persisted")
+        got = run_client("plugins", server.target, str(tmp_path), str(tmp_path / "saved"), bucket + "/run")
+    finally:
+        server.stop()
 
     traces = list(tmp_path.glob("plugins/profile/*/*.xplane.pb"))
     assert traces and all(t.stat().st_size > 0 for t in traces), list(tmp_path.rglob("*"))
-    assert got["write"].startswith("UNIMPLEMENTED: bulk_persistence_write_request: "), got
-    assert got["read"].startswith("UNIMPLEMENTED: bulk_persistence_read_request: "), got
-    assert got["colocated"].startswith("UNIMPLEMENTED: colocated Python (xla::ifrt::CustomCallProgram) "), got
+    # Colocated Python runs in the server's process, on the server's arrays.
+    assert got["client_pid"] != server.pid
+    assert got["colocated"] == [[server.pid + i for i in range(4)], [server.pid + 2 * i for i in range(4)]]
+    assert got["colocated_devices"] == [0]
+    assert got["broken"] == "INVALID_ARGUMENT: KeyError: 'no shard file for this host'", got
+    # Written by the server, read back by it onto slice 1, equal, to a directory and to GCS.
+    for where in ("local", "gcs"):
+        assert got[where] == {"equal": [True, True, True], "devices": [4, 5, 6, 7]}, (where, got[where])
+    # Stored as zarr arrays, one per name: what orbax's own metadata reader opens.
+    stored = ts.open({"driver": "zarr", "kvstore": {"driver": "file", "path": str(tmp_path / "saved" / "w")}}).result()
+    assert np.array_equal(stored.read().result(), np.arange(64.0, dtype=np.float32).reshape(8, 8))
+    assert got["missing"].startswith("NOT_FOUND: read ") and "nope" in got["missing"], got
 
 
 if __name__ == "__main__":

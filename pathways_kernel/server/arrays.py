@@ -49,6 +49,8 @@ _KINDS = {
     "KIND_U4": ml_dtypes.uint4,
     "KIND_F8E4M3FN": ml_dtypes.float8_e4m3fn,
     "KIND_F8E5M2": ml_dtypes.float8_e5m2,
+    # colocated Python's output specs travel as a string array (an instance: the class is "O")
+    "KIND_STRING": np.dtypes.StringDType(),
 }
 
 

@@ -8,8 +8,8 @@ followed by a JSON request, and executes it without arguments:
   trace of the server's own process into ``traceLocation`` with ``jax.profiler``,
   the second stops it, as Pathways' workers trace theirs;
 * ``persistenceWriteRequest`` / ``persistenceReadRequest`` (``pathwaysutils.persistence``,
-  which sends them as ``bulk_persistence_write/read_request``): answered UNIMPLEMENTED
-  naming the request, see ``_UNSERVED``.
+  which sends them as ``bulk_persistence_write/read_request``): the server writes the
+  arrays it holds to storage, and reads them onto its devices, itself (``persistence.py``).
 """
 
 from __future__ import annotations
@@ -22,24 +22,9 @@ import numpy as np
 
 from pathways_kernel.server.arrays import ServerArray, Sharding
 from pathways_kernel.server.errors import INVALID_ARGUMENT, UNIMPLEMENTED, ServerError
+from pathways_kernel.server.persistence import READ, SINGLE, WRITE, PersistenceProgram, compile_persistence
 
 PREFIX = b"__serialized_plugin_program "
-
-_WRITE = (
-    "the local Pathways server does not write arrays to storage itself; save from the client "
-    "(orbax, or %pathways snapshot)"
-)
-_READ = (
-    "the local Pathways server does not read arrays from storage itself; restore from the client "
-    "(orbax, or %pathways snapshot)"
-)
-# pathwaysutils.persistence sends the bulk forms; the single ones are Pathways' own names.
-_UNSERVED = {
-    "persistenceWriteRequest": _WRITE,
-    "bulk_persistence_write_request": _WRITE,
-    "persistenceReadRequest": _READ,
-    "bulk_persistence_read_request": _READ,
-}
 
 # One trace per process: jax.profiler allows one at a time, as does a Pathways worker.
 _tracing_lock = threading.Lock()
@@ -91,7 +76,7 @@ class ProfileProgram:
         return [ServerArray(np.dtype(np.int8), (1,), self.output_shardings[0], [value])]
 
 
-def compile_plugin(data: bytes) -> ProfileProgram:
+def compile_plugin(data: bytes) -> ProfileProgram | PersistenceProgram:
     """The program a plugin program's ``data`` asks for; raises ServerError naming the request
     if it is not one this server serves."""
     try:
@@ -110,5 +95,6 @@ def compile_plugin(data: bytes) -> ProfileProgram:
         return ProfileProgram(
             location, output_shapes=[(1,)], output_dtypes=[np.dtype(np.int8)], output_shardings=[Sharding((0,), None)]
         )
-    reason = _UNSERVED.get(kind, "the local Pathways server does not serve it")
-    raise ServerError(UNIMPLEMENTED, f"{kind}: {reason}")
+    if kind in (WRITE, READ) or kind in SINGLE:
+        return compile_persistence(kind, request[kind])
+    raise ServerError(UNIMPLEMENTED, f"{kind}: the local Pathways server does not serve it")

@@ -22,6 +22,7 @@ from jaxlib.mlir.dialects import stablehlo
 
 from pathways_kernel.server import protos
 from pathways_kernel.server.arrays import ServerArray, Sharding, replicated
+from pathways_kernel.server.colocated import ColocatedProgram, compile_colocated
 from pathways_kernel.server.devices import Topology
 from pathways_kernel.server.errors import INVALID_ARGUMENT, UNIMPLEMENTED, ServerError
 from pathways_kernel.server.plugins import ProfileProgram, compile_plugin
@@ -120,17 +121,13 @@ def device_assignment(options_proto) -> tuple[list[int], int, int]:
     return ids, replicas, partitions
 
 
-def compile_program(request, topology: Topology) -> Program | ProfileProgram:
+def compile_program(request, topology: Topology) -> Program | ProfileProgram | ColocatedProgram:
     """Compiles a CompileRequest for the server's devices; raises ServerError with the
     compiler's message if XLA rejects it."""
     if request.program.type_name == "xla::ifrt::PluginProgram":
         return compile_plugin(request.program.data)
     if request.program.type_name == "xla::ifrt::CustomCallProgram":
-        raise ServerError(
-            UNIMPLEMENTED,
-            "colocated Python (xla::ifrt::CustomCallProgram) is not served by the local Pathways server: "
-            "it does not run Python functions next to its devices yet",
-        )
+        return compile_colocated(request.program.data)
     if request.program.type_name != "xla::ifrt::XlaProgram":
         raise ServerError(
             UNIMPLEMENTED, f"program type {request.program.type_name} is not served by the local Pathways server"

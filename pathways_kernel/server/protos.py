@@ -87,6 +87,8 @@ def pool() -> descriptor_pool.DescriptorPool:
         "xla/python/pjrt_ifrt/xla_sharding.proto",
         "xla/python/ifrt/sharding_serdes.proto",
         "xla/python/pjrt_ifrt/xla_compiler.proto",
+        "xla/python/ifrt/custom_call_program.proto",  # colocated Python
+        "xla/python/ifrt_proxy/common/array_util.proto",  # string arrays' host buffers
     ):
         if extra in files:
             add(extra)

@@ -38,6 +38,7 @@ from pathways_kernel.server.arrays import (
     sharding_from_proto,
     to_host_bytes,
 )
+from pathways_kernel.server.colocated import string_host_buffer
 from pathways_kernel.server.devices import Topology
 from pathways_kernel.server.errors import DATA_LOSS, INTERNAL, UNIMPLEMENTED, ServerError
 from pathways_kernel.server.programs import Program, compile_program
@@ -143,6 +144,9 @@ class Session:
         self.host_buffers = HostBufferStore()
         self.programs: dict[int, Program] = {}
         self.futures: dict[int, concurrent.futures.Future] = {}
+        # Array handles whose arrays are still being made in the background (a colocated
+        # Python function running), each with the future that settles when they exist.
+        self.pending: dict[int, concurrent.futures.Future] = {}
         self._lock = threading.Lock()
 
     @property
@@ -220,6 +224,8 @@ class Session:
         return not all(self.host_buffers.has(handle) for handle in handles)
 
     def _process(self, request, respond: Callable) -> None:
+        if self.pending and self._after_pending(request, respond):
+            return
         kind = request.WhichOneof("request")
         op_id = request.request_metadata.op_id
         log.debug("session %s op %s: %s", self.id, op_id, kind)
@@ -258,6 +264,80 @@ class Session:
                 respond(_error_response(op_id, ServerError(INTERNAL, f"{kind}: {error}")))
 
         self.server.pool.submit(finish)
+
+    def _after_pending(self, request, respond: Callable) -> bool:
+        """Defers ``request`` if it names arrays still being made in the background, until
+        they exist; what it makes is pending meanwhile, so requests naming that wait too.
+        Other requests go on being served: a colocated function that runs for minutes (or
+        hangs) holds up only what depends on it."""
+        kind = request.WhichOneof("request")
+        if not kind:
+            return False
+        inner = getattr(request, kind)
+        with self._lock:
+            waits = {self.pending[h] for h in _named_handles(inner) if h in self.pending}
+            if not waits:
+                return False
+            gate: concurrent.futures.Future = concurrent.futures.Future()
+            made = _result_handles(inner)
+            for handle in made:
+                self.pending[handle] = gate
+        left = [len(waits)]
+        counter = threading.Lock()
+
+        def run() -> None:
+            try:
+                self._process(request, respond)
+            finally:
+                self._settle(made, gate, None)
+
+        def settled(_future) -> None:
+            with counter:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                self.server.pool.submit(run)
+
+        for wait in waits:
+            wait.add_done_callback(settled)
+        return True
+
+    def _settle(self, handles, gate: concurrent.futures.Future, error: ServerError | None) -> None:
+        with self._lock:
+            for handle in handles:
+                if self.pending.get(handle) is gate:
+                    del self.pending[handle]
+        if error is None:
+            gate.set_result(None)
+        else:
+            gate.set_exception(error)
+
+    def _run_in_background(self, program, args: list[ServerArray], handles: list[int]) -> concurrent.futures.Future:
+        """Runs ``program`` (colocated Python) on a thread of its own; its outputs are
+        pending until it returns. A slice lost while it ran loses its outputs there."""
+        gate: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            for handle in handles:
+                self.pending[handle] = gate
+
+        def run() -> None:
+            error = None
+            try:
+                outputs = program.run(args)
+                _wait_ready(outputs)
+                self.topology.check_up(program.device_ids)
+                for handle, output in zip(handles, outputs, strict=True):
+                    self.arrays.put(handle, output)
+            except Exception as failure:  # noqa: BLE001 - it goes to the client as the outputs' error
+                if not isinstance(failure, ServerError):
+                    log.exception("%s failed", program.name)
+                    failure = ServerError(INTERNAL, f"{program.name}: {failure}")
+                error = failure
+                self.arrays.poison(handles, error)
+            self._settle(handles, gate, error)
+
+        threading.Thread(target=run, name=f"pathways-local-{program.name}", daemon=True).start()
+        return gate
 
     # ---- init, devices, layouts ------------------------------------------
 
@@ -419,15 +499,17 @@ class Session:
         try:
             self.topology.check_up(program.device_ids)
             args = [self.arrays.get(h) for h in request.args_handles]
-            outputs = program.run(args)
+            if getattr(program, "runs_in_background", False):
+                status, outputs = self._run_in_background(program, args, handles), None
+            else:
+                outputs = program.run(args)
+                for handle, output in zip(handles, outputs, strict=True):
+                    self.arrays.put(handle, output)
+                status = self.server.pool.submit(_wait_ready, outputs)
         except ServerError as error:
             self.arrays.poison(handles, error)
             status = _failed(error)
             outputs = None
-        else:
-            for handle, output in zip(handles, outputs, strict=True):
-                self.arrays.put(handle, output)
-            status = self.server.pool.submit(_wait_ready, outputs)
         executed = response.loaded_executable_execute_response
         executed.SetInParent()
         if status_handle:
@@ -519,7 +601,10 @@ class Session:
 
         def copy() -> None:
             try:
-                value = to_host_bytes(np.asarray(array.jax_array()), strides)
+                if array.dtype.kind == "T":
+                    value = string_host_buffer(array)
+                else:
+                    value = to_host_bytes(np.asarray(array.jax_array()), strides)
             except ServerError as error:
                 value = error
             self.host_buffers.store(request.host_buffer_handle, value)
@@ -645,6 +730,22 @@ _RESULT_FIELDS = {
     "FullyReplicatedShardRequest": "result_handle",
     "LoadedExecutableExecuteRequest": "result_array_handle",
 }
+
+
+# Fields that name arrays a request uses (unless the field is what it makes, above).
+_NAMED_FIELDS = ("args_handles", "array_handle", "array_handles", "single_device_array_handles", "value_handles")
+
+
+def _named_handles(request) -> list[int]:
+    """The array handles ``request`` uses."""
+    made = _RESULT_FIELDS.get(request.DESCRIPTOR.name)
+    fields = request.DESCRIPTOR.fields_by_name
+    handles: list[int] = []
+    for name in _NAMED_FIELDS:
+        if name != made and name in fields:
+            value = getattr(request, name)
+            handles.extend([value] if isinstance(value, int) else value)
+    return handles
 
 
 def _result_handles(request) -> list[int]:
