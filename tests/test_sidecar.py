@@ -203,3 +203,101 @@ def test_a_slice_lost_while_sidecars_run_keeps_the_live_slices_results(fresh_ker
     busy = float(slice1.split(" s busy")[0].rsplit(", ", 1)[-1])
     assert 1.5 <= busy < 3.0, table
     assert "1 error" in slice1, table
+
+
+# -- on the local Pathways server: sidecars run in the server process ------------------
+
+SERVER_BACKEND = "local-server:2x4"  # the server-backed kernel, by the name every release accepts
+
+
+@pytest.fixture(scope="module")
+def server_kernel():
+    from kernels import Kernel
+
+    k = Kernel("pathways", backend=SERVER_BACKEND)
+    reply = k.run(
+        "import os, time, threading\n"
+        "import numpy as np\n"
+        "import jax, jax.numpy as jnp\n"
+        "from jax.sharding import PartitionSpec as P\n"
+        "server_pid = pw.session().backend.server.pid\n"
+        "print(server_pid != os.getpid())",
+        timeout=240,
+    )
+    assert reply.status == "ok" and reply.text.strip() == "True", reply.text + reply.error
+    yield k
+    k.shutdown()
+
+
+@pytest.mark.kernel
+def test_on_the_server_sidecars_and_the_loader_run_in_the_server_process_at_the_same_time(server_kernel):
+    reply = server_kernel.run(
+        "%%pathways sidecar --slices all --timeout 30\n"
+        "@pw.sidecar\n"
+        "def where(slice_index):\n"
+        "    time.sleep(3)\n"
+        "    return np.array([os.getpid(), slice_index])\n"
+    )
+    assert reply.status == "ok", reply.error
+    reply = server_kernel.run(
+        "started = time.monotonic()\n"
+        "r = where()\n"
+        "took = time.monotonic() - started\n"
+        "print({i: v.tolist() == [server_pid, i] for i, v in r.items()}, took < 5.0, round(took, 1))\n"
+        "print(r[1].devices() == set(pw.topology().slices[1].devices))"
+    )
+    assert reply.status == "ok", reply.error
+    assert reply.text.split()[:4] == ["{0:", "True,", "1:", "True}"], reply.text
+    assert reply.text.split()[4] == "True", f"two 3 s sidecars on two slices took {reply.text.split()[5]} s"
+    assert reply.text.split()[6] == "True", reply.text
+    # The loader's producers run there too, one block per slice, joined on the mesh.
+    reply = server_kernel.run(
+        "def pids(step, shard, num_shards):\n"
+        "    return {'pid': np.full((4,), os.getpid()), 'step': np.full((4,), step * 10 + shard)}\n"
+        "with pw.loader(pids, mesh=pw.mesh(), spec=P('data'), prefetch=1) as batches:\n"
+        "    b = batches.batch(3)\n"
+        "print(set(np.asarray(b['pid']).tolist()) == {server_pid}, np.asarray(b['step']).tolist(), b['pid'].sharding.spec)"
+    )
+    assert reply.status == "ok", reply.error
+    assert reply.text.strip() == "True [30, 30, 30, 30, 31, 31, 31, 31] P('data',)", reply.text
+
+
+@pytest.mark.kernel
+def test_on_the_server_a_hung_sidecar_times_out_and_holds_up_nothing_else(server_kernel):
+    server_kernel.run(
+        "%%pathways sidecar --slices 0 --timeout 2\n"
+        "@pw.sidecar\n"
+        "def frozen():\n"
+        "    time.sleep(15)\n"
+        "    return np.zeros(1)\n"
+    )
+    started = time.monotonic()
+    reply = server_kernel.run("frozen()", timeout=60)
+    assert reply.status == "error" and time.monotonic() - started < 12, reply.error
+    assert reply.error.strip().startswith("SidecarTimeout: sidecar 'frozen' on slice 0 did not finish within 2 s")
+    # While it still runs in the server, the session's other work is served.
+    reply = server_kernel.run("print(int(jax.jit(lambda a: a.sum())(jnp.arange(5))), time.monotonic() - started < 12)")
+    assert reply.text.split() == ["10", "True"], reply.text + reply.error
+
+
+@pytest.mark.kernel
+def test_on_the_server_a_slice_lost_while_sidecars_run_keeps_the_live_slices_results(server_kernel):
+    reply = server_kernel.run(
+        "%%pathways sidecar --slices all\n"
+        "@pw.sidecar\n"
+        "def rows(slice_index):\n"
+        "    time.sleep(2.0 if slice_index == 1 else 0.2)\n"
+        "    return np.full(4, slice_index)\n"
+    )
+    assert reply.status == "ok", reply.error
+    reply = server_kernel.run(
+        "threading.Timer(0.8, pw.fail_slice, (1,)).start()\nr = rows()\nprint(sorted(r), r[0].tolist())"
+    )
+    try:
+        assert reply.status == "ok", reply.error
+        assert "[0] [0, 0, 0, 0]" in reply.text, reply.text
+        said = [line for line in reply.error.splitlines() if line.strip()]
+        assert len(said) == 1, reply.error
+        assert "sidecar 'rows': slice 1 was lost while it ran (DATA_LOSS); results of slices [0] only" in said[0]
+    finally:
+        server_kernel.run("pw.repair_slice(1)")
