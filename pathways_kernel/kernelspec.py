@@ -54,7 +54,7 @@ def install(
     if backend:
         backends.from_spec(backend)  # validate before writing anything
     if compile_cache and compile_cache.strip().lower() != "off":
-        from pathways_kernel.state.storage import parse_url
+        from pathways_kernel.core.locations import parse_url
 
         parse_url(compile_cache)
     if display_name is None:

@@ -20,9 +20,11 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from pathways_kernel.core import locations, storage_errors
 from pathways_kernel.core.errors import NotSupportedError, PathwaysError, StorageError, one_line
 from pathways_kernel.core.eventlog import EventLog
 from pathways_kernel.state import compile_cache, storage
+from pathways_kernel.state.manifest import MANIFEST, SnapshotInfo
 from pathways_kernel.state.snapshots import Snapshot
 
 pytest_plugins = ["mounts"]  # full_disk, read_only
@@ -59,7 +61,7 @@ def same(a: Snapshot, b: Snapshot) -> bool:
     return True
 
 
-def persist(snap: Snapshot, url: str, snapshot_id: str | None = None) -> storage.SnapshotInfo:
+def persist(snap: Snapshot, url: str, snapshot_id: str | None = None) -> SnapshotInfo:
     return storage.persist(snap, url, snapshot_id, events=EventLog()).wait()
 
 
@@ -88,7 +90,7 @@ def load(url: str) -> Snapshot:
 )
 def test_malformed_urls_are_one_clear_line(url, says):
     with pytest.raises(StorageError) as info:
-        storage.parse_url(url)
+        locations.parse_url(url)
     line = one_line(info.value)
     assert says in line and "\n" not in line
     assert len(line) < 300  # a 4 KiB URL is not echoed back whole
@@ -96,8 +98,8 @@ def test_malformed_urls_are_one_clear_line(url, says):
 
 def test_dot_dot_in_a_local_path_names_the_normalised_directory(tmp_path):
     (tmp_path / "a").mkdir()
-    assert storage.parse_url(f"{tmp_path}/a/../snaps").path == f"{tmp_path}/snaps"
-    assert storage.parse_url(f"file://{tmp_path}/a/../snaps").path == f"{tmp_path}/snaps"
+    assert locations.parse_url(f"{tmp_path}/a/../snaps").path == f"{tmp_path}/snaps"
+    assert locations.parse_url(f"file://{tmp_path}/a/../snaps").path == f"{tmp_path}/snaps"
     snap = host_snapshot(4)
     info = persist(snap, f"{tmp_path}/a/../snaps")
     assert info.url == f"{tmp_path}/snaps/state"
@@ -115,9 +117,9 @@ def test_a_leaf_of_zeros_persists_and_restores(tmp_path):
 
 
 def test_urls_parse_to_bucket_and_prefix(tmp_path):
-    assert storage.parse_url("gs://my-bucket/runs/a/") == storage.Location("gs", "my-bucket", "runs/a")
-    assert storage.parse_url(str(tmp_path)).path == str(tmp_path)
-    assert storage.parse_url(f"file://{tmp_path}").path == str(tmp_path)
+    assert locations.parse_url("gs://my-bucket/runs/a/") == locations.Location("gs", "my-bucket", "runs/a")
+    assert locations.parse_url(str(tmp_path)).path == str(tmp_path)
+    assert locations.parse_url(f"file://{tmp_path}").path == str(tmp_path)
 
 
 # -- the round trip -------------------------------------------------------------
@@ -182,7 +184,7 @@ def test_racing_uploads_of_one_id_commit_exactly_one(gcs_server):
         t.start()
     for t in threads:
         t.join()
-    winners = [i for i, r in enumerate(results) if isinstance(r, storage.SnapshotInfo)]
+    winners = [i for i, r in enumerate(results) if isinstance(r, SnapshotInfo)]
     assert len(winners) == 1, results
     assert all("already exists" in str(r) for r in results if isinstance(r, StorageError))
     assert same(snaps[winners[0]], load(f"{url}/contested"))
@@ -284,11 +286,11 @@ def test_tensorstore_errors_map_to_the_same_lines():
     """What tensorstore raises for bulk data (ValueError with a status); mapping only."""
     where = "gs://bkt/p"
     denied = ValueError("PERMISSION_DENIED: Error writing: [http_response_code='403'] [http_response_body='...']")
-    assert "permission denied" in str(storage.storage_error(denied, "persist", where))
+    assert "permission denied" in str(storage_errors.storage_error(denied, "persist", where))
     missing = ValueError("NOT_FOUND: Not Found [http_response_code='404']")
-    assert "bucket 'bkt' does not exist" in str(storage.storage_error(missing, "persist", where))
+    assert "bucket 'bkt' does not exist" in str(storage_errors.storage_error(missing, "persist", where))
     down = ValueError("ABORTED: All 2 retry attempts failed: CURL error Could not connect to server")
-    assert "cannot reach Cloud Storage" in str(storage.storage_error(down, "persist", where))
+    assert "cannot reach Cloud Storage" in str(storage_errors.storage_error(down, "persist", where))
 
 
 def test_full_disk_is_one_line_and_leaves_nothing_behind(full_disk, monkeypatch):
@@ -321,8 +323,8 @@ def test_read_only_directory_can_be_listed_and_restored_but_not_written(read_onl
 
 @pytest.mark.parametrize("value", ["inf", "nan"])
 def test_a_retry_time_that_is_not_a_time_falls_back_to_the_default(tmp_path, monkeypatch, value):
-    monkeypatch.setenv(storage.RETRY_ENV, value)
-    assert storage.retry_seconds() == storage.DEFAULT_RETRY_S
+    monkeypatch.setenv(locations.RETRY_ENV, value)
+    assert locations.retry_seconds() == locations.DEFAULT_RETRY_S
     snap = host_snapshot(90, mib=0.1)
     persist(snap, str(tmp_path))
     assert same(snap, load(str(tmp_path)))
@@ -349,7 +351,7 @@ def test_a_tampered_manifest_is_refused_not_followed(tmp_path, tamper, says):
     """A bucket others can write may hold any manifest: it must not steer reads outside the snapshot,
     view raw bytes as Python objects, or build a list of 10**12 items."""
     info = persist(host_snapshot(95, mib=0.1), str(tmp_path), "victim")
-    path = tmp_path / "victim" / storage.MANIFEST
+    path = tmp_path / "victim" / MANIFEST
     manifest = json.loads(path.read_text())
     tamper(manifest)
     path.write_text(json.dumps(manifest))
@@ -379,7 +381,7 @@ def test_server_killed_during_uploads_never_leaves_a_partial_snapshot(gcs_server
     port with the same files: only complete snapshots are ever listed, every listed one and
     the last committed one restore bit-exact, the failure is one line, and a retry succeeds."""
     monkeypatch.setattr(storage, "CHUNK_BYTES", 256 << 10)  # ~16 objects per 4 MiB snapshot
-    monkeypatch.setenv(storage.RETRY_ENV, "1")
+    monkeypatch.setenv(locations.RETRY_ENV, "1")
     url = gcs_server.make_bucket("faults") + "/run"
     rng = random.Random(20261129)
     expected: dict[str, Snapshot] = {}

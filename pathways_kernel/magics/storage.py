@@ -12,6 +12,7 @@ from typing import Any
 
 from IPython.core.magic_arguments import argument, magic_arguments
 
+from pathways_kernel.core import locations
 from pathways_kernel.core.errors import NamespaceError, PathwaysError
 from pathways_kernel.core.namespace import bind, check_bindable, user_namespace
 from pathways_kernel.magics import MAX_INT, Text, integer, name_list, seconds, subcommand
@@ -29,7 +30,7 @@ def persist_taken(taken: Sequence[snapshots.Snapshot], url: str, snapshot_id: st
     lines = []
     for snap in taken:
         storage.persist(snap, url, snapshot_id)
-        target = storage.parse_url(url).child(snapshot_id or storage.default_id(snap))
+        target = locations.parse_url(url).child(snapshot_id or storage.default_id(snap))
         lines.append(f"{snap.summary()}; persisting to {target.url} in the background")
     return Text("\n".join(lines))
 
@@ -89,7 +90,7 @@ def checkpoint(shell: Any, args: Any, cell: str | None):
             bind(var, value, overwrite=True)
         step = "latest step" if args.step is None else f"step {args.step}"
         return Text(
-            f"restored {', '.join(restored)} ({step}) from {storage.parse_url(args.url).url} onto the live slices"
+            f"restored {', '.join(restored)} ({step}) from {locations.parse_url(args.url).url} onto the live slices"
         )
     if args.step is None:
         raise PathwaysError("%pathways checkpoint save needs --step N (the training step this state belongs to)")
@@ -109,7 +110,7 @@ def checkpoint(shell: Any, args: Any, cell: str | None):
         transfer.wait()
         return Text(transfer.summary())
     return Text(
-        f"saving {', '.join(values)} as step {args.step} to {storage.parse_url(args.url).url} in the background"
+        f"saving {', '.join(values)} as step {args.step} to {locations.parse_url(args.url).url} in the background"
     )
 
 

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pathways_kernel.core import jaxcompat
+from pathways_kernel.core import jaxcompat, locations, objectstore, storage_errors
 from pathways_kernel.core.display import TextDisplay
 from pathways_kernel.core.errors import PathwaysError, StorageError
 from pathways_kernel.core.eventlog import format_bytes
@@ -260,7 +260,6 @@ def summary_line(exc: BaseException) -> str:
 def tracer_for(backend: Any, logdir: str | None) -> tuple[Any, str, str]:
     """(tracer, XProf log dir, run prefix) for ``backend``, after checking the dir can be written."""
     from pathways_kernel.backends.proxy import ProxyBackend
-    from pathways_kernel.state import storage
 
     proxy = isinstance(backend, ProxyBackend)
     chosen = logdir if logdir is not None else (os.environ.get(ROOT_ENV) if proxy else None)
@@ -276,8 +275,8 @@ def tracer_for(backend: Any, logdir: str | None) -> tuple[Any, str, str]:
             "which traces into a local directory: drop --logdir (or give a local path)"
         )
     try:
-        location = storage.parse_url(str(chosen) if chosen is not None else str(profile_root()))
-        storage.objects_for(location).check(location)
+        location = locations.parse_url(str(chosen) if chosen is not None else str(profile_root()))
+        objectstore.objects_for(location).check(location)
     except StorageError as exc:
         raise ProfileError(f"cannot write profiles there: {exc}") from None
     if proxy:
@@ -311,11 +310,10 @@ def _write_xspace(run_dir: str, xspace: bytes) -> None:
 
 
 def _read_xspaces(run_dir: str) -> list[bytes]:
-    from pathways_kernel.state import storage
 
-    location = storage.parse_url(run_dir)
-    objects = storage.objects_for(location)
-    with storage.errors_as("reading the trace in", location):
+    location = locations.parse_url(run_dir)
+    objects = objectstore.objects_for(location)
+    with storage_errors.errors_as("reading the trace in", location):
         names = sorted(n for n in objects.list(location.path + "/") if n.endswith(".xplane.pb"))
         data = [objects.read(n) for n in names]
     if not data:
@@ -324,11 +322,12 @@ def _read_xspaces(run_dir: str) -> list[bytes]:
 
 
 def _size(run_dir: str) -> int:
-    from pathways_kernel.state import storage
 
-    location = storage.parse_url(run_dir)
-    with storage.errors_as("listing", location):
-        return sum(int(meta["size"] or 0) for meta in storage.objects_for(location).list(location.path + "/").values())
+    location = locations.parse_url(run_dir)
+    with storage_errors.errors_as("listing", location):
+        return sum(
+            int(meta["size"] or 0) for meta in objectstore.objects_for(location).list(location.path + "/").values()
+        )
 
 
 def _check_host_tracer_level(level: int) -> int:

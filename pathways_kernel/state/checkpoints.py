@@ -22,9 +22,19 @@ from typing import Any
 
 import numpy as np
 
-from pathways_kernel.core import runs
+from pathways_kernel.core import locations, objectstore, runs, sessions, storage_errors
 from pathways_kernel.core.errors import StorageError
-from pathways_kernel.state import storage
+from pathways_kernel.state import snapshots, transfers
+from pathways_kernel.state.manifest import (
+    keys_to_json,
+    spec_from_json,
+    spec_to_json,
+    tree_from_stored_keys,
+    valid_dtype,
+    valid_keys,
+    valid_mesh_axes,
+    valid_spec,
+)
 from pathways_kernel.state.transfers import Transfer
 
 DEFAULT_KEEP = 3
@@ -45,7 +55,7 @@ class Checkpoints:
         self._readers: dict[str, Any] = {}
         self._lock = threading.Lock()
 
-    def manager(self, location: storage.Location, keep: int | None = DEFAULT_KEEP, write: bool = True) -> Any:
+    def manager(self, location: locations.Location, keep: int | None = DEFAULT_KEEP, write: bool = True) -> Any:
         import orbax.checkpoint as ocp
 
         with self._lock:
@@ -53,7 +63,7 @@ class Checkpoints:
             if existing is not None and (not write or existing[1] == keep):
                 return existing[0]
             # orbax finds a missing bucket only in its background thread, in many log lines.
-            storage.objects_for(location).check(location, write=write)
+            objectstore.objects_for(location).check(location, write=write)
             if not write:
                 if location.url not in self._readers:
                     # Not read_only=True: orbax warns on every start of such a manager.
@@ -71,7 +81,7 @@ class Checkpoints:
             self._managers[location.url] = (manager, keep)
             return manager
 
-    def forget(self, location: storage.Location) -> None:
+    def forget(self, location: locations.Location) -> None:
         """Drop the writing manager of a directory after a failed save: the next one starts clean."""
         with self._lock:
             existing = self._managers.pop(location.url, None)
@@ -150,21 +160,19 @@ def _unraisable(unraisable: Any) -> None:
 sys.unraisablehook = _unraisable
 
 
-def _path(location: storage.Location) -> Any:
+def _path(location: locations.Location) -> Any:
     from etils import epath
 
     return epath.Path(location.url)
 
 
 def _registry() -> Checkpoints:
-    from pathways_kernel.core.sessions import session
-
     def create(s: Any) -> Checkpoints:
         registry = Checkpoints()
         s.on_close(registry.close)
         return registry
 
-    return session().component(Checkpoints, create)
+    return sessions.session().component(Checkpoints, create)
 
 
 def _layout(tree: Any) -> dict[str, Any]:
@@ -177,10 +185,10 @@ def _layout(tree: Any) -> dict[str, Any]:
         named = isinstance(sharding, NamedSharding)
         leaves.append(
             {
-                "keys": storage._keys_to_json(path),
+                "keys": keys_to_json(path),
                 "shape": list(np.shape(value)),
                 "dtype": np.dtype(value.dtype).name if hasattr(value, "dtype") else np.asarray(value).dtype.name,
-                "spec": storage._spec_to_json(sharding.spec) if named else None,
+                "spec": spec_to_json(sharding.spec) if named else None,
                 "mesh_axes": [[str(k), int(v)] for k, v in sharding.mesh.shape.items()] if named else [],
             }
         )
@@ -211,7 +219,7 @@ def _readable(tree: Any) -> None:
                     f"cannot checkpoint {name}: its data was lost with a slice (DATA_LOSS); restore it from a snapshot "
                     "or recompute it on the live slices, then save again"
                 ) from None
-            raise StorageError(f"cannot checkpoint {name}: reading it failed ({storage._short(exc)})") from None
+            raise StorageError(f"cannot checkpoint {name}: reading it failed ({storage_errors.short(exc)})") from None
 
 
 def _name_lost_leaf(tree: Any, exc: BaseException) -> None:
@@ -236,7 +244,7 @@ def _leaf_name(path: Any) -> str:
     return jax.tree_util.keystr(tuple(path)) or "the tree"
 
 
-def _discard_step(manager: Any, location: storage.Location, step: int) -> None:
+def _discard_step(manager: Any, location: locations.Location, step: int) -> None:
     """Remove what a failed save of ``step`` left (orbax's temporary directory), unless it was committed."""
     import shutil
 
@@ -268,16 +276,16 @@ def save(tree: Any, url: str, step: int, *, keep: int | None = DEFAULT_KEEP, for
     import jax
     import orbax.checkpoint as ocp
 
-    location = storage.parse_url(url)
+    location = locations.parse_url(url)
     step = check_step(step)
     if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
         raise StorageError(f"bad keep {keep!r}: keep at least 1 checkpoint (or None for all)")
     _readable(tree)
     nbytes = sum(int(getattr(x, "nbytes", 0)) for x in jax.tree.leaves(tree))
     registry = _registry()
-    objects = storage.objects_for(location)
+    objects = objectstore.objects_for(location)
     made = objects.missing_dirs(location)
-    with storage.errors_as("checkpoint save", location):
+    with storage_errors.errors_as("checkpoint save", location):
         manager = registry.manager(location, keep)
         if step in manager.all_steps() and not force:
             raise StorageError(
@@ -291,13 +299,13 @@ def save(tree: Any, url: str, step: int, *, keep: int | None = DEFAULT_KEEP, for
         registry.forget(location)
         with contextlib.suppress(Exception):  # the save's own failure is what the user needs to see
             _discard_step(manager, location, step)
-        storage.remove_empty(made)
+        objectstore.remove_empty(made)
 
     # Held from here until the save has ended, in whichever thread that happens.
     _ORBAX_ERRORS.hold()
     try:
         # The blocking part (device -> host copies) runs here; orbax writes the rest on its own thread.
-        with storage.errors_as("checkpoint save", location), runs.spent("checkpoint_save"):
+        with storage_errors.errors_as("checkpoint save", location), runs.spent("checkpoint_save"):
             manager.save(step, args=args, force=True)
     except BaseException as exc:
         failed()
@@ -308,7 +316,7 @@ def save(tree: Any, url: str, step: int, *, keep: int | None = DEFAULT_KEEP, for
     def finish(transfer: Transfer) -> int:
         transfer.checked()
         try:
-            with storage.errors_as("checkpoint save", location):
+            with storage_errors.errors_as("checkpoint save", location):
                 try:
                     manager.wait_until_finished()
                 except BaseException as exc:
@@ -320,15 +328,14 @@ def save(tree: Any, url: str, step: int, *, keep: int | None = DEFAULT_KEEP, for
         transfer.advance(nbytes)
         return step
 
-    from pathways_kernel.core.sessions import session
-
-    return Transfer("checkpoint save", f"step {step} -> {location.url}", nbytes, session().events).start(finish)
+    events = sessions.session().events
+    return Transfer("checkpoint save", f"step {step} -> {location.url}", nbytes, events).start(finish)
 
 
 def steps(url: str) -> list[int]:
     """The committed checkpoint steps under ``url``, ascending."""
-    location = storage.parse_url(url)
-    with storage.errors_as("checkpoint list", location):
+    location = locations.parse_url(url)
+    with storage_errors.errors_as("checkpoint list", location):
         manager = _registry().manager(location, write=False)
         manager.reload()
         return sorted(manager.all_steps())
@@ -349,13 +356,10 @@ def restore(url: str, step: int | None = None, mesh: Any = None) -> Any:
     import orbax.checkpoint as ocp
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from pathways_kernel.core.sessions import session
-    from pathways_kernel.state import snapshots
-
-    location = storage.parse_url(url)
+    location = locations.parse_url(url)
     if step is not None:
         step = check_step(step)
-    with storage.errors_as("checkpoint restore", location):
+    with storage_errors.errors_as("checkpoint restore", location):
         manager = _registry().manager(location, write=False)
         manager.reload()
         available = manager.all_steps()
@@ -369,7 +373,7 @@ def restore(url: str, step: int | None = None, mesh: Any = None) -> Any:
         raise StorageError(
             f"no checkpoint step {step} in {location.url}; steps there: {', '.join(map(str, sorted(available)))}"
         )
-    with storage.errors_as("checkpoint restore", location):
+    with storage_errors.errors_as("checkpoint restore", location):
         leaves = manager.restore(step, args=ocp.args.Composite(layout=ocp.args.JsonRestore()))["layout"]["leaves"]
     if not _valid_layout(leaves):
         raise StorageError(
@@ -378,50 +382,46 @@ def restore(url: str, step: int | None = None, mesh: Any = None) -> Any:
         )
     if mesh is None:
         axes = next((tuple(a[0] for a in e["mesh_axes"]) for e in leaves if e["mesh_axes"]), None)
-        mesh = session().mesh(axes)
+        mesh = sessions.session().mesh(axes)
     first = mesh.devices.flat[0]
     abstract = []
     for entry in leaves:
         shape = tuple(entry["shape"])
         dtype = np.dtype(jax.numpy.dtype(entry["dtype"]))
-        spec = storage._spec_from_json(entry["spec"])
+        spec = spec_from_json(entry["spec"])
         if spec is None:
             sharding = jax.sharding.SingleDeviceSharding(first)
         else:
             sharding = NamedSharding(mesh, snapshots.fit_spec(spec, shape, mesh) if shape else PartitionSpec())
         abstract.append(jax.ShapeDtypeStruct(shape, dtype, sharding=sharding))
-    target = storage.tree_from_stored_keys(
-        [e["keys"] for e in leaves], abstract, f"checkpoint step {step} in {location.url}"
-    )
+    target = tree_from_stored_keys([e["keys"] for e in leaves], abstract, f"checkpoint step {step} in {location.url}")
     nbytes = sum(int(np.prod(a.shape, dtype=np.int64)) * a.dtype.itemsize for a in abstract)
 
     def job(transfer: Transfer) -> Any:
         transfer.checked()
-        with storage.errors_as("checkpoint restore", location):
+        with storage_errors.errors_as("checkpoint restore", location):
             result = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))["state"]
         jax.block_until_ready(result)
         transfer.advance(nbytes)
         return result
 
-    from pathways_kernel.state import transfers
-
     return transfers.run_sync(
-        "checkpoint restore", f"step {step} <- {location.url}", job, session().events, total=nbytes
+        "checkpoint restore", f"step {step} <- {location.url}", job, sessions.session().events, total=nbytes
     )
 
 
 def _valid_layout(leaves: Any) -> bool:
-    """Whether a layout read back from storage describes leaves a restore may build (see storage._valid_manifest)."""
+    """Whether a layout read back from storage describes leaves a restore may build (see manifest.valid_manifest)."""
     if not isinstance(leaves, list):
         return False
     try:
         return all(
-            storage.valid_keys(e["keys"], len(leaves))
-            and storage.valid_dtype(e["dtype"]) is not None
+            valid_keys(e["keys"], len(leaves))
+            and valid_dtype(e["dtype"]) is not None
             and isinstance(e["shape"], list)
             and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in e["shape"])
-            and storage.valid_spec(e["spec"])
-            and storage.valid_mesh_axes(e["mesh_axes"])
+            and valid_spec(e["spec"])
+            and valid_mesh_axes(e["mesh_axes"])
             for e in leaves
         )
     except (KeyError, TypeError):
@@ -430,7 +430,7 @@ def _valid_layout(leaves: Any) -> bool:
 
 def wait(url: str | None = None) -> None:
     """Block until pending async saves (of ``url``, or all) are committed."""
-    for manager in _registry().writers(None if url is None else storage.parse_url(url).url):
+    for manager in _registry().writers(None if url is None else locations.parse_url(url).url):
         manager.wait_until_finished()
 
 
@@ -451,4 +451,4 @@ class CheckpointList(list):
 
 
 def listing(url: str) -> CheckpointList:
-    return CheckpointList(storage.parse_url(url).url, steps(url))
+    return CheckpointList(locations.parse_url(url).url, steps(url))

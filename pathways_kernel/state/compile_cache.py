@@ -17,10 +17,10 @@ import os
 import threading
 from typing import Any
 
+from pathways_kernel.core import locations, objectstore, storage_errors
 from pathways_kernel.core.display import TextDisplay
 from pathways_kernel.core.errors import NotSupportedError, PathwaysError, one_line
 from pathways_kernel.core.text import count
-from pathways_kernel.state import storage
 
 #: Environment variable a kernelspec sets to turn the cache on at start.
 ENV = "PATHWAYS_COMPILE_CACHE"
@@ -130,11 +130,11 @@ def enable(location: str, min_compile_s: float = DEFAULT_MIN_COMPILE_S) -> Cache
             "Pathways manages its own persistent compilation cache on the proxy backend (JAX's is turned off there); "
             "nothing to configure"
         )
-    where = storage.parse_url(location)
+    where = locations.parse_url(location)
     if where.scheme == "gs":
-        storage.emulator_env()
-    with storage.errors_as("compile cache at", where):
-        storage.objects_for(where).check(where)
+        locations.emulator_env()
+    with storage_errors.errors_as("compile cache at", where):
+        objectstore.objects_for(where).check(where)
         if where.scheme == "file":
             os.makedirs(where.path, exist_ok=True)
     _listen()
