@@ -61,15 +61,15 @@ def _store(location: str, name: str, *, create: dict | None = None):
     """The tensorstore zarr array ``location/name`` (created with ``create``'s metadata if given)."""
     import tensorstore as ts
 
+    from pathways_kernel.core import locations, objectstore
     from pathways_kernel.core.errors import PathwaysError
-    from pathways_kernel.state import storage
 
-    storage.emulator_env()
+    locations.emulator_env()
     try:
-        where = storage.parse_url(location)
+        where = locations.parse_url(location)
     except PathwaysError as error:
         raise ServerError(INVALID_ARGUMENT, str(error)) from error
-    kvstore = storage.objects_for(where).kvstore(where)
+    kvstore = objectstore.objects_for(where).kvstore(where)
     kvstore["path"] += name
     spec: dict[str, Any] = {"driver": "zarr", "kvstore": kvstore}
     try:
