@@ -6,7 +6,9 @@ followed by a JSON request, and executes it without arguments:
 
 * ``profileRequest`` (``pathwaysutils.profiling``): the first execution starts a
   trace of the server's own process into ``traceLocation`` with ``jax.profiler``,
-  the second stops it, as Pathways' workers trace theirs;
+  the second stops it, as Pathways' workers trace theirs (in the run directory its
+  ``traceSessionName`` names; in a local directory the file is named for the server,
+  ``pathways-local-server.xplane.pb``, beside the client's ``<host>.xplane.pb``);
 * ``persistenceWriteRequest`` / ``persistenceReadRequest`` (``pathwaysutils.persistence``,
   which sends them as ``bulk_persistence_write/read_request``): the server writes the
   arrays it holds to storage, and reads them onto its devices, itself (``persistence.py``).
@@ -15,7 +17,9 @@ followed by a JSON request, and executes it without arguments:
 from __future__ import annotations
 
 import json
+import os
 import threading
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,6 +29,8 @@ from pathways_kernel.server.errors import INVALID_ARGUMENT, UNIMPLEMENTED, Serve
 from pathways_kernel.server.persistence import READ, SINGLE, WRITE, PersistenceProgram, compile_persistence
 
 PREFIX = b"__serialized_plugin_program "
+# The server's trace file in a run directory (XProf shows it as host "pathways-local-server").
+SERVER_TRACE = "pathways-local-server.xplane.pb"
 
 # One trace per process: jax.profiler allows one at a time, as does a Pathways worker.
 _tracing_lock = threading.Lock()
@@ -36,6 +42,9 @@ class ProfileProgram:
     """A ``profileRequest``: each execution starts, then stops, a trace of this process."""
 
     trace_location: str
+    session: str = ""  # the run directory's name (xprofTraceOptions.traceSessionName)
+    host_trace_level: int | None = None
+    _session_id: str = ""
     name: str = "profileRequest"
     executable: object = None
     device_ids: tuple[int, ...] = ()
@@ -51,12 +60,16 @@ class ProfileProgram:
         with _tracing_lock:
             if self in _tracing:
                 _tracing.remove(self)
-                jax.profiler.stop_trace()
+                self._stop()
                 return self._outputs()
             if _tracing:
                 raise ServerError(INVALID_ARGUMENT, "profileRequest: the local Pathways server is already tracing")
+            options = jax.profiler.ProfileOptions()
+            self._session_id = options.session_id = self.session or time.strftime("%Y_%m_%d_%H_%M_%S")
+            if self.host_trace_level is not None:
+                options.host_tracer_level = self.host_trace_level
             try:
-                jax.profiler.start_trace(self.trace_location)
+                jax.profiler.start_trace(self.trace_location, profiler_options=options)
             except Exception as error:  # noqa: BLE001 - the profiler's reason is the user's answer
                 raise ServerError(
                     INVALID_ARGUMENT,
@@ -64,6 +77,27 @@ class ProfileProgram:
                 ) from error
             _tracing.append(self)
         return self._outputs()
+
+    def _stop(self) -> None:
+        """Ends the trace. Into a local directory the server writes it itself, under its own
+        name: jax.profiler would name it for the host, as the client on this host does."""
+        import jax
+
+        from pathways_kernel.core import jaxcompat
+
+        if "://" in self.trace_location:
+            jax.profiler.stop_trace()
+            return
+        xspace = jaxcompat.stop_trace_in_memory()
+        if xspace is None:
+            jax.profiler.stop_trace()
+            return
+        run_dir = os.path.join(self.trace_location, "plugins", "profile", self._session_id)
+        os.makedirs(run_dir, exist_ok=True)
+        path = os.path.join(run_dir, SERVER_TRACE)
+        with open(path + ".partial", "wb") as f:
+            f.write(xspace)
+        os.replace(path + ".partial", path)
 
     def _outputs(self) -> list[ServerArray]:
         """With ``xprofTraceOptions`` pathwaysutils waits for one output (on Pathways, the
@@ -92,8 +126,14 @@ def compile_plugin(data: bytes) -> ProfileProgram | PersistenceProgram:
             raise ServerError(INVALID_ARGUMENT, "profileRequest: no traceLocation")
         if "xprofTraceOptions" not in request[kind]:
             return ProfileProgram(location)
+        options = request[kind]["xprofTraceOptions"]
         return ProfileProgram(
-            location, output_shapes=[(1,)], output_dtypes=[np.dtype(np.int8)], output_shardings=[Sharding((0,), None)]
+            location,
+            str(options.get("traceSessionName", "")),
+            options.get("hostTraceLevel"),
+            output_shapes=[(1,)],
+            output_dtypes=[np.dtype(np.int8)],
+            output_shardings=[Sharding((0,), None)],
         )
     if kind in (WRITE, READ) or kind in SINGLE:
         return compile_persistence(kind, request[kind])
