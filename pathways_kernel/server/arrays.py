@@ -179,14 +179,22 @@ def _drop_released() -> None:
 
 
 def _release(entries: list) -> None:
-    """Drops ``entries`` on another thread: dropping the last reference to a buffer waits
-    for the computation still using it, which must not hold up the session's requests."""
+    """Drops ``entries`` on another thread if any of their buffers is still being computed:
+    dropping the last reference to one waits for the computation using it, which must not
+    hold up the session's requests (those computed are dropped here: waking that thread
+    costs more)."""
     global _releaser
+    if all(_computed(entry) for entry in entries):
+        return
     with _releaser_lock:
         if _releaser is None:
             _releaser = threading.Thread(target=_drop_released, name="pathways-local-release", daemon=True)
             _releaser.start()
     _released.put(entries)
+
+
+def _computed(entry: ServerArray | Poisoned) -> bool:
+    return not isinstance(entry, ServerArray) or all(shard.is_ready() for shard in entry.shards)
 
 
 class ArrayStore:

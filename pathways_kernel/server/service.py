@@ -505,7 +505,8 @@ class Session:
                 outputs = program.run(args)
                 for handle, output in zip(handles, outputs, strict=True):
                     self.arrays.put(handle, output)
-                status = self.server.pool.submit(_wait_ready, outputs)
+                # Only a status the client will ask for is waited for (a thread's wake-up each).
+                status = self.server.pool.submit(_wait_ready, outputs) if status_handle else None
         except ServerError as error:
             self.arrays.poison(handles, error)
             status = _failed(error)
