@@ -46,6 +46,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=7, help="repetitions of each throughput measurement")
     parser.add_argument("--cycles", type=int, default=3, help="failure/repair cycles (one recovery measured each)")
     parser.add_argument("--steady-steps", type=int, default=300, help="steps per steady-state run (default 300)")
+    parser.add_argument("--backend", default="local:2x4", help="what to connect to (default local:2x4)")
     args = parser.parse_args()
 
     import jax
@@ -56,7 +57,7 @@ def main() -> None:
     import pathways_kernel as pw
     from pathways_kernel.state import snapshots
 
-    pw.connect("local:2x4")
+    pw.connect(args.backend)
     plain_s, elastic_s = steady_state(args.steady_steps, args.reps)
     session = pw.session()
     mesh = session.mesh()
