@@ -221,6 +221,76 @@ class _JaxTracer:
         return xspace
 
 
+#: Seconds the capture waits for it after the server was asked to stop.
+SERVER_TRACE_WAIT_S = 30.0
+
+
+class _LocalServerTracer:
+    """The local Pathways server: as a Pathways worker does, the server traces its own
+    process (where the devices' work runs) into the capture's run directory, sent the
+    profile request pathwaysutils sends, while the kernel traces its own. The server is
+    on this machine, so a local directory does (pathwaysutils' own start_trace insists on
+    gs://). Both traces are files of the run, and the summary reads them all."""
+
+    def start(self, log_dir: str, options: Any) -> None:
+        from pathwaysutils import profiling
+
+        request = profiling._create_profile_request(log_dir, options)
+        try:
+            profiling._start_pathways_trace_from_profile_request(request)
+        except Exception as exc:
+            raise ProfileError(
+                f"the local Pathways server did not start tracing into {log_dir}: {summary_line(exc)}"
+            ) from None
+        self._run_dir = f"{log_dir}/{RUNS_DIR}/{options.session_id}"
+        try:
+            profiling._original_start_trace(log_dir, profiler_options=options)  # this process, unpatched
+        except RuntimeError as exc:
+            self._stop_server()
+            raise ProfileError(
+                f"a JAX profiler trace is already running outside pw.profile ({summary_line(exc)}): "
+                "end it with jax.profiler.stop_trace(), then profile again"
+            ) from None
+
+    def stop(self) -> None:
+        from pathwaysutils import profiling
+
+        try:
+            xspace = jaxcompat.stop_trace_in_memory()
+            if xspace is None:
+                profiling._original_stop_trace()
+        finally:
+            self._stop_server()
+        if xspace is not None:
+            _write_xspace(self._run_dir, xspace)
+        # The client does not wait for a profile request's result, so the server may still be
+        # writing its trace: the capture's size and summary need it there.
+        from pathways_kernel.server.plugins import SERVER_TRACE
+
+        server_trace = Path(self._run_dir) / SERVER_TRACE
+        deadline = time.monotonic() + SERVER_TRACE_WAIT_S
+        while not server_trace.exists():
+            if time.monotonic() > deadline:
+                raise ProfileError(
+                    f"the local Pathways server did not write its trace to {server_trace} within "
+                    f"{SERVER_TRACE_WAIT_S:g} s: the capture has the kernel's side only"
+                )
+            time.sleep(0.05)
+
+    @staticmethod
+    def _stop_server() -> None:
+        from pathwaysutils import profiling
+
+        try:
+            with profiling._profile_state.lock:
+                try:
+                    profiling._profile_state.call_profile_executable()
+                finally:
+                    profiling._profile_state.reset()
+        except Exception as exc:
+            raise ProfileError(f"the local Pathways server did not stop tracing cleanly: {summary_line(exc)}") from None
+
+
 class PathwaysTracer:
     """The proxy backend: pathwaysutils' profiling, which also traces the Pathways workers.
 
@@ -259,9 +329,11 @@ def summary_line(exc: BaseException) -> str:
 
 def tracer_for(backend: Any, logdir: str | None) -> tuple[Any, str, str]:
     """(tracer, XProf log dir, run prefix) for ``backend``, after checking the dir can be written."""
+    from pathways_kernel.backends.local_server import LocalServerBackend
     from pathways_kernel.backends.proxy import ProxyBackend
 
-    proxy = isinstance(backend, ProxyBackend)
+    served = isinstance(backend, LocalServerBackend)  # its server writes traces on this machine
+    proxy = isinstance(backend, ProxyBackend) and not served
     chosen = logdir if logdir is not None else (os.environ.get(ROOT_ENV) if proxy else None)
     if proxy:
         if not chosen or not str(chosen).startswith("gs://"):
@@ -281,9 +353,10 @@ def tracer_for(backend: Any, logdir: str | None) -> tuple[Any, str, str]:
         raise ProfileError(f"cannot write profiles there: {exc}") from None
     if proxy:
         return PathwaysTracer(), location.url, ""
+    tracer = _LocalServerTracer() if served else _JaxTracer()
     if logdir is not None:
-        return _JaxTracer(), location.url, ""
-    return _JaxTracer(), location.url, _this_session_dir()
+        return tracer, location.url, ""
+    return tracer, location.url, _this_session_dir()
 
 
 def _make_dir(path: str) -> None:
