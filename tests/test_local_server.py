@@ -308,6 +308,7 @@ def client_transfers(target: str) -> dict:
 def client_plugins(target: str, trace_dir: str, local_dir: str, bucket_url: str) -> dict:
     """The plugin programs pathwaysutils sends, as its own code builds them, and colocated Python."""
     import datetime
+    import time
 
     import jax
     import jax.numpy as jnp
@@ -345,6 +346,13 @@ def client_plugins(target: str, trace_dir: str, local_dir: str, bucket_url: str)
     def broken(x):
         raise KeyError("no shard file for this host")
 
+    @colocated_python.colocated_python
+    def slow(x):
+        import time
+
+        time.sleep(3.0 if float(x[0]) > 0 else 0.0)
+        return x * 3
+
     first = colocated(values[0])
     second = colocated(values[0] * 2)  # output specs known now: dispatched without waiting
     result = {
@@ -353,6 +361,16 @@ def client_plugins(target: str, trace_dir: str, local_dir: str, bucket_url: str)
         "client_pid": os.getpid(),
         "broken": attempt(lambda: np.asarray(broken(values[0]))),
     }
+    # While a colocated function runs, work that uses its output waits for it and the rest does not.
+    # The first calls learn the output's shape (colocated Python) and the outputs of the sum and
+    # the add (the client waits for a program's first execution), synchronously.
+    float(jnp.sum(slow(values[0] * 0)) + 1)
+    started = time.monotonic()
+    chained = jnp.sum(slow(values[0] + 1)) + 1
+    (jnp.arange(3) + 1).block_until_ready()
+    result["tiny_during_slow_s"] = time.monotonic() - started
+    result["chained"] = float(chained)
+    result["chained_s"] = time.monotonic() - started
 
     # Persistence: the server writes what it holds and reads it back onto other devices.
     mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))
@@ -378,6 +396,15 @@ def client_plugins(target: str, trace_dir: str, local_dir: str, bucket_url: str)
             "equal": [bool(np.array_equal(np.asarray(b), host[n])) for b, n in zip(back, host, strict=True)],
             "devices": sorted({d.id for b in back for d in b.devices()}),
         }
+    # orbax with pathwaysutils' persistence handler (ENABLE_PATHWAYS_PERSISTENCE=1): the server writes.
+    import orbax.checkpoint as ocp
+
+    state = dict(zip(host, arrays, strict=True))
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(f"{bucket_url}/orbax/1", state)
+        checkpointer.wait_until_finished()
+        back = checkpointer.restore(f"{bucket_url}/orbax/1", jax.tree.map(ocp.utils.to_shape_dtype_struct, state))
+    result["orbax"] = [bool(np.array_equal(np.asarray(back[n]), host[n])) for n in host]
     result["missing"] = attempt(
         lambda: helper.read_arrays(local_dir, ["nope"], [np.float32], [(4,)], [targets[2]], slice1.devices, timeout)[
             1
@@ -462,7 +489,8 @@ def test_pathwaysutils_profile_persistence_and_colocated_python_run_in_the_serve
     server = launch.start(2, 4, env=gcs_server.env)
     try:
         bucket = gcs_server.make_bucket("persisted")
-        got = run_client("plugins", server.target, str(tmp_path), str(tmp_path / "saved"), bucket + "/run")
+        env = {**launch.client_env(server.target), **gcs_server.env, "ENABLE_PATHWAYS_PERSISTENCE": "1"}
+        got = run_client("plugins", server.target, str(tmp_path), str(tmp_path / "saved"), bucket + "/run", env=env)
     finally:
         server.stop()
 
@@ -474,12 +502,15 @@ def test_pathwaysutils_profile_persistence_and_colocated_python_run_in_the_serve
     assert got["colocated"] == [[server.pid + i for i in range(4)], [server.pid + 2 * i for i in range(4)]]
     assert got["colocated_devices"] == [0]
     assert got["broken"] == "INVALID_ARGUMENT: KeyError: 'no shard file for this host'", got
+    assert got["chained"] == 3 * (1 + 2 + 3 + 4) + 1 and got["chained_s"] >= 3.0, got
+    assert got["tiny_during_slow_s"] < 2.0, got
     # Written by the server, read back by it onto slice 1, equal, to a directory and to GCS.
     for where in ("local", "gcs"):
         assert got[where] == {"equal": [True, True, True], "devices": [4, 5, 6, 7]}, (where, got[where])
     # Stored as zarr arrays, one per name: what orbax's own metadata reader opens.
     stored = ts.open({"driver": "zarr", "kvstore": {"driver": "file", "path": str(tmp_path / "saved" / "w")}}).result()
     assert np.array_equal(stored.read().result(), np.arange(64.0, dtype=np.float32).reshape(8, 8))
+    assert got["orbax"] == [True, True, True], got
     assert got["missing"].startswith("NOT_FOUND: read ") and "nope" in got["missing"], got
 
 
