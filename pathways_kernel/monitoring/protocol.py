@@ -334,7 +334,9 @@ def encode_metric_points(points: Sequence[Any], replay: bool) -> Message:
     """
     rows = []
     for point in points:
-        f = point if isinstance(point, dict) else point.to_dict()
+        # A point's own fields, not to_dict(): dataclasses.asdict deep-copies, 4x the cost of the
+        # whole encoding, and a new dashboard waits for the 20,000-point catch-up.
+        f = point if isinstance(point, dict) else point.__dict__
         value = float(f["value"])
         rows.append(
             {
