@@ -6,6 +6,8 @@ and the notebook itself loses slice 1 partway through.
 
 from __future__ import annotations
 
+import contextlib
+
 import lab as labtools
 import pytest
 from test_browser import ARTIFACTS, open_notebook, run_first_cell
@@ -68,7 +70,7 @@ def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("lab-dashboard")
     labtools.notebook(root / "train.ipynb", [TRAIN])
     labtools.notebook(root / "memory.ipynb", [MEMORY])
-    labtools.notebook(root / "loss.ipynb", [LOSS_SETUP, LOSS_RUN.format(steps=160), LOSS_RUN.format(steps=60)])
+    labtools.notebook(root / "loss.ipynb", [LOSS_SETUP, LOSS_RUN.format(steps=160), LOSS_RUN.format(steps=100)])
     lab = labtools.Lab(root)
     yield lab
     lab.stop()
@@ -160,27 +162,45 @@ def test_the_dashboard_opened_mid_training_marks_the_slice_loss_on_the_time_axis
     page.locator(f"{DASHBOARD} .jp-PathwaysDashboard-filter summary").click()
 
     # Axis text follows the theme: dark on light, light on dark (the canvas is redrawn on a theme change).
-    assert 0 <= axis_brightness(page) < 100
-    page.evaluate("window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Dark'})")
-    page.locator("body[data-jp-theme-light='false']").wait_for(state="attached", timeout=30_000)
-    page.wait_for_function(f"() => ({AXIS_BRIGHTNESS})() > 150", timeout=10_000)
-    page.locator("#jupyterlab-splash").wait_for(state="detached", timeout=30_000)
-    page.screenshot(path=str(ARTIFACTS / "dashboard-dark.png"))
-    page.evaluate("window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Light'})")
+    assert 0 <= axis_brightness(page, UTILIZATION) < 100
+    with dark_theme(page):
+        wait_for_light_axis(page, UTILIZATION)
+        page.screenshot(path=str(ARTIFACTS / "dashboard-dark.png"))
 
 
-# Mean brightness of the drawn pixels of the utilization chart's value axis (its text, in a translucent theme colour).
-AXIS_BRIGHTNESS = f"""() => {{
-  const c = document.querySelector("{UTILIZATION} canvas");
+# Mean brightness of the drawn pixels of a chart's value axis (its text, in a translucent theme colour).
+AXIS_BRIGHTNESS = """(figure) => {
+  const c = document.querySelector(figure + " canvas");
+  if (!c) return -1;
   const d = c.getContext('2d').getImageData(0, 0, Math.round(50 * devicePixelRatio), c.height).data;
   let sum = 0, n = 0;
-  for (let i = 0; i < d.length; i += 4) if (d[i + 3] > 50) {{ sum += (d[i] + d[i + 1] + d[i + 2]) / 3; n++; }}
+  for (let i = 0; i < d.length; i += 4) if (d[i + 3] > 50) { sum += (d[i] + d[i + 1] + d[i + 2]) / 3; n++; }
   return n ? sum / n : -1;
-}}"""
+}"""
 
 
-def axis_brightness(page) -> float:
-    return page.evaluate(AXIS_BRIGHTNESS)
+def axis_brightness(page, figure: str) -> float:
+    return page.evaluate(AXIS_BRIGHTNESS, figure)
+
+
+def wait_for_light_axis(page, figure: str) -> None:
+    """On a dark theme: the chart's axis text is drawn light (its canvas was redrawn in the theme's colours)."""
+    page.wait_for_function(f"(f) => ({AXIS_BRIGHTNESS})(f) > 150", arg=figure, timeout=15_000)
+
+
+@contextlib.contextmanager
+def dark_theme(page):
+    """JupyterLab Dark within the same lab session (the command a user runs from Settings › Theme), then Light again."""
+    page.evaluate("window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Dark'})")
+    page.locator("body[data-jp-theme-light='false']").wait_for(state="attached", timeout=30_000)
+    page.locator("#jupyterlab-splash").wait_for(state="detached", timeout=30_000)
+    ARTIFACTS.mkdir(exist_ok=True)
+    try:
+        yield
+    finally:
+        page.evaluate("window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Light'})")
+        page.locator("body[data-jp-theme-light='true']").wait_for(state="attached", timeout=30_000)
+        page.locator("#jupyterlab-splash").wait_for(state="detached", timeout=30_000)
 
 
 def test_the_dashboard_comes_back_with_the_layout(page, server):
@@ -226,7 +246,10 @@ def test_the_dashboard_follows_a_console_too(page, server):
     assert "local:2x4" in header.inner_text()
 
 
-LOSS_CHART = f"{DASHBOARD} figure.jp-PathwaysDashboard-metric[data-metric='loss']"
+# In the dashboard, or in its own tab once opened there.
+LOSS_CHART = "figure.jp-PathwaysDashboard-metric[data-metric='loss']"
+GOODPUT_CHART = "figure[data-chart='goodput']"
+INTERVAL_STEP_TIME = "figure[data-chart='goodput-step-time']"
 
 
 def run_cell_at(page, index: int) -> None:
@@ -285,10 +308,23 @@ def test_the_loss_curve_grows_while_an_elastic_cell_runs_and_marks_the_recovery(
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "dashboard-loss-1024.png"))
 
-    # Smoothing changes the drawn curve: raw at 0, TensorBoard's EMA at 0.9.
+    # When the run ends, its goodput over time: each interval stacked by category, and its step time.
     page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(
         state="attached", timeout=180_000
     )
+    goodput = page.locator(f"{GOODPUT_CHART}[data-intervals='50']")
+    goodput.wait_for(timeout=30_000)
+    legend = goodput.locator(".u-legend").inner_text()
+    assert "productive" in legend and "recovery" in legend, legend
+    title = page.locator(f"{DASHBOARD} .jp-PathwaysDashboard-goodput h3")
+    assert title.inner_text().startswith("Goodput over time: run "), title.inner_text()
+    first_run = title.inner_text()
+    read_interval(page, GOODPUT_CHART, "productive")
+    read_interval(page, INTERVAL_STEP_TIME, "mean ")
+    goodput.scroll_into_view_if_needed()
+    page.screenshot(path=str(ARTIFACTS / "dashboard-goodput-1024.png"))
+
+    # Smoothing changes the drawn curve: raw at 0, TensorBoard's EMA at 0.9.
     smoothing = page.get_by_role("slider", name="Smoothing")
     smoothing.focus()
     page.keyboard.press("Home")  # 0: the raw values
@@ -306,24 +342,95 @@ def test_the_loss_curve_grows_while_an_elastic_cell_runs_and_marks_the_recovery(
 
     assert wiggle(smooth) < 0.5 * wiggle(raw), "smoothing takes out the step-to-step noise"
 
-    # A second run of the loop overlays the first, one line each.
-    run_cell_at(page, 2)
-    page.locator(f"{LOSS_CHART}[data-runs='2']").wait_for(state="attached", timeout=120_000)
-    legend = page.locator(f"{LOSS_CHART} .u-legend").inner_text()
-    assert "#1" in legend and "#2" in legend, legend
-
-    # From the keyboard: Tab reaches the chart, the arrow keys move the readout step by step.
-    plot = page.locator(f"{LOSS_CHART} [role='img']")
-    plot.focus()
-    assert page.evaluate("() => document.activeElement.closest('figure')?.dataset.metric") == "loss"
-    readout = page.locator(f"{LOSS_CHART} .jp-PathwaysDashboard-readout")
+    # Against wall time: seconds since the run started, read out as such; then back to steps.
+    page.get_by_label("X axis").select_option("wall")
+    page.locator(f"{LOSS_CHART}[data-axis='wall']").wait_for(state="attached", timeout=5_000)
+    wall = page.evaluate(f"() => Array.from({DRAWN_X})")
+    assert len(wall) == loss_points(page) and 0 <= wall[0] < wall[-1] < 120, wall[-3:]
+    assert any(x != int(x) for x in wall), "seconds, not steps"
+    page.locator(f"{LOSS_CHART} [role='img']").focus()
     page.keyboard.press("End")
-    readout.filter(has_text="step 159").wait_for(timeout=5_000)
-    page.keyboard.press("ArrowLeft")
-    readout.filter(has_text="step 158").wait_for(timeout=5_000)
-    page.keyboard.press("Home")
-    readout.filter(has_text="step 0 ").wait_for(timeout=5_000)
+    readout = page.locator(f"{LOSS_CHART} .jp-PathwaysDashboard-readout")
+    page.wait_for_function(
+        "(el) => /^\\d+\\.\\d+ s · /.test(el.textContent)", arg=readout.element_handle(), timeout=5_000
+    )
+    page.get_by_label("X axis").select_option("step")
+    page.locator(f"{LOSS_CHART}[data-axis='step']").wait_for(state="attached", timeout=5_000)
+
+    with dark_theme(page):
+        wait_for_light_axis(page, LOSS_CHART)
+        # The chart in its own tab, from its button.
+        page.locator(LOSS_CHART).get_by_role("button", name="Open loss in its own tab").click()
+        tab = page.locator("#pathways-chart-metric_loss")
+        tab.locator(LOSS_CHART).wait_for(timeout=10_000)
+        page.locator(".lm-DockPanel .lm-TabBar-tab", has_text="loss · Pathways").wait_for(timeout=5_000)
+        assert page.locator(f"{DASHBOARD} .jp-PathwaysDashboard-tabNote[data-chart='metric:loss']").is_visible()
+        # A second run of the loop overlays the first, one line each, and the tab grows while it runs.
+        run_cell_at(page, 2)
+        tab.locator(f"{LOSS_CHART}[data-runs='2']").wait_for(state="attached", timeout=120_000)
+        # Its steps are among the first run's: count the second run's own points.
+        second = f"{DRAWN_X.replace('data[0]', 'data[2]')}.filter(v => v !== null).length"
+        page.wait_for_function(f"() => {second} >= 1", timeout=60_000)
+        grown = page.evaluate(f"() => {second}")
+        page.wait_for_function(f"() => {second} > {grown}", timeout=30_000)
+        assert page.locator(".jp-Notebook-ExecutionIndicator").first.get_attribute("data-status") == "busy"
+        for kind in ("slice_down", "reshard"):
+            assert tab.locator(f".jp-PathwaysDashboard-marker[data-kind='{kind}']:not([hidden])").count() >= 1, kind
+        legend = page.locator(f"{LOSS_CHART} .u-legend").inner_text()
+        assert "#1" in legend and "#2" in legend, legend
+        wait_for_light_axis(page, LOSS_CHART)
+        page.screenshot(path=str(ARTIFACTS / "dashboard-loss-1024-dark.png"))
+
+        # From the keyboard: Tab reaches the chart, the arrow keys move the readout step by step.
+        plot = page.locator(f"{LOSS_CHART} [role='img']")
+        plot.focus()
+        assert page.evaluate("() => document.activeElement.closest('figure')?.dataset.metric") == "loss"
+        readout = page.locator(f"{LOSS_CHART} .jp-PathwaysDashboard-readout")
+        page.keyboard.press("End")
+        readout.filter(has_text="step 159").wait_for(timeout=5_000)
+        page.keyboard.press("ArrowLeft")
+        readout.filter(has_text="step 158").wait_for(timeout=5_000)
+        page.keyboard.press("Home")
+        readout.filter(has_text="step 0 ").wait_for(timeout=5_000)
+
+        # The second run's goodput replaces the first's, drawn in the dark theme's colours.
+        page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(
+            state="attached", timeout=180_000
+        )
+        page.wait_for_function(
+            "([el, t]) => el.textContent !== t", arg=[title.element_handle(), first_run], timeout=30_000
+        )
+        wait_for_light_axis(page, GOODPUT_CHART)
+        read_interval(page, GOODPUT_CHART, "productive")
+        page.locator(GOODPUT_CHART).scroll_into_view_if_needed()
+        page.screenshot(path=str(ARTIFACTS / "dashboard-goodput-1024-dark.png"))
+
+        # The kernel goes: the chart's tab closes and the chart is back in the dashboard.
+        page.evaluate(
+            "() => [...window.jupyterapp.shell.widgets('main')].find(w => w.title.label === 'loss.ipynb')"
+            ".sessionContext.shutdown()"
+        )
+        tab.wait_for(state="detached", timeout=30_000)
+        page.locator(f"{DASHBOARD} {LOSS_CHART}").wait_for(state="attached", timeout=5_000)
     page.set_viewport_size({"width": 1400, "height": 900})
+
+
+def read_interval(page, figure: str, expect: str) -> None:
+    """Focus an interval chart: End reads the last interval out, ArrowLeft the one before."""
+    page.locator(f"{figure} [role='img']").focus()
+    readout = page.locator(f"{figure} .jp-PathwaysDashboard-readout")
+    page.keyboard.press("End")
+    readout.filter(has_text=expect).wait_for(timeout=5_000)
+    last = readout.inner_text()
+    page.keyboard.press("ArrowLeft")
+    page.wait_for_function("([el, t]) => el.textContent !== t", arg=[readout.element_handle(), last], timeout=5_000)
+
+
+# The x values the loss chart draws (steps, or seconds since each run started).
+DRAWN_X = (
+    "[...window.jupyterapp.shell.widgets('main')].find(w => w.id === 'pathways-dashboard-area')"
+    ".content._metricCharts.get('loss').data[0]"
+)
 
 
 DASHBOARD_WIDGET = "[...window.jupyterapp.shell.widgets('main')].find(w => w.id === 'pathways-dashboard-area').content"
@@ -337,22 +444,51 @@ def test_memory_scales_to_the_data_and_the_legend_fits_one_row_at_1024(page, ser
     open_dashboard(page)
     page.locator(f"{DASHBOARD}[data-state='live']").wait_for(state="attached", timeout=30_000)
 
-    # The 32 MiB line is well above zero: the axis runs to the data, not to the 64 GiB emulated capacity.
-    page.wait_for_function(
-        f"() => {{ const d = {DASHBOARD_WIDGET}; const r = d._memory.yRange; const m = d.data.memory().data;"
-        " const used = Math.max(...m.slice(1, -1).map(c => c[c.length - 1] ?? 0));"
-        " return r && used >= 32 * 2**20 && used / r[1] > 0.5; }",
-        timeout=30_000,
-    )
-    memory = page.locator(f"{DASHBOARD} figure[aria-label^='Memory used vs capacity']")
+    memory_line_well_above_zero(page)
+    memory = page.locator(MEMORY_CHART)
     memory.scroll_into_view_if_needed()
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "dashboard-memory-1024.png"))
     # % of capacity: a percentage axis.
     memory.get_by_role("checkbox", name="% of capacity").check()
     page.wait_for_function(f"() => {{ const r = {DASHBOARD_WIDGET}._memory.yRange; return r && r[1] === 100; }}")
+    memory.get_by_role("checkbox", name="% of capacity").uncheck()
 
     # The event kinds are one row: a menu, routine kinds (snapshot, compile) off until asked for.
+    summary = legend_in_one_row(page)
+    summary.click()
+    assert not page.get_by_role("checkbox", name="snapshot").is_checked()
+    assert not page.get_by_role("checkbox", name="compile").is_checked()
+    assert page.get_by_role("checkbox", name="slice_down").is_checked()
+    page.keyboard.press("Escape")
+    page.get_by_role("checkbox", name="snapshot").wait_for(state="hidden", timeout=5_000)
+
+    arrow_keys_move_the_legend(page)
+    with dark_theme(page):
+        wait_for_light_axis(page, MEMORY_CHART)
+        memory_line_well_above_zero(page)
+        legend_in_one_row(page)
+        arrow_keys_move_the_legend(page)
+        memory.scroll_into_view_if_needed()
+        page.screenshot(path=str(ARTIFACTS / "dashboard-memory-1024-dark.png"))
+    page.set_viewport_size({"width": 1400, "height": 900})
+
+
+MEMORY_CHART = f"{DASHBOARD} figure[aria-label^='Memory used vs capacity']"
+
+
+def memory_line_well_above_zero(page) -> None:
+    """The 32 MiB line is well above zero: the axis runs to the data, not to the 64 GiB emulated capacity."""
+    page.wait_for_function(
+        f"() => {{ const d = {DASHBOARD_WIDGET}; const r = d._memory.yRange; const m = d.data.memory().data;"
+        " const used = Math.max(...m.slice(1, -1).map(c => c[c.length - 1] ?? 0));"
+        " return r && used >= 32 * 2**20 && used / r[1] > 0.5; }",
+        timeout=30_000,
+    )
+
+
+def legend_in_one_row(page):
+    """The event-marker menu's summary is one line of text inside the dashboard; returns it."""
     summary = page.locator(f"{DASHBOARD} .jp-PathwaysDashboard-filter summary")
     box = summary.bounding_box()
     font = page.evaluate(
@@ -361,14 +497,11 @@ def test_memory_scales_to_the_data_and_the_legend_fits_one_row_at_1024(page, ser
     assert box["height"] < 2.5 * font, (box, font)  # one line of text (two would be over 2.5 font sizes)
     dashboard = page.locator(DASHBOARD).bounding_box()
     assert box["x"] + box["width"] <= dashboard["x"] + dashboard["width"], (box, dashboard)
-    summary.click()
-    assert not page.get_by_role("checkbox", name="snapshot").is_checked()
-    assert not page.get_by_role("checkbox", name="compile").is_checked()
-    assert page.get_by_role("checkbox", name="slice_down").is_checked()
-    page.keyboard.press("Escape")
-    page.get_by_role("checkbox", name="snapshot").wait_for(state="hidden", timeout=5_000)
+    return summary
 
-    # The time charts read from the keyboard too: the legend follows the arrow keys.
+
+def arrow_keys_move_the_legend(page) -> None:
+    """The time charts read from the keyboard too: the legend follows the arrow keys."""
     utilization = page.locator(UTILIZATION)
     utilization.locator("[role='img']").focus()
     page.keyboard.press("End")
@@ -379,4 +512,3 @@ def test_memory_scales_to_the_data_and_the_legend_fits_one_row_at_1024(page, ser
     before = legend.inner_text()
     page.keyboard.press("ArrowLeft")
     page.wait_for_function("([el, t]) => el.innerText !== t", arg=[legend.element_handle(), before], timeout=5_000)
-    page.set_viewport_size({"width": 1400, "height": 900})

@@ -52,7 +52,7 @@ export interface ChartOptions {
 }
 
 /** Series colours: JupyterLab theme variables only, cycled. */
-const SERIES_VARS = [
+export const SERIES_VARS = [
   '--jp-brand-color1',
   '--jp-warn-color1',
   '--jp-success-color1',
@@ -66,6 +66,25 @@ const SERIES_VARS = [
 /** Pixels within which the readout names the event under the cursor. */
 const MARKER_HOVER_PX = 4;
 
+/** CSS px of a chart's plot in the dashboard (a chart in its own tab takes the tab's height). */
+export const CHART_HEIGHT = 170;
+
+/**
+ * The point index the arrow keys move a chart's readout to from `current`
+ * (null: none yet, the last): one point left or right, Home/End to the
+ * first/last; null for any other key.
+ */
+export function arrowIndex(key: string, current: number | null, last: number): number | null {
+  const i = current === null || current > last ? last : current;
+  const moves: Record<string, number> = {
+    ArrowLeft: Math.max(0, i - 1),
+    ArrowRight: Math.min(last, i + 1),
+    Home: 0,
+    End: last
+  };
+  return key in moves ? moves[key] : null;
+}
+
 export class TimeChart {
   readonly node: HTMLElement;
   private _plotNode: HTMLDivElement;
@@ -77,10 +96,11 @@ export class TimeChart {
   private _width = 0;
   private _index: number | null = null;
 
+  private _height = CHART_HEIGHT;
+
   constructor(
     private _options: ChartOptions,
-    private _window: TimeWindow,
-    private _height = 170
+    private _window: TimeWindow
   ) {
     this.node = document.createElement('figure');
     this.node.className = 'jp-PathwaysDashboard-chart';
@@ -105,21 +125,29 @@ export class TimeChart {
   }
 
   /**
-   * Draw `columns` over `range` (kernel seconds) at `width` CSS px, with
-   * `markers`. The plot is rebuilt only when its series, width or the theme
+   * Draw `columns` over `range` (kernel seconds) at `width` x `height` CSS px, with
+   * `markers`. The plot is rebuilt only when its series or the theme
    * change; otherwise uPlot redraws in place, synchronously (batch).
    */
-  render(columns: Columns, markers: MonitorEvent[], range: [number, number], width: number): void {
+  render(
+    columns: Columns,
+    markers: MonitorEvent[],
+    range: [number, number],
+    width: number,
+    height = CHART_HEIGHT
+  ): void {
     const key = `${columns.labels.join('\u0000')}|${themeKey()}`;
     if (!this._plot || key !== this._key) {
       this._plot?.destroy();
       this._key = key;
       this._width = width;
+      this._height = height;
       this._plot = this._build(columns, width);
       this._markerNodes = [];
-    } else if (width !== this._width) {
+    } else if (width !== this._width || height !== this._height) {
       this._width = width;
-      this._plot.setSize({ width, height: this._height });
+      this._height = height;
+      this._plot.setSize({ width, height });
     }
     const plot = this._plot;
     plot.batch(() => {
@@ -153,30 +181,17 @@ export class TimeChart {
     if (!plot || !times.length) {
       return;
     }
-    const last = times.length - 1;
-    const i = this._index === null || this._index > last ? last : this._index;
-    const moves: Record<string, number> = {
-      ArrowLeft: Math.max(0, i - 1),
-      ArrowRight: Math.min(last, i + 1),
-      Home: 0,
-      End: last
-    };
-    if (!(event.key in moves)) {
+    const next = arrowIndex(event.key, this._index, times.length - 1);
+    if (next === null) {
       return;
     }
     event.preventDefault();
-    this._index = moves[event.key];
+    this._index = next;
     plot.setCursor({ left: plot.valToPos(times[this._index], 'x'), top: this._height / 3 });
   }
 
   private _build(columns: Columns, width: number): uPlot {
-    const style = getComputedStyle(this.node);
-    const color = (name: string, fallback: string) =>
-      style.getPropertyValue(name).trim() || fallback;
-    const text = color('--jp-ui-font-color2', '#757575');
-    const grid = color('--jp-border-color2', '#e0e0e0');
-    // uPlot scales the font's pixel size for the device, so it must be in px (theme sizes are em).
-    const font = `${Math.round(0.85 * parseFloat(style.fontSize) || 11)}px ${color('--jp-ui-font-family', 'sans-serif')}`;
+    const { color, text, axis } = chartStyle(this.node);
     const o = this._options;
     const n = columns.labels.length;
     const series: uPlot.Series[] = [
@@ -191,13 +206,6 @@ export class TimeChart {
         value: (_u, v) => (v === null ? '–' : o.format(v))
       }))
     ];
-    const axis = {
-      stroke: text,
-      font,
-      labelFont: font,
-      grid: { stroke: grid, width: 1 },
-      ticks: { stroke: grid }
-    };
     const opts: uPlot.Options = {
       width,
       height: this._height,
@@ -301,6 +309,31 @@ export class TimeChart {
   }
 }
 
+/** A chart's theme colours (CSS variables resolved on `node`) and the axis style they make. */
+export function chartStyle(node: HTMLElement): {
+  color: (name: string, fallback: string) => string;
+  text: string;
+  axis: uPlot.Axis;
+} {
+  const style = getComputedStyle(node);
+  const color = (name: string, fallback: string) => style.getPropertyValue(name).trim() || fallback;
+  const text = color('--jp-ui-font-color2', '#757575');
+  const grid = color('--jp-border-color2', '#e0e0e0');
+  // uPlot scales the font's pixel size for the device, so it must be in px (theme sizes are em).
+  const font = `${Math.round(0.85 * parseFloat(style.fontSize) || 11)}px ${color('--jp-ui-font-family', 'sans-serif')}`;
+  return {
+    color,
+    text,
+    axis: {
+      stroke: text,
+      font,
+      labelFont: font,
+      grid: { stroke: grid, width: 1 },
+      ticks: { stroke: grid }
+    }
+  };
+}
+
 /** The largest value in `columns` (nulls skipped), or 0. */
 function largest(columns: readonly ArrayLike<number | null | undefined>[]): number {
   let top = 0;
@@ -321,6 +354,7 @@ function rank(kind: string): number {
   return i < 0 ? MARKER_KINDS.length : i;
 }
 
-function themeKey(): string {
+/** Changes with the JupyterLab theme: charts resolve their canvas colours again when it does. */
+export function themeKey(): string {
   return `${document.body.dataset.jpThemeName ?? ''}|${document.body.dataset.jpThemeLight ?? ''}`;
 }

@@ -3,7 +3,9 @@
  * to keep open while training runs. Time-series charts (uPlot) of
  * utilization per slice (per chip of one slice on demand), memory used vs
  * capacity, step time and throughput of running loops, with every event as
- * a marker on the time axis and a kind filter.
+ * a marker on the time axis and a kind filter; training metrics against step
+ * or wall time; the newest finished run's goodput over time. Any chart opens
+ * in its own tab (`openChart`), drawn from the same data.
  *
  * It opens its own `pathways.monitor` comm on the notebook's kernel (one per
  * followed kernel, like the panel: `_sync()` does nothing when already
@@ -13,17 +15,31 @@ import { ISessionContext } from '@jupyterlab/apputils';
 import { Kernel } from '@jupyterlab/services';
 import { Widget } from '@lumino/widgets';
 
-import { TimeChart, TimeWindow } from './charts';
+import { CHART_HEIGHT, TimeChart, TimeWindow } from './charts';
+import { ChartTab } from './charttab';
 import { MonitorConnection } from './connection';
 import { CHIP_WINDOW_S, DashboardModel, SLICE_WINDOW_S, isEmulated } from './dashboardmodel';
 import { formatBytes } from './format';
 import { isPathwaysKernel } from './kernels';
+import { IntervalChart, IntervalData } from './goodputchart';
+import { goodputColumns, stepTimeColumns } from './goodputseries';
 import { Change, MonitorModel } from './model';
 import { StepChart } from './metricchart';
-import { DEFAULT_SMOOTHING, MetricSeries, StepColumns } from './metricseries';
-import { MAX_CHIP_HISTORY, MonitorEvent } from './protocol';
+import { DEFAULT_SMOOTHING, MetricSeries, StepColumns, XAxis } from './metricseries';
+import { GoodputIntervalsMessage, MAX_CHIP_HISTORY, MonitorEvent } from './protocol';
 
 export const DASHBOARD_ID = 'pathways-dashboard';
+
+/** The charts every dashboard has (a metric chart's id is `metric:<name>`), each can open in its own tab. */
+export const DASHBOARD_CHARTS = [
+  { id: 'utilization', title: 'Utilization per slice' },
+  { id: 'chips', title: 'Utilization per chip' },
+  { id: 'memory', title: 'Memory used vs capacity' },
+  { id: 'step-time', title: 'Step time' },
+  { id: 'throughput', title: 'Throughput' },
+  { id: 'goodput', title: 'Goodput over time' },
+  { id: 'goodput-step-time', title: 'Mean step time per interval' }
+];
 
 /** What the dashboard can follow: a notebook or a console, anything with a session and a title. */
 export interface KernelView {
@@ -43,12 +59,26 @@ export class PathwaysDashboard extends Widget {
   /** Training metrics (pw.log, an elastic run's loss) per name and run, against step. */
   readonly metrics = new MetricSeries();
   private _smoothing = DEFAULT_SMOOTHING;
+  private _xAxis: XAxis = 'step';
   private _metricCharts = new Map<string, StepChart>();
   /** Columns per metric name, rebuilt only when points arrive or the smoothing changes. */
   private _metricColumns = new Map<string, { key: string; columns: StepColumns }>();
   private _metricSection: HTMLElement;
   private _metricGrid: HTMLDivElement;
   private _smoothingInput: HTMLInputElement;
+  private _goodputSection: HTMLElement;
+  private _goodputTitle: HTMLElement;
+  private _goodput: IntervalChart;
+  private _intervalStepTime: IntervalChart;
+  /** The goodput message the interval charts' data were made from. */
+  private _goodputFrom: GoodputIntervalsMessage | null = null;
+  private _goodputData: [IntervalData, IntervalData] | null = null;
+  /** Charts open in their own tabs, by chart id. */
+  private _tabs = new Map<string, ChartTab>();
+  /** Puts a chart's tab in the main area (the plugin's; null: charts stay in the dashboard). */
+  dock: ((tab: ChartTab) => void) | null = null;
+  /** Called with a metric chart's id and title when it is first drawn (the plugin offers it in the palette). */
+  chartAdded: ((id: string, title: string) => void) | null = null;
   private _notebook: KernelView | null = null;
   private _kernel: Kernel.IKernelConnection | null = null;
   private _connection: MonitorConnection | null = null;
@@ -222,9 +252,37 @@ export class PathwaysDashboard extends Widget {
       this._schedule();
     });
     smoothing.append(this._smoothingInput, smoothingValue);
-    metricBar.append(metricTitle, smoothing);
+    const xLabel = document.createElement('label');
+    xLabel.className = 'jp-PathwaysDashboard-xAxis';
+    xLabel.textContent = 'X axis ';
+    const xSelect = document.createElement('select');
+    xSelect.className = 'jp-mod-styled';
+    xSelect.append(new Option('step', 'step'), new Option('wall time since run start', 'wall'));
+    xSelect.addEventListener('change', () => {
+      this._xAxis = xSelect.value === 'wall' ? 'wall' : 'step';
+      this._schedule();
+    });
+    xLabel.append(xSelect);
+    metricBar.append(metricTitle, smoothing, xLabel);
     this._metricGrid = div('jp-PathwaysDashboard-grid');
     this._metricSection.append(metricBar, this._metricGrid);
+
+    this._goodputSection = document.createElement('section');
+    this._goodputSection.className = 'jp-PathwaysDashboard-goodput';
+    this._goodputSection.setAttribute('aria-label', 'Goodput over time');
+    this._goodputSection.hidden = true;
+    this._goodputTitle = document.createElement('h3');
+    this._goodput = new IntervalChart(
+      'Goodput over time',
+      'percent of each interval of the newest finished run spent productive and in each badput category, stacked'
+    );
+    this._intervalStepTime = new IntervalChart(
+      'Mean step time per interval',
+      'mean time of the steps started in each interval of the newest finished run, with one standard deviation either side; milliseconds'
+    );
+    const goodputGrid = div('jp-PathwaysDashboard-grid');
+    goodputGrid.append(this._goodput.node, this._intervalStepTime.node);
+    this._goodputSection.append(this._goodputTitle, goodputGrid);
 
     this._grid = div('jp-PathwaysDashboard-grid');
     this._grid.append(
@@ -235,8 +293,20 @@ export class PathwaysDashboard extends Widget {
       this._throughput.node
     );
     this._body = div('jp-PathwaysDashboard-body');
-    this._body.append(controls, this._metricSection, this._grid);
+    this._body.append(controls, this._metricSection, this._goodputSection, this._grid);
     this.node.append(this._header, this._status, this._body);
+    const charts: Record<string, { node: HTMLElement }> = {
+      utilization: this._utilization,
+      chips: this._chips,
+      memory: this._memory,
+      'step-time': this._stepTime,
+      throughput: this._throughput,
+      goodput: this._goodput,
+      'goodput-step-time': this._intervalStepTime
+    };
+    for (const { id, title } of DASHBOARD_CHARTS) {
+      this._tabbable(charts[id].node, id, title);
+    }
 
     this.model.subscribe(change => this._changed(change));
     this._renderChrome();
@@ -267,6 +337,36 @@ export class PathwaysDashboard extends Widget {
   setEmulatedChipGiB(gib: number): void {
     this.data.setEmulatedChipGiB(gib);
     this._schedule();
+  }
+
+  /**
+   * Open chart `id` in its own main-area tab (or show the one open): live,
+   * drawn from this dashboard's data. Null when there is no such chart (yet).
+   */
+  openChart(id: string): ChartTab | null {
+    let tab = this._tabs.get(id);
+    if (!tab) {
+      const figure = this.node.querySelector<HTMLElement>(`figure[data-chart="${CSS.escape(id)}"]`);
+      if (!figure || !this.dock) {
+        return null;
+      }
+      tab = new ChartTab(id, figure.dataset.title ?? id, figure, () => this._schedule());
+      this._tabs.set(id, tab);
+      tab.disposed.connect(() => {
+        this._tabs.delete(id);
+        this._schedule();
+      });
+      this.dock(tab);
+    }
+    this._schedule();
+    return tab;
+  }
+
+  /** Close every chart tab (the kernel went, or the dashboard follows another). */
+  closeCharts(): void {
+    for (const tab of [...this._tabs.values()]) {
+      tab.dispose();
+    }
   }
 
   dispose(): void {
@@ -308,6 +408,9 @@ export class PathwaysDashboard extends Widget {
         if (this._connection === connection) {
           this._connection = null;
           this._reset();
+          if (reason === 'shutdown') {
+            this.closeCharts();
+          }
           if (reason === 'stale') {
             this._attach(kernel);
           } else {
@@ -343,6 +446,7 @@ export class PathwaysDashboard extends Widget {
   }
 
   private _detach(): void {
+    this.closeCharts();
     this._connection?.dispose();
     this._connection = null;
     this._kernel = null;
@@ -367,6 +471,9 @@ export class PathwaysDashboard extends Widget {
       this._connection = null;
       this._reset();
       this._message = status === 'dead' ? 'The kernel died.' : 'Kernel restarting…';
+      if (status === 'dead') {
+        this.closeCharts();
+      }
       this._renderChrome();
     } else if (
       (status === 'idle' || status === 'busy') &&
@@ -435,7 +542,7 @@ export class PathwaysDashboard extends Widget {
     }
     this._frame = requestAnimationFrame(() => {
       this._frame = 0;
-      if (this.isVisible) {
+      if (this.isVisible || [...this._tabs.values()].some(t => t.isVisible)) {
         this._draw();
       }
     });
@@ -453,7 +560,8 @@ export class PathwaysDashboard extends Widget {
     const range = this._window.zoomed ?? this.data.liveRange(now, SLICE_WINDOW_S);
     this.node.dataset.zoomed = String(this._window.zoomed !== null);
     const markers = this.data.markers();
-    this._utilization.render(this.data.utilization(), markers, range, width);
+    const size = (chart: { node: HTMLElement }) => this._size(chart.node, width);
+    this._utilization.render(this.data.utilization(), markers, range, ...size(this._utilization));
     const chips = this.data.chipSlice !== null;
     this._chips.node.hidden = !chips;
     if (chips) {
@@ -461,43 +569,88 @@ export class PathwaysDashboard extends Widget {
         this.data.chips(),
         markers,
         this._window.zoomed ?? this.data.liveRange(now, CHIP_WINDOW_S),
-        width
+        ...size(this._chips)
       );
     }
     this._memory.render(
       this._memoryPercent ? this.data.memoryPercent() : this.data.memory(),
       markers,
       range,
-      width
+      ...size(this._memory)
     );
-    this._stepTime.render(this.data.stepTime(), markers, range, width);
-    this._throughput.render(this.data.throughput(), markers, range, width);
+    this._stepTime.render(this.data.stepTime(), markers, range, ...size(this._stepTime));
+    this._throughput.render(this.data.throughput(), markers, range, ...size(this._throughput));
     this._drawMetrics(markers, width);
+    this._drawGoodput(width);
     this._renderHeader();
+  }
+
+  /** A chart's plot size: the dashboard's width, or its tab's size when it has one. */
+  private _size(node: HTMLElement, width: number): [number, number] {
+    const tab = this._tabs.get(node.dataset.chart ?? '');
+    return tab ? tab.plotSize() : [width, CHART_HEIGHT];
+  }
+
+  /** The newest finished run's goodput by interval and step time per interval, once one ended. */
+  private _drawGoodput(width: number): void {
+    const message = this.model.goodput;
+    this._goodputSection.hidden = message === null;
+    if (!message) {
+      return;
+    }
+    if (message !== this._goodputFrom || !this._goodputData) {
+      this._goodputFrom = message;
+      this._goodputData = [
+        { kind: 'stacked', columns: goodputColumns(message) },
+        { kind: 'band', columns: stepTimeColumns(message) }
+      ];
+      this._goodputTitle.textContent = `Goodput over time: ${message.header}`;
+    }
+    const [stacked, band] = this._goodputData;
+    this._goodput.render(stacked, ...this._size(this._goodput.node, width));
+    this._intervalStepTime.render(band, ...this._size(this._intervalStepTime.node, width));
+  }
+
+  /** Mark `figure` as chart `id` and give it a button that opens it in its own tab. */
+  private _tabbable(figure: HTMLElement, id: string, title: string): void {
+    figure.dataset.chart = id;
+    figure.dataset.title = title;
+    const button = document.createElement('button');
+    button.className = 'jp-Button jp-mod-styled jp-mod-small jp-PathwaysDashboard-popout';
+    button.textContent = 'Open in tab';
+    button.title = `Open ${title} in its own tab, live while the kernel runs`;
+    button.setAttribute('aria-label', `Open ${title} in its own tab`);
+    button.addEventListener('click', () => this.openChart(id));
+    figure.querySelector('figcaption')?.append(button);
+    this.chartAdded?.(id, title);
   }
 
   /** One chart per metric name, each run a line, smoothed; the markers of the same events on its step axis. */
   private _drawMetrics(markers: MonitorEvent[], width: number): void {
     const names = this.metrics.names();
     this._metricSection.hidden = names.length === 0;
+    const axis = this._xAxis;
     for (const name of names) {
       let chart = this._metricCharts.get(name);
       if (!chart) {
         chart = new StepChart(name);
         this._metricCharts.set(name, chart);
         this._metricGrid.append(chart.node);
+        this._tabbable(chart.node, `metric:${name}`, name);
       }
       const placed = markers.flatMap(event => {
-        const step = this.metrics.stepOf(name, event);
+        const step =
+          axis === 'step' ? this.metrics.stepOf(name, event) : this.metrics.wallOf(name, event);
         return step === null ? [] : [{ step, event }];
       });
-      const key = `${this.metrics.version}|${this._smoothing}`;
+      const key = `${this.metrics.version}|${this._smoothing}|${axis}`;
       let cached = this._metricColumns.get(name);
       if (cached?.key !== key) {
-        cached = { key, columns: this.metrics.columns(name, this._smoothing) };
+        cached = { key, columns: this.metrics.columns(name, this._smoothing, axis) };
         this._metricColumns.set(name, cached);
       }
-      chart.render(cached.columns, placed, width);
+      const [w, h] = this._size(chart.node, width);
+      chart.render(cached.columns, placed, w, axis, h);
     }
   }
 
@@ -591,6 +744,8 @@ export class PathwaysDashboard extends Widget {
       this._memory,
       this._stepTime,
       this._throughput,
+      this._goodput,
+      this._intervalStepTime,
       ...this._metricCharts.values()
     ];
   }

@@ -10,12 +10,12 @@ import {
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
-import { ICommandPalette, MainAreaWidget, WidgetTracker } from '@jupyterlab/apputils';
+import { ICommandPalette, MainAreaWidget, Notification, WidgetTracker } from '@jupyterlab/apputils';
 import { INotebookTracker } from '@jupyterlab/notebook';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
 
-import { PathwaysDashboard, asKernelView } from './dashboard';
+import { DASHBOARD_CHARTS, PathwaysDashboard, asKernelView } from './dashboard';
 import { PathwaysPanel } from './panel';
 import { PathwaysStatus } from './statusitem';
 import { activateXprof } from './xprof';
@@ -88,6 +88,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
 
 const DASHBOARD_PLUGIN_ID = 'pathways-kernel:dashboard';
 const DASHBOARD_COMMAND = 'pathways:open-dashboard';
+const CHART_COMMAND = 'pathways:open-chart';
 
 /** "Pathways: Open Dashboard": a dockable main-area view of the active notebook's kernel, restored with the layout. */
 const dashboardPlugin: JupyterFrontEndPlugin<void> = {
@@ -110,6 +111,13 @@ const dashboardPlugin: JupyterFrontEndPlugin<void> = {
     let rate = 2;
     let chipGiB = 16;
     const each = (fn: (d: PathwaysDashboard) => void) => tracker.forEach(w => fn(w.content));
+    const titles = new Map(DASHBOARD_CHARTS.map(c => [c.id, c.title]));
+    const offer = (id: string, title: string) => {
+      if (!titles.has(id)) {
+        titles.set(id, title);
+        palette?.addItem({ command: CHART_COMMAND, category: 'Pathways', args: { chart: id } });
+      }
+    };
 
     app.commands.addCommand(DASHBOARD_COMMAND, {
       label: 'Pathways: Open Dashboard',
@@ -126,6 +134,21 @@ const dashboardPlugin: JupyterFrontEndPlugin<void> = {
           widget.title.label = dashboard.title.label;
           widget.title.caption = dashboard.title.caption;
           widget.title.closable = true;
+          const area = widget;
+          // A chart's own tab opens below the dashboard (drag it anywhere, as any tab).
+          dashboard.dock = tab => {
+            const chartArea = new MainAreaWidget({ content: tab });
+            chartArea.id = `${tab.id}-area`;
+            chartArea.title.label = tab.title.label;
+            chartArea.title.caption = tab.title.caption;
+            chartArea.title.closable = true;
+            app.shell.add(chartArea, 'main', {
+              mode: 'split-bottom',
+              ref: area.isAttached ? area.id : null
+            });
+            app.shell.activateById(chartArea.id);
+          };
+          dashboard.chartAdded = offer;
           void tracker.add(widget);
           // The active notebook or console; other tabs (the dashboard itself, a launcher) keep the last one.
           const follow = () => {
@@ -145,6 +168,32 @@ const dashboardPlugin: JupyterFrontEndPlugin<void> = {
       }
     });
     palette?.addItem({ command: DASHBOARD_COMMAND, category: 'Pathways' });
+
+    // One chart in its own tab: the dashboard opens first if it is not (its data feed the tab).
+    app.commands.addCommand(CHART_COMMAND, {
+      label: args =>
+        args.chart
+          ? `Pathways: Open Chart “${titles.get(String(args.chart)) ?? args.chart}” in a Tab`
+          : 'Pathways: Open Chart in a Tab',
+      caption:
+        'Open one Pathways dashboard chart in its own main-area tab, live while the kernel runs',
+      execute: async args => {
+        const id = String(args.chart ?? 'utilization');
+        if (!tracker.currentWidget || tracker.currentWidget.isDisposed) {
+          await app.commands.execute(DASHBOARD_COMMAND);
+        }
+        const dashboard = tracker.currentWidget?.content;
+        if (dashboard && !dashboard.openChart(id)) {
+          Notification.info(
+            `Pathways: no chart “${titles.get(id) ?? id}” yet; it appears once its data do.`,
+            { autoClose: 6000 }
+          );
+        }
+      }
+    });
+    for (const { id } of DASHBOARD_CHARTS) {
+      palette?.addItem({ command: CHART_COMMAND, category: 'Pathways', args: { chart: id } });
+    }
     void restorer?.restore(tracker, { command: DASHBOARD_COMMAND, name: () => 'dashboard' });
 
     if (settings) {

@@ -1,29 +1,26 @@
 /**
- * One training metric against step (uPlot): each run a line (the session's
- * runs overlaid), the events of the time they ran (slice loss, reshard,
- * restore) as markers on the same step axis, a live legend as the readout.
- * Focusable: the arrow keys move the readout from step to step (Home/End:
- * first/last), as the panel's chip grid does.
+ * One training metric against step or wall time since the run started
+ * (uPlot): each run a line (the session's runs overlaid), the events of the
+ * time they ran (slice loss, reshard, restore) as markers on the same axis,
+ * a live legend as the readout. Focusable: the arrow keys move the readout
+ * from point to point (Home/End: first/last), as the panel's chip grid does.
  */
 import uPlot from 'uplot';
 
+import { CHART_HEIGHT, SERIES_VARS, arrowIndex, chartStyle, themeKey } from './charts';
 import { MARKER_KINDS, clock } from './dashboardmodel';
 import { MonitorEvent } from './protocol';
-import { StepColumns } from './metricseries';
+import { StepColumns, XAxis } from './metricseries';
 
-const SERIES_VARS = [
-  '--jp-brand-color1',
-  '--jp-warn-color1',
-  '--jp-success-color1',
-  '--jp-accent-color1',
-  '--jp-brand-color3',
-  '--jp-warn-color3'
-];
-
-/** An event placed on the step axis. */
+/** An event placed on the x-axis (`step`: its position there, a step or seconds since the run started). */
 export interface StepMarker {
   step: number;
   event: MonitorEvent;
+}
+
+/** How an x value reads: "step 12", or "12.3 s" since the run started. */
+function xText(axis: XAxis, x: number): string {
+  return axis === 'step' ? `step ${x}` : `${x.toFixed(x < 10 ? 2 : 1)} s`;
 }
 
 export class StepChart {
@@ -36,16 +33,15 @@ export class StepChart {
   private _markerNodes: HTMLDivElement[] = [];
   private _markers: StepMarker[] = [];
   private _index: number | null = null;
+  private _height = CHART_HEIGHT;
+  private _axis: XAxis = 'step';
 
-  constructor(
-    readonly name: string,
-    private _height = 170
-  ) {
+  constructor(readonly name: string) {
     this.node = document.createElement('figure');
     this.node.className = 'jp-PathwaysDashboard-chart jp-PathwaysDashboard-metric';
     this.node.dataset.metric = name;
     this.node.setAttribute('role', 'group');
-    const label = `${name} per step, each run a line`;
+    const label = `${name} per step or wall time, each run a line`;
     this.node.setAttribute('aria-label', label);
     const caption = document.createElement('figcaption');
     caption.className = 'jp-PathwaysDashboard-chartTitle';
@@ -56,7 +52,7 @@ export class StepChart {
     this._plotNode.tabIndex = 0;
     this._plotNode.setAttribute(
       'aria-label',
-      `${label}; arrow keys move the readout from step to step`
+      `${label}; arrow keys move the readout from point to point`
     );
     this._plotNode.addEventListener('keydown', event => this._onKey(event));
     this._readout = document.createElement('div');
@@ -70,21 +66,33 @@ export class StepChart {
     return this._plot?.data ?? null;
   }
 
-  render(columns: StepColumns, markers: StepMarker[], width: number): void {
-    const key = `${columns.labels.join('\u0000')}|${document.body.dataset.jpThemeName ?? ''}`;
+  /** Draw `columns` (x: `axis`) with `markers` placed on that axis, at `width` x `height` CSS px. */
+  render(
+    columns: StepColumns,
+    markers: StepMarker[],
+    width: number,
+    axis: XAxis = 'step',
+    height = CHART_HEIGHT
+  ): void {
+    const key = `${columns.labels.join('\u0000')}|${axis}|${themeKey()}`;
     if (!this._plot || key !== this._key) {
       this._plot?.destroy();
       this._key = key;
       this._width = width;
+      this._height = height;
+      this._axis = axis;
+      this._index = null;
       this._plot = this._build(columns, width);
       this._markerNodes = [];
     } else {
-      if (width !== this._width) {
+      if (width !== this._width || height !== this._height) {
         this._width = width;
-        this._plot.setSize({ width, height: this._height });
+        this._height = height;
+        this._plot.setSize({ width, height });
       }
       this._plot.setData(columns.data as uPlot.AlignedData);
     }
+    this.node.dataset.axis = axis;
     this.node.dataset.runs = String(columns.labels.length);
     this.node.dataset.points = String(columns.data[0].length);
     this._placeMarkers(markers);
@@ -96,26 +104,18 @@ export class StepChart {
   }
 
   private _build(columns: StepColumns, width: number): uPlot {
-    const style = getComputedStyle(this.node);
-    const color = (name: string, fallback: string) =>
-      style.getPropertyValue(name).trim() || fallback;
-    const text = color('--jp-ui-font-color2', '#757575');
-    const grid = color('--jp-border-color2', '#e0e0e0');
-    const font = `${Math.round(0.85 * parseFloat(style.fontSize) || 11)}px ${color('--jp-ui-font-family', 'sans-serif')}`;
+    const { color, text, axis } = chartStyle(this.node);
     const format = (v: number | null) => (v === null ? '–' : v.toPrecision(4));
-    const axis = {
-      stroke: text,
-      font,
-      labelFont: font,
-      grid: { stroke: grid, width: 1 },
-      ticks: { stroke: grid }
-    };
+    const xAxis = this._axis;
     return new uPlot(
       {
         width,
         height: this._height,
         series: [
-          { label: 'step', value: (_u, v) => (v === null ? '–' : String(v)) },
+          {
+            label: xAxis === 'step' ? 'step' : 'since start',
+            value: (_u, v) => (v === null ? '–' : xText(xAxis, v))
+          },
           ...columns.labels.map((label, i): uPlot.Series => ({
             label,
             stroke: color(SERIES_VARS[i % SERIES_VARS.length], text),
@@ -127,7 +127,7 @@ export class StepChart {
         ],
         scales: { x: { time: false } },
         axes: [
-          { ...axis, label: 'step' },
+          { ...axis, label: xAxis === 'step' ? 'step' : 'seconds since the run started' },
           { ...axis, label: this.name, size: 64, values: (_u, s) => s.map(v => format(v)) }
         ],
         legend: { show: true, live: true },
@@ -163,25 +163,14 @@ export class StepChart {
     });
   }
 
-  /** Arrow keys move the cursor, and so the legend's readout, one step at a time. */
+  /** Arrow keys move the cursor, and so the legend's readout, one point at a time. */
   private _onKey(event: KeyboardEvent): void {
     const plot = this._plot;
     const n = plot?.data[0].length ?? 0;
     if (!plot || !n) {
       return;
     }
-    const last = n - 1;
-    const i = this._index ?? last;
-    const next =
-      event.key === 'ArrowLeft'
-        ? Math.max(0, i - 1)
-        : event.key === 'ArrowRight'
-          ? Math.min(last, i + 1)
-          : event.key === 'Home'
-            ? 0
-            : event.key === 'End'
-              ? last
-              : null;
+    const next = arrowIndex(event.key, this._index, n - 1);
     if (next === null) {
       return;
     }
@@ -197,7 +186,7 @@ export class StepChart {
       this._readout.textContent = '';
       return;
     }
-    const step = u.data[0][idx] as number;
+    const x = u.data[0][idx] as number;
     const values = u.series
       .slice(1)
       .map((s, k) => {
@@ -206,10 +195,11 @@ export class StepChart {
       })
       .filter(Boolean);
     const events = this._markers
-      .filter(m => m.step === step)
+      // Events since the point before, so wall-time positions (not on a point) are read too.
+      .filter(m => m.step <= x && (idx === 0 || m.step > (u.data[0][idx - 1] as number)))
       .sort((a, b) => rank(a.event.kind) - rank(b.event.kind))
       .map(m => `${m.event.kind} at ${clock(m.event.time)}`);
-    this._readout.textContent = [`step ${step}`, ...values, ...events].join(' · ');
+    this._readout.textContent = [xText(this._axis, x), ...values, ...events].join(' · ');
   }
 }
 

@@ -1,7 +1,8 @@
 /**
- * Training metrics (`metric_points`) for the dashboard's step charts: per
- * metric name, per run, values against step; TensorBoard's smoothing; and
- * where an event falls on a run's step axis. Pure, unit-tested.
+ * Training metrics (`metric_points`) for the dashboard's metric charts: per
+ * metric name, per run, values against step or wall time since the run
+ * started; TensorBoard's smoothing; and where an event falls on that axis.
+ * Pure, unit-tested.
  */
 import { MetricPoint, MetricPointsMessage, MonitorEvent } from './protocol';
 
@@ -13,10 +14,14 @@ export const DEFAULT_SMOOTHING = 0.6;
 interface RunSeries {
   steps: number[];
   times: number[];
+  elapsed: number[];
   values: (number | null)[];
 }
 
-/** uPlot's aligned data: steps, then one column per run. */
+/** What a metric chart's x-axis counts: the run's step, or seconds since the run started. */
+export type XAxis = 'step' | 'wall';
+
+/** uPlot's aligned data: steps (or seconds since each run started), then one column per run. */
 export interface StepColumns {
   labels: string[];
   data: (number | null)[][];
@@ -61,19 +66,22 @@ export class MetricSeries {
   }
 
   /**
-   * `name` per run against step, each run's values smoothed with `weight`
-   * (TensorBoard's debiased EMA; 0: raw), on the union of the runs' steps.
+   * `name` per run against step (or, `axis` 'wall', seconds since each run
+   * started, so runs overlay from their starts), each run's values smoothed
+   * with `weight` (TensorBoard's debiased EMA; 0: raw), on the union of the
+   * runs' x values.
    */
-  columns(name: string, weight: number): StepColumns {
+  columns(name: string, weight: number, axis: XAxis = 'step'): StepColumns {
     const runs = this._byName.get(name) ?? new Map<string, RunSeries>();
     const labels = [...runs.keys()];
-    const steps = [...new Set([...runs.values()].flatMap(r => r.steps))].sort((a, b) => a - b);
-    const at = new Map(steps.map((s, i) => [s, i]));
-    const data: (number | null)[][] = [steps];
+    const xs = (r: RunSeries) => (axis === 'step' ? r.steps : r.elapsed);
+    const x = [...new Set([...runs.values()].flatMap(xs))].sort((a, b) => a - b);
+    const at = new Map(x.map((s, i) => [s, i]));
+    const data: (number | null)[][] = [x];
     for (const run of runs.values()) {
-      const column: (number | null)[] = new Array(steps.length).fill(null);
+      const column: (number | null)[] = new Array(x.length).fill(null);
       const smoothed = ema(run.values, weight);
-      run.steps.forEach((s, i) => {
+      xs(run).forEach((s, i) => {
         column[at.get(s)!] = smoothed[i];
       });
       data.push(column);
@@ -87,20 +95,39 @@ export class MetricSeries {
    * null when no run of `name` was logging then.
    */
   stepOf(name: string, event: MonitorEvent): number | null {
-    let best: number | null = null;
+    const found = this._runAt(name, event);
+    if (!found) {
+      return null;
+    }
+    return event.step ?? found.run.steps[found.index];
+  }
+
+  /**
+   * Where `event` falls on the wall-time axis of `name`: seconds from the
+   * start of the run logging then to the event; null when none was.
+   */
+  wallOf(name: string, event: MonitorEvent): number | null {
+    const found = this._runAt(name, event);
+    if (!found) {
+      return null;
+    }
+    const { run, index } = found;
+    return event.time - (run.times[index] - run.elapsed[index]);
+  }
+
+  /** The run of `name` logging at the event's time (the one whose point is nearest before it), and that point. */
+  private _runAt(name: string, event: MonitorEvent): { run: RunSeries; index: number } | null {
+    let best: { run: RunSeries; index: number } | null = null;
     let bestTime = -Infinity;
     for (const run of this._byName.get(name)?.values() ?? []) {
       const n = run.times.length;
       if (!n || event.time < run.times[0] || event.time > run.times[n - 1] + 60) {
         continue;
       }
-      if (event.step !== null) {
-        return event.step;
-      }
-      const i = lastAtOrBefore(run.times, event.time);
-      if (i >= 0 && run.times[i] > bestTime) {
+      const i = Math.max(0, lastAtOrBefore(run.times, event.time));
+      if (run.times[i] > bestTime) {
         bestTime = run.times[i];
-        best = run.steps[i];
+        best = { run, index: i };
       }
     }
     return best;
@@ -114,16 +141,18 @@ export class MetricSeries {
     }
     let run = runs.get(p.run);
     if (!run) {
-      run = { steps: [], times: [], values: [] };
+      run = { steps: [], times: [], elapsed: [], values: [] };
       runs.set(p.run, run);
     }
     run.steps.push(p.step);
     run.times.push(p.time);
+    run.elapsed.push(p.elapsed_s);
     run.values.push(p.value);
     if (run.steps.length > MAX_RUN_POINTS) {
       const drop = run.steps.length - MAX_RUN_POINTS;
       run.steps.splice(0, drop);
       run.times.splice(0, drop);
+      run.elapsed.splice(0, drop);
       run.values.splice(0, drop);
     }
   }

@@ -13,6 +13,7 @@
 import { SliceGrid, sliceGrid } from './layout';
 import {
   MEMORY_SATURATED,
+  GoodputIntervalsMessage,
   HistoryMessage,
   KernelMessage,
   MetricPointsMessage,
@@ -27,7 +28,7 @@ export const HISTORY_S = 900;
 /** Events kept (newest first). */
 export const MAX_EVENTS = 500;
 
-export type Change = 'topology' | 'history' | 'metrics' | 'events' | 'reset' | 'points';
+export type Change = 'topology' | 'history' | 'metrics' | 'events' | 'reset' | 'points' | 'goodput';
 
 /** A slice's history: parallel arrays, one entry per point. */
 export interface Series {
@@ -73,6 +74,8 @@ export class MonitorModel {
   events: MonitorEvent[] = [];
   /** The newest batch of training metric points (views that chart them take each one on 'points'). */
   points: MetricPointsMessage | null = null;
+  /** The newest finished run's goodput over time (`goodput_intervals`), once one ended. */
+  goodput: GoodputIntervalsMessage | null = null;
   /** Metrics frames dropped because they did not match the topology. */
   dropped = 0;
 
@@ -103,6 +106,10 @@ export class MonitorModel {
       case 'metric_points':
         this.points = message;
         this._emit('points');
+        break;
+      case 'goodput_intervals':
+        this.goodput = message;
+        this._emit('goodput');
         break;
     }
   }
@@ -204,6 +211,7 @@ export class MonitorModel {
     this.metrics = null;
     this.grids = [];
     this.events = [];
+    this.goodput = null;
     this.dropped = 0;
     this._history.clear();
     this._emit('reset');

@@ -77,3 +77,23 @@ test('an event lands on the step a run had logged by then, or its own step', () 
   assert.equal(m.stepOf('loss', event(900, null)), null);
   assert.equal(m.stepOf('acc', event(1006, null)), null);
 });
+
+test('against wall time, runs overlay from their own starts', () => {
+  const m = new MetricSeries();
+  // Run b started 500 s after run a, and logs every 2 s.
+  const late = (step: number, value: number): MetricPoint => ({
+    ...point('b #1', step, value),
+    time: 1500 + 2 * step,
+    elapsed_s: 2 * step
+  });
+  m.add(message([point('a #1', 0, 4), point('a #1', 1, 3), late(0, 8), late(1, 6)]));
+  assert.deepEqual(m.columns('loss', 0, 'wall').data, [
+    [0, 1, 2],
+    [4, 3, null],
+    [8, null, 6]
+  ]);
+  // An event 1.5 s into run b is 1.5 s on the wall axis, at step 0 on the step axis.
+  assert.equal(m.wallOf('loss', event(1501.5, null)), 1.5);
+  assert.equal(m.stepOf('loss', event(1501.5, null)), 0);
+  assert.equal(m.wallOf('loss', event(900, null)), null);
+});

@@ -1,0 +1,257 @@
+/**
+ * A finished run's goodput over time, charted (uPlot) against seconds since
+ * the run started: each interval's time by category stacked to 100 %
+ * (productive at the bottom), or the mean step time per interval with a
+ * one-standard-deviation band. Colours are JupyterLab theme variables,
+ * resolved again when the theme changes. Focusable: the arrow keys move the
+ * readout from interval to interval (Home/End: first/last), as on the other charts.
+ */
+import uPlot from 'uplot';
+
+import { CHART_HEIGHT, arrowIndex, chartStyle, themeKey } from './charts';
+import { parseColor } from './colors';
+import { GoodputColumns, StepTimeColumns } from './goodputseries';
+
+/** Colour per category: productive in the theme's success colour, badput in the others. */
+const CATEGORY_VARS: Record<string, string> = {
+  productive: '--jp-success-color1',
+  compile: '--jp-warn-color1',
+  data_wait: '--jp-brand-color3',
+  snapshot_stall: '--jp-brand-color1',
+  checkpoint_save: '--jp-brand-color0',
+  recovery: '--jp-error-color1',
+  redone: '--jp-error-color3',
+  slice_wait: '--jp-warn-color3',
+  scale_up: '--jp-brand-color2',
+  other: '--jp-layout-color4'
+};
+
+/** What an interval chart draws. */
+export type IntervalData =
+  { kind: 'stacked'; columns: GoodputColumns } | { kind: 'band'; columns: StepTimeColumns };
+
+export class IntervalChart {
+  readonly node: HTMLElement;
+  private _plotNode: HTMLDivElement;
+  private _readout: HTMLDivElement;
+  private _plot: uPlot | null = null;
+  private _key = '';
+  private _width = 0;
+  private _height = CHART_HEIGHT;
+  private _index: number | null = null;
+  private _data: IntervalData | null = null;
+
+  constructor(
+    readonly title: string,
+    description: string
+  ) {
+    this.node = document.createElement('figure');
+    this.node.className = 'jp-PathwaysDashboard-chart';
+    this.node.setAttribute('role', 'group');
+    this.node.setAttribute('aria-label', `${title}: ${description}`);
+    const caption = document.createElement('figcaption');
+    caption.className = 'jp-PathwaysDashboard-chartTitle';
+    caption.textContent = title;
+    this._plotNode = document.createElement('div');
+    this._plotNode.className = 'jp-PathwaysDashboard-plot';
+    this._plotNode.setAttribute('role', 'img');
+    this._plotNode.tabIndex = 0;
+    this._plotNode.setAttribute(
+      'aria-label',
+      `${title}: ${description}; arrow keys move the readout from interval to interval`
+    );
+    this._plotNode.addEventListener('keydown', event => this._onKey(event));
+    this._readout = document.createElement('div');
+    this._readout.className = 'jp-PathwaysDashboard-readout';
+    this._readout.setAttribute('aria-live', 'polite');
+    this.node.append(caption, this._plotNode, this._readout);
+  }
+
+  /** Draw `data` at `width` x `height` CSS px; rebuilt when its series, the run or the theme change. */
+  render(data: IntervalData, width: number, height = CHART_HEIGHT): void {
+    const labels = data.kind === 'stacked' ? data.columns.categories : ['band'];
+    const key = `${data.kind}|${labels.join(',')}|${themeKey()}`;
+    const changed = data !== this._data;
+    this._data = data;
+    if (!this._plot || key !== this._key) {
+      this._plot?.destroy();
+      this._key = key;
+      this._width = width;
+      this._height = height;
+      this._index = null;
+      this._plot = this._build(data, width);
+    } else {
+      if (width !== this._width || height !== this._height) {
+        this._width = width;
+        this._height = height;
+        this._plot.setSize({ width, height });
+      }
+      if (changed) {
+        this._index = null;
+        this._plot.setData(aligned(data));
+      }
+    }
+    this.node.dataset.intervals = String(data.columns.x.length);
+  }
+
+  dispose(): void {
+    this._plot?.destroy();
+    this._plot = null;
+  }
+
+  private _build(data: IntervalData, width: number): uPlot {
+    const { color, text, axis } = chartStyle(this.node);
+    const ctx = document.createElement('canvas').getContext('2d');
+    // A theme colour, made translucent for a fill (canvas normalises any CSS colour to #rrggbb).
+    const translucent = (css: string, alpha: number) => {
+      if (ctx) {
+        ctx.fillStyle = '#000000';
+        ctx.fillStyle = css;
+      }
+      const rgb = parseColor(ctx ? String(ctx.fillStyle) : css) ?? [128, 128, 128];
+      return `rgba(${rgb.join(', ')}, ${alpha})`;
+    };
+    const seconds = (v: number | null) => (v === null ? '–' : `${v.toFixed(v < 10 ? 2 : 1)} s`);
+    const xSeries: uPlot.Series = { label: 'since start', value: (_u, v) => seconds(v) };
+    let series: uPlot.Series[];
+    let bands: uPlot.Band[];
+    let yAxis: uPlot.Axis;
+    if (data.kind === 'stacked') {
+      const shares = () => (this._data as { columns: GoodputColumns }).columns.shares;
+      series = data.columns.categories.map((category, k): uPlot.Series => {
+        const stroke = color(CATEGORY_VARS[category] ?? '--jp-layout-color4', text);
+        return {
+          label: category,
+          stroke,
+          fill: translucent(stroke, 0.55),
+          width: 1,
+          points: { show: false },
+          // The legend reads each category's own share, not the running sum the stack draws.
+          value: (_u, _v, _s, i) => percent(i === null ? null : (shares()[k]?.[i] ?? null))
+        };
+      });
+      // Each category fills down to the one below it; the first down to zero.
+      bands = series.slice(1).map((s, k) => ({ series: [k + 2, k + 1], fill: s.fill }));
+      yAxis = {
+        ...axis,
+        label: 'time in interval (%)',
+        size: 56,
+        values: (_u, v) => v.map(percent)
+      };
+    } else {
+      const stroke = color('--jp-brand-color1', text);
+      const ms = (v: number | null) => (v === null ? '–' : `${v.toPrecision(3)} ms`);
+      series = [
+        {
+          label: 'mean step time',
+          stroke,
+          width: 1.5,
+          points: { show: true, size: 4 },
+          value: (_u, v) => ms(v)
+        },
+        {
+          label: '+1 std',
+          stroke: translucent(stroke, 0.5),
+          width: 1,
+          dash: [4, 3],
+          value: (_u, v) => ms(v)
+        },
+        {
+          label: '−1 std',
+          stroke: translucent(stroke, 0.5),
+          width: 1,
+          dash: [4, 3],
+          value: (_u, v) => ms(v)
+        }
+      ];
+      bands = [{ series: [2, 3], fill: translucent(stroke, 0.18) }];
+      yAxis = {
+        ...axis,
+        label: 'step time (ms)',
+        size: 64,
+        values: (_u, v) => v.map(x => `${x} ms`)
+      };
+    }
+    return new uPlot(
+      {
+        width,
+        height: this._height,
+        series: [xSeries, ...series],
+        bands,
+        scales: {
+          x: { time: false },
+          y: {
+            range:
+              data.kind === 'stacked' ? [0, 100] : (_u, _min, max) => [0, max > 0 ? max * 1.1 : 1]
+          }
+        },
+        axes: [{ ...axis, label: 'seconds since the run started' }, yAxis],
+        legend: { show: true, live: true },
+        cursor: { drag: { x: false, y: false } },
+        hooks: { setCursor: [u => this._read(u)] }
+      },
+      aligned(data),
+      this._plotNode
+    );
+  }
+
+  private _onKey(event: KeyboardEvent): void {
+    const plot = this._plot;
+    const n = plot?.data[0].length ?? 0;
+    if (!plot || !n) {
+      return;
+    }
+    const next = arrowIndex(event.key, this._index, n - 1);
+    if (next === null) {
+      return;
+    }
+    event.preventDefault();
+    this._index = next;
+    plot.setCursor({
+      left: plot.valToPos(plot.data[0][next] as number, 'x'),
+      top: this._height / 3
+    });
+  }
+
+  /** The line under the chart: which interval, and what it holds. */
+  private _read(u: uPlot): void {
+    const i = u.cursor.idx;
+    const data = this._data;
+    if (i === null || i === undefined || !data) {
+      this._readout.textContent = '';
+      return;
+    }
+    const c = data.columns;
+    if (data.kind === 'stacked') {
+      const g = data.columns;
+      const span = `${g.start[i].toFixed(1)}–${g.end[i].toFixed(1)} s`;
+      const parts = g.categories.map((cat, k) => `${cat} ${percent(g.shares[k][i])}`);
+      this._readout.textContent = [span, ...parts].join(' · ');
+    } else {
+      const s = data.columns;
+      const mean = s.mean[i];
+      const std = mean === null || s.upper[i] === null ? null : (s.upper[i] as number) - mean;
+      this._readout.textContent = [
+        `${c.x[i].toFixed(1)} s`,
+        `${s.steps[i]} steps`,
+        mean === null
+          ? 'no step started'
+          : `mean ${mean.toPrecision(3)} ms ± ${(std ?? 0).toPrecision(2)} ms`
+      ].join(' · ');
+    }
+  }
+}
+
+function percent(v: number | null): string {
+  return v === null ? '–' : `${Math.round(v)}%`;
+}
+
+/** uPlot's data: x, then the stack's running sums (or mean, upper, lower). */
+function aligned(data: IntervalData): uPlot.AlignedData {
+  const c = data.columns;
+  const ys =
+    data.kind === 'stacked'
+      ? data.columns.stacked
+      : [data.columns.mean, data.columns.upper, data.columns.lower];
+  return [c.x, ...ys] as uPlot.AlignedData;
+}
