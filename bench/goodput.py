@@ -68,7 +68,7 @@ def main() -> None:
 
     import pathways_kernel as pw
     from pathways_kernel.core import meshes
-    from pathways_kernel.training import goodput
+    from pathways_kernel.training import accounting
 
     # elastic_retry logs every elastic event with its traceback: expected here, every ~15 s.
     logging.getLogger("pathwaysutils").setLevel(logging.CRITICAL)
@@ -217,7 +217,7 @@ def main() -> None:
         from pathwaysutils.elastic.elastic import is_error_due_to_slice_down
 
         directory = tempfile.mkdtemp(prefix="bench-goodput-")
-        account = goodput.begin("c-checkpoint-restart", "restart")
+        account = accounting.begin("c-checkpoint-restart", "restart")
         try:
             ckpt = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(max_to_keep=2))
             mesh = session.mesh()
@@ -285,7 +285,7 @@ def main() -> None:
         print(f"{label:<34} {accounts[key].summary()}  [{time.perf_counter() - started:.0f} s]", flush=True)
 
     # Accounting overhead: one step's ledger calls, timed alone, over the mean step time of (a).
-    probe = goodput.begin("overhead-probe", "probe")
+    probe = accounting.begin("overhead-probe", "probe")
     n = 20_000
     start = time.perf_counter()
     for i in range(n):

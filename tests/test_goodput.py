@@ -19,7 +19,7 @@ from jax.sharding import PartitionSpec as P
 
 import pathways_kernel as pw
 from pathways_kernel.emulator import chaosmonkey, faults
-from pathways_kernel.training import goodput
+from pathways_kernel.training import accounting, goodput, goodput_report
 
 #: A category "appears" above this many seconds and is "absent" below ABSENT_S.
 APPEARS_S = 0.02
@@ -45,7 +45,7 @@ def absent_but(seconds: dict[str, float], *allowed: str) -> None:
             assert seconds[category] < ABSENT_S, (category, seconds)
 
 
-def adds_up(report: goodput.Report, wall: float) -> None:
+def adds_up(report: goodput_report.Report, wall: float) -> None:
     total = sum(report.seconds.values())
     assert abs(total - wall) <= 0.01 * wall, (total, wall, report.seconds)
 
@@ -327,7 +327,7 @@ def test_cloud_logging_writes_each_new_run_as_a_job_of_its_own_until_turned_off(
         == "goodput: new runs also write to Cloud Logging in project test-project, log goodput_exp1, job exp1-<run>-<n>"
     )
     for _ in range(2):
-        account = goodput.begin("train loop", "steps", proxy_session)
+        account = accounting.begin("train loop", "steps", proxy_session)
         with account.spent("data_wait"):
             time.sleep(0.01)
         account.end()
@@ -339,7 +339,7 @@ def test_cloud_logging_writes_each_new_run_as_a_job_of_its_own_until_turned_off(
     kinds = {k for e in writers[-1].entries for k in e if k != "job_name"}
     assert {"job_start_time", "job_end_time", "custom_badput_event_type"} <= kinds, kinds
     pw.goodput_cloud_logging(None, session=proxy_session)
-    account = goodput.begin("after", "steps", proxy_session)
+    account = accounting.begin("after", "steps", proxy_session)
     account.end()
     assert len([w for w in CloudLoggingStandIn.made if not w.job_name.endswith("-check")]) == 2
 
@@ -356,7 +356,7 @@ def test_loop_overhead_while_the_device_still_computes_the_step_is_not_badput(lo
 
     x = jnp.ones((1024, 1024), jnp.float32) * 1e-3
     slow(x).block_until_ready()  # compiled
-    busy = goodput.begin("overlap", "steps", local_session)
+    busy = accounting.begin("overlap", "steps", local_session)
     busy.step_begin(0)
     out = slow(x)
     busy.step_end(out)
@@ -368,7 +368,7 @@ def test_loop_overhead_while_the_device_still_computes_the_step_is_not_badput(lo
     busy.end()
     assert busy.seconds[goodput.OTHER] < ABSENT_S, busy.seconds
 
-    done = goodput.begin("no-overlap", "steps", local_session)
+    done = accounting.begin("no-overlap", "steps", local_session)
     done.step_begin(0)
     out = slow(x).block_until_ready()
     done.step_end(out)

@@ -18,7 +18,7 @@ import pytest
 
 import pathways_kernel as pw
 from pathways_kernel.emulator import chaosmonkey, faults
-from pathways_kernel.training import goodput
+from pathways_kernel.training import goodput, goodput_report
 
 STEP_S = 0.01
 
@@ -156,7 +156,7 @@ def test_the_chart_is_a_theme_aware_stacked_svg_with_a_text_fallback(w):
     for x in pw.steps([jnp.ones((8, 64))] * 10, name="charted"):
         matmul(w, x).block_until_ready()
         time.sleep(STEP_S)
-    shown = goodput.OverTime(pw.goodput_over_time("charted", intervals=8))
+    shown = goodput_report.OverTime(pw.goodput_over_time("charted", intervals=8))
     html = shown._repr_html_()
     assert html.count("<svg") == 1 and "var(--jp-ui-font-color1)" in html and "var(--jp-success-color1" in html
     assert "<title>" in html and "productive steps" in html  # a tooltip per segment, a legend

@@ -51,7 +51,7 @@ from pathways_kernel.colocated.sidecars import (
 from pathways_kernel.core.errors import MeshError, PathwaysError, slice_down_error
 from pathways_kernel.core.eventlog import format_bytes
 from pathways_kernel.core.text import count
-from pathways_kernel.training import goodput
+from pathways_kernel.training import accounting
 
 #: Seconds between the loader's periodic ``sidecar`` summary events.
 SUMMARY_EVERY_S = 5.0
@@ -319,7 +319,7 @@ class Loader:
         return self
 
     def __next__(self) -> Any:
-        goodput.loop_next(self, f"loader {self.name}")  # a bare `for batch in loader` is a run of its own
+        accounting.loop_next(self, f"loader {self.name}")  # a bare `for batch in loader` is a run of its own
         with self._lock:
             step = self.step
             self.step += 1
@@ -330,7 +330,7 @@ class Loader:
                 if self.step == step + 1:  # not reset meanwhile: the step was not delivered
                     self.step = step
             raise
-        goodput.loop_step(self)
+        accounting.loop_step(self)
         return batch
 
     def batch(self, step: int, mesh: Any = None) -> Any:
@@ -357,7 +357,7 @@ class Loader:
         waiting = not pending.joined.done()
         started = time.perf_counter()
         try:
-            with goodput.spent("data_wait", owner=self):
+            with accounting.spent("data_wait", owner=self):
                 batch, sizes = pending.joined.result(timeout=self.timeout)
         except TimeoutError:
             hung = min(i for i, f in pending.blocks.items() if not f.done())
@@ -424,7 +424,7 @@ class Loader:
             for worker in self._workers.values():
                 worker.retire()
             self._workers.clear()
-        goodput.end_loop(self)
+        accounting.end_loop(self)
         self._unwatch()
         if self._unhook is not None:
             self._unhook()

@@ -7,7 +7,7 @@ from typing import Any
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from pathways_kernel.magics import non_empty, subcommand
-from pathways_kernel.training import goodput as accounting
+from pathways_kernel.training import accounting, goodput_report
 from pathways_kernel.training.goodput_logging import cloud_logging
 
 
@@ -40,8 +40,8 @@ def goodput(shell: Any, args: Any, cell: str | None):
         print(cloud_logging(job))
         return None
     if args.over_time or args.intervals is not None or args.window is not None:
-        return accounting.OverTime(accounting.goodput_over_time(args.run, args.intervals, args.window))
-    return accounting.goodput(args.run, field=not args.no_field)
+        return goodput_report.OverTime(goodput_report.goodput_over_time(args.run, args.intervals, args.window))
+    return goodput_report.goodput(args.run, field=not args.no_field)
 
 
 def install(shell: Any) -> None:

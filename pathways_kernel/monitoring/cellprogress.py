@@ -37,7 +37,7 @@ from typing import Any
 
 from pathways_kernel.core.text import count
 from pathways_kernel.state.progress import _in_kernel
-from pathways_kernel.training import goodput
+from pathways_kernel.training import accounting, goodput
 from pathways_kernel.training.metric_log import metric_log
 
 #: Seconds between refreshes of a live view: at most 4 updates a second.
@@ -57,14 +57,14 @@ def install() -> None:
     """Show the progress of runs started inside this IPython kernel."""
     global _installed
     if not _installed:
-        goodput.WATCHERS.append(_watch)
+        accounting.WATCHERS.append(_watch)
         _installed = True
 
 
 def _watch(account: goodput.Account) -> None:
     if not account.progress or threading.current_thread() is not threading.main_thread() or not _in_kernel():
         return
-    if goodput.current() is not None:
+    if accounting.current() is not None:
         return  # nested in a run that already shows its progress
     from IPython import get_ipython
 

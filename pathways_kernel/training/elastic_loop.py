@@ -63,7 +63,7 @@ from pathways_kernel.core.errors import PathwaysError, one_line
 from pathways_kernel.core.sessions import Session, session
 from pathways_kernel.core.text import count
 from pathways_kernel.state import snapshots, transfers
-from pathways_kernel.training import goodput
+from pathways_kernel.training import accounting
 from pathways_kernel.training.metric_log import metric_log
 
 #: Consecutive failures (without a new good snapshot in between) before giving up.
@@ -354,7 +354,7 @@ class Elastic:
             raise
         report.snapshots += 1
         # goodput: where this run's time goes, from its start (and, in a notebook, its progress under the cell)
-        self._account = goodput.begin(self.name, "elastic", s, start, steps, progress, began=began)
+        self._account = accounting.begin(self.name, "elastic", s, start, steps, progress, began=began)
         try:
             # Imported once the state is copied: the first import takes a while.
             from pathwaysutils.elastic.manager import ElasticRetryLimit, ScaleUpSignalError
@@ -556,7 +556,7 @@ class Elastic:
         else roll back to this run's newest snapshot."""
         start = time.perf_counter()
         before = _mesh_slices(s, mesh)
-        with goodput.spent("slice_wait"):  # goodput
+        with accounting.spent("slice_wait"):  # goodput
             self._wait_for_a_slice(s, watch)
         watch.changed.clear()
         watch.down.clear()
@@ -641,7 +641,7 @@ def _reason(error: BaseException) -> str:
 def _block(state: Any) -> None:
     import jax
 
-    with goodput.computing():  # goodput: the steps' own device time
+    with accounting.computing():  # goodput: the steps' own device time
         jax.block_until_ready(state)
 
 
@@ -649,7 +649,7 @@ def _wait_quietly(snap: snapshots.Snapshot) -> bool:
     """Wait for a snapshot; returns whether it succeeded (a failed copy only
     means an older one is used)."""
     try:
-        with goodput.snapshot_wait():  # goodput
+        with accounting.snapshot_wait():  # goodput
             snap.wait()
     except Exception as error:  # noqa: BLE001
         if not _is_slice_loss(error):

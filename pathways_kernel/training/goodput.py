@@ -1,5 +1,11 @@
 """Goodput: where the accelerator time of each run, and of the session, went.
 
+This module is the ledger: a run's ``Account`` and the session's ``Ledger``.
+What the thread's run is doing (runs begin, time spent by cause, bare loader
+loops, compiles from ``jax.monitoring``, the notebook's cells) is
+``accounting.py``; MFU ``mfu.py``; ``pw.goodput()`` and its report
+``goodput_report.py``; the ml-goodput-measurement adapter ``goodput_field.py``.
+
 Every ``@pw.elastic`` / ``%%pathways elastic`` run, bare ``pw.loader`` loop
 and ``pw.steps(...)`` loop keeps an ``Account``: a ledger that splits the
 run's wall time, with nothing counted twice and nothing left out, into
@@ -43,21 +49,20 @@ from __future__ import annotations
 import collections
 import contextlib
 import datetime
-import shutil
 import sys
-import tempfile
 import threading
 import time
-import weakref
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from pathways_kernel.core import runs
-from pathways_kernel.core.display import TextDisplay
+from pathways_kernel.core import runs, sessions
+from pathways_kernel.core.errors import PathwaysError
 from pathways_kernel.training import goodput_timeline
+from pathways_kernel.training.goodput_field import FieldLog
+from pathways_kernel.training.mfu import peak_flops_per_chip
 
 PRODUCTIVE = "productive"
 OTHER = "other"
@@ -75,21 +80,6 @@ BADPUT = (
 CATEGORIES = (PRODUCTIVE, *BADPUT)
 _INDEX = {category: i for i, category in enumerate(CATEGORIES)}
 
-#: Peak dense bf16 FLOP/s per chip, from Google Cloud's TPU pages
-#: (cloud.google.com/tpu/docs/v5e, /v5p, /v6e, /tpu7x; checked 2026-12):
-#: v5e 197 TFLOP/s, v5p 459, v6e (Trillium) 918, TPU7x (Ironwood) 2307
-#: (4614 at fp8). Keys are ``device.device_kind`` as JAX reports it (v5p is
-#: "TPU v5", v5e "TPU v5 lite"), with the marketing names too.
-PEAK_BF16_FLOPS = {
-    "TPU v5 lite": 197e12,
-    "TPU v5e": 197e12,
-    "TPU v5": 459e12,
-    "TPU v5p": 459e12,
-    "TPU v6 lite": 918e12,
-    "TPU v6e": 918e12,
-    "TPU7x": 2307e12,
-}
-
 #: Finished runs a session keeps for pw.goodput() (the session figure is over these).
 MAX_RUNS = 100
 #: Per-step productive times kept for rollbacks (steps older than this are settled).
@@ -97,30 +87,6 @@ MAX_STEPS_KEPT = 100_000
 
 #: The field library's names for our categories, as custom badput events.
 _FIELD_CUSTOM = ("data_wait", "snapshot_stall", "checkpoint_save")
-
-_local = threading.local()
-
-
-def _stack() -> list[Account]:
-    # Kept in core, so that state can book time to the run (core.runs.spent) without importing training.
-    return runs.stack()
-
-
-def current() -> Account | None:
-    """The innermost run in progress on this thread, if any."""
-    account: Account | None = runs.current()
-    return account
-
-
-def running() -> Account | None:
-    """The run this thread's steps count in: the innermost run, else its bare loader loop."""
-    loops = getattr(_local, "loops", None)
-    return current() or (loops[-1] if loops else None)
-
-
-#: Called as ``watch(account)`` on the run's thread as each run starts (views
-#: follow runs from here); ``current()`` is then the run it is nested in, if any.
-WATCHERS: list[Any] = []
 
 
 # -- the ledger ------------------------------------------------------------------
@@ -155,7 +121,7 @@ class Account:
         self._chips: int | None = None
         self._chip_seconds = 0.0
         self._unsubscribe = session.events.subscribe(self._on_event)
-        self._field = _FieldLog(name, session)
+        self._field = FieldLog(name, session)
         # Goodput over time: the ledger's segments and step starts, appended here and
         # folded only when asked for (goodput_timeline).
         self._log = array("d")  # flat records of four floats (goodput_timeline.fold reads them)
@@ -432,7 +398,7 @@ class Account:
             self._ended_at = self._since
             self._fold()
         self._unsubscribe()
-        stack = _stack()
+        stack = runs.stack()
         if self in stack:
             stack.remove(self)
         self._field.job_end()
@@ -569,208 +535,6 @@ def _is_ready(tree: Any) -> bool:
         return True
 
 
-# -- what the thread's run is doing --------------------------------------------
-def begin(
-    name: str,
-    kind: str,
-    session: Any = None,
-    first_step: int = 0,
-    stop_step: int | None = None,
-    progress: bool = True,
-    began: float | None = None,
-) -> Account:
-    """Start accounting a run of steps ``first_step..stop_step - 1`` on this
-    thread; end it with ``Account.end()``. ``progress``: a notebook may show it.
-    ``began``: the ``time.perf_counter()`` the run started at, if earlier."""
-    from pathways_kernel.core.sessions import session as current_session
-
-    _listen_for_compiles()
-    account = Account(name, kind, session or current_session(), began)
-    account.first_step, account.stop_step, account.progress = first_step, stop_step, progress
-    ledger(account._session).started(account)
-    for watch in WATCHERS:
-        watch(account)
-    _stack().append(account)
-    return account
-
-
-@contextlib.contextmanager
-def spent(category: str, owner: Any = None) -> Iterator[None]:
-    """Count the block as ``category`` in this thread's run (or ``owner``'s own loop); no-op without one."""
-    account = current()
-    if account is None and owner is not None:
-        account = _loops.get(owner)
-    if account is None or account.ended:
-        yield
-        return
-    with account.spent(category):
-        yield
-
-
-@contextlib.contextmanager
-def snapshot_wait() -> Iterator[None]:
-    """Waiting on a snapshot in this thread's run: see ``Account.snapshot_source``."""
-    account = current()
-    if account is None or account.ended:
-        yield
-        return
-    with account.snapshot_wait():
-        yield
-
-
-@contextlib.contextmanager
-def computing() -> Iterator[None]:
-    """Waiting for device work of this thread's run: productive (``Account.computing``)."""
-    account = current()
-    if account is None or account.ended:
-        yield
-        return
-    with account.computing():
-        yield
-
-
-# -- loops that are not elastic runs: a bare `for batch in loader` ------------
-_loops: weakref.WeakKeyDictionary[Any, Account] = weakref.WeakKeyDictionary()
-
-
-def loop_next(owner: Any, name: str) -> Account | None:
-    """``owner`` (a loader) is asked for its next item: the previous step of
-    its own loop ends. Returns its loop's account, or None when a run on this
-    thread (an elastic run, ``pw.steps``) already counts the loop."""
-    account = _loops.get(owner)
-    if account is None or account.ended:
-        if current() is not None:
-            return None
-        from pathways_kernel.core.sessions import session
-
-        _listen_for_compiles()
-        account = Account(name, "loader", session())
-        ledger(account._session).started(account)
-        _loops[owner] = account
-        for watch in WATCHERS:
-            watch(account)
-        _thread_loops().append(account)
-    account.step_end()
-    return account
-
-
-def loop_step(owner: Any) -> None:
-    """``owner`` handed out an item: a step of its own loop begins."""
-    account = _loops.get(owner)
-    if account is not None and not account.ended:
-        account.step_begin(account.steps + account.steps_redone)
-
-
-def end_loop(owner: Any) -> None:
-    account = _loops.pop(owner, None)
-    if account is not None:
-        account.end()
-
-
-def end_cell_loops() -> None:
-    """A cell ended: bare loops started in it are over (IPython ``post_run_cell``)."""
-    for owner, account in list(_loops.items()):
-        if account in _thread_loops():
-            end_loop(owner)
-    _thread_loops().clear()
-
-
-def _thread_loops() -> list[Account]:
-    loops = getattr(_local, "loops", None)
-    if loops is None:
-        loops = _local.loops = []
-    return loops
-
-
-# -- compiles, from jax.monitoring ---------------------------------------------
-_COMPILE_EVENTS = (
-    "/jax/core/compile/jaxpr_trace_duration",
-    "/jax/core/compile/jaxpr_to_mlir_module_duration",
-    "/jax/core/compile/backend_compile_duration",
-)
-_listening = False
-_listening_lock = threading.Lock()
-
-
-def _on_duration(event: str, seconds: float, **_kwargs: Any) -> None:
-    if event not in _COMPILE_EVENTS:
-        return
-    account = running()
-    if account is not None and not account.ended:
-        account.compiled(seconds)
-
-
-def _listen_for_compiles() -> None:
-    global _listening
-    with _listening_lock:
-        if not _listening:
-            from jax import monitoring
-
-            monitoring.register_event_duration_secs_listener(_on_duration)
-            _listening = True
-
-
-# -- MFU ---------------------------------------------------------------------
-def flops(fn: Any, *args: Any, **kwargs: Any) -> float:
-    """FLOPs of one call of the jitted ``fn`` on these arguments, from its
-    compiled ``cost_analysis()``; also the FLOPs per step of the run in
-    progress on this thread, for its MFU."""
-    from pathways_kernel.core.errors import PathwaysError
-
-    if not hasattr(fn, "lower"):
-        raise PathwaysError(f"pw.flops needs a jax.jit-ed function (one with .lower), got {type(fn).__name__}")
-    analysis = fn.lower(*args, **kwargs).compile().cost_analysis()
-    if isinstance(analysis, (list, tuple)):
-        analysis = analysis[0] if analysis else {}
-    value = float((analysis or {}).get("flops", 0.0))
-    if value <= 0:
-        raise PathwaysError(
-            "the compiled step reports no FLOPs (cost_analysis has none on this backend): MFU is unknown"
-        )
-    account = current()
-    if account is not None:
-        account.flops_per_step = value
-    return value
-
-
-def peak_flops_per_chip(session: Any) -> tuple[float, str]:
-    """Peak FLOP/s of one chip and where the figure comes from."""
-    devices = session.live_devices() or session.devices()
-    kind = devices[0].device_kind
-    if kind in PEAK_BF16_FLOPS:
-        return PEAK_BF16_FLOPS[kind], f"{kind} bf16 peak (Google Cloud TPU docs)"
-    measured = session.component(_MeasuredPeak)
-    return measured.flops, measured.how
-
-
-class _MeasuredPeak:
-    """Per-device FLOP/s of a batched f32 matmul run on every device at once, measured once per session."""
-
-    def __init__(self, session: Any):
-        self.flops, self.how = _measure_peak(session)
-
-
-def _measure_peak(session: Any, size: int = 768, reps: int = 3) -> tuple[float, str]:
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    from jax.sharding import Mesh, NamedSharding
-    from jax.sharding import PartitionSpec as P
-
-    devices = session.live_devices() or session.devices()
-    sharding = NamedSharding(Mesh(np.array(devices), ("d",)), P("d"))
-    a = jax.device_put(np.ones((len(devices), size, size), np.float32), sharding)
-    matmul = jax.jit(lambda x: jnp.einsum("bij,bjk->bik", x, x), out_shardings=sharding)
-    matmul(a).block_until_ready()
-    best = float("inf")
-    for _ in range(reps):
-        start = time.perf_counter()
-        matmul(a).block_until_ready()
-        best = min(best, time.perf_counter() - start)
-    peak = 2 * size**3 / best
-    return peak, f"measured: f32 {size}x{size} matmul on all {len(devices)} {devices[0].platform} devices at once"
-
-
 # -- the session's ledger -------------------------------------------------------
 class Ledger:
     """Runs of one session, and the notebook's idle time between cells."""
@@ -796,8 +560,6 @@ class Ledger:
 
     # -- between cells (IPython pre_run_cell / post_run_cell) ---------------------
     def cell_started(self, *_args: Any) -> None:
-        from pathways_kernel.core.errors import PathwaysError
-
         now = time.perf_counter()
         with self._lock:
             try:
@@ -809,7 +571,6 @@ class Ledger:
             self._idle_since = None
 
     def cell_finished(self, *_args: Any) -> None:
-        end_cell_loops()
         with self._lock:
             self._idle_since = time.perf_counter()
 
@@ -827,368 +588,4 @@ class Ledger:
 
 
 def ledger(session: Any = None) -> Ledger:
-    from pathways_kernel.core.sessions import session as current_session
-
-    return (session or current_session()).component(Ledger)
-
-
-def install(shell: Any) -> None:
-    """Count the notebook's time between cells (idle, slices held) for ``shell``."""
-    hooks = getattr(shell, "_pathways_goodput_hooks", None)
-    if hooks is not None:
-        return
-
-    from pathways_kernel.core.sessions import current
-
-    # Never a session of their own: without a backend (unreachable at start)
-    # there is no time to account, and starting one would retry it every cell.
-    def started(*args: Any) -> None:
-        if (s := current()) is not None:
-            ledger(s).cell_started()
-
-    def finished(*args: Any) -> None:
-        if (s := current()) is not None:
-            ledger(s).cell_finished()
-
-    shell.events.register("pre_run_cell", started)
-    shell.events.register("post_run_cell", finished)
-    shell._pathways_goodput_hooks = (started, finished)
-
-
-# -- what users see ----------------------------------------------------------------
-LABELS = {
-    PRODUCTIVE: "productive steps",
-    "compile": "compiling",
-    "data_wait": "waiting for data",
-    "snapshot_stall": "waiting on snapshots",
-    "checkpoint_save": "saving checkpoints",
-    "recovery": "recovering from a loss",
-    "redone": "redoing lost steps",
-    "slice_wait": "waiting for slices",
-    "scale_up": "scaling back up",
-    OTHER: "loop overhead",
-}
-
-
-class Report(TextDisplay):
-    """``pw.goodput()``: one run, or every run of the session plus the notebook's idle time."""
-
-    def __init__(self, accounts: list[Account], ledger: Ledger | None, with_field: bool):
-        self.accounts = accounts
-        self.ledger = ledger
-        self.runs = [_figures(a, with_field) for a in accounts]
-
-    @property
-    def goodput(self) -> float:
-        """Productive time over the runs' wall time (0..1)."""
-        wall = sum(r["wall_s"] for r in self.runs)
-        return sum(r["seconds"][PRODUCTIVE] for r in self.runs) / wall if wall else 0.0
-
-    @property
-    def seconds(self) -> dict[str, float]:
-        total = dict.fromkeys(CATEGORIES, 0.0)
-        for r in self.runs:
-            for k, v in r["seconds"].items():
-                total[k] += v
-        return total
-
-    @property
-    def wall_s(self) -> float:
-        return sum(r["wall_s"] for r in self.runs)
-
-    @property
-    def mfu(self) -> float | None:
-        values = [r["mfu"] for r in self.runs if r["mfu"] is not None]
-        return values[-1] if values else None
-
-    @property
-    def idle_s(self) -> float | None:
-        return None if self.ledger is None else self.ledger.idle_now_s()
-
-    def to_text(self) -> str:
-        if not self.runs:
-            lines = ["no runs yet: @pw.elastic, %%pathways elastic, pw.loader and pw.steps(...) loops are counted"]
-        else:
-            wall = self.wall_s
-            if self.ledger is None:
-                lines = [f"{self.runs[0]['header']}: goodput {100 * self.goodput:.1f}%"]
-            else:
-                plural = "run" if len(self.runs) == 1 else "runs"
-                lines = [f"session, {len(self.runs)} {plural}: goodput {100 * self.goodput:.1f}% of {wall:.1f} s"]
-            for r in self.runs:
-                lines.append(f"  {r['summary']}")
-                if self.ledger is not None:
-                    lines.append(f"    {r['header']}")
-                lines.append(f"    {goodput_timeline.step_time_text(r['step_time'])}")
-                if r["mfu"] is not None:
-                    lines.append(f"    MFU {100 * r['mfu']:.2f}% ({r['peak_how']})")
-                if r.get("field") is not None:
-                    lines.append(f"    ml-goodput-measurement: {r['field']}")
-            seconds = self.seconds
-            for category in CATEGORIES:
-                if seconds[category] > 0.0005 * wall or category == PRODUCTIVE:
-                    lines.append(
-                        f"  {LABELS[category]:<24} {seconds[category]:8.2f} s  {100 * seconds[category] / wall:5.1f}%"
-                    )
-        if self.ledger is not None:
-            session_s = time.perf_counter() - self.ledger.since
-            idle = self.ledger.idle_now_s()
-            lines.append(
-                f"notebook: idle between cells with slices held {idle:.1f} s "
-                f"({100 * idle / session_s if session_s else 0:.1f}% of the session's {session_s:.0f} s; not in the figures above)"
-            )
-        return "\n".join(lines)
-
-
-def _figures(account: Account, with_field: bool) -> dict[str, Any]:
-    mfu = account.mfu()
-    figures = {
-        "name": account.name,
-        "header": account.header(),
-        "step_time": account.step_times(),
-        "wall_s": account.wall_s,
-        "seconds": account.snapshot(),
-        "summary": account.summary(),
-        "mfu": mfu,
-        "peak_how": peak_flops_per_chip(account._session)[1] if mfu is not None else "",
-    }
-    if with_field and account.ended:
-        try:
-            result = account.field()
-            figures["field"] = f"goodput {result['goodput']:.1f}%"
-        except Exception as error:  # noqa: BLE001  (the library's own figure is a cross-check, not ours)
-            figures["field"] = f"no figure ({type(error).__name__}: {error})"
-    return figures
-
-
-def goodput(run: str | None = None, field: bool = True) -> Report:
-    """Goodput of the run named ``run`` (the latest of that name), or of every
-    run of the session, with the notebook's idle time between cells.
-
-    ``field``: also compute the figure of ``ml-goodput-measurement`` for
-    finished runs.
-
-    Raises:
-      PathwaysError: no run of that name.
-    """
-    book = ledger()
-    if run is not None:
-        return Report([_account(run)], None, field)
-    with book._lock:
-        accounts = [*book.runs, *book.active]
-    return Report(accounts, book, field)
-
-
-class OverTime(TextDisplay):
-    """``%pathways goodput --over-time``: a run's intervals as a stacked chart (text without HTML)."""
-
-    def __init__(self, frame: Any):
-        self.frame = frame
-
-    def to_text(self) -> str:
-        f = self.frame
-        cats = [c for c in CATEGORIES if float(f[c].sum()) > 0]
-        lines = [f"{f.attrs['header']}: goodput over {len(f)} intervals"]
-        lines.append(
-            f"  {'interval':<17} {'goodput':>7}  " + "  ".join(f"{c[:10]:>10}" for c in cats if c != PRODUCTIVE)
-        )
-        for row in f.itertuples(index=False):
-            span = row.end_s - row.start_s or 1.0
-            shares = "  ".join(f"{100 * getattr(row, c) / span:9.1f}%" for c in cats if c != PRODUCTIVE)
-            lines.append(f"  {row.start_s:7.2f}-{row.end_s:7.2f} s {100 * row.goodput:6.1f}%  {shares}")
-        lines.append(f"  {goodput_timeline.step_time_text(f.attrs['step_time'])}")
-        return "\n".join(lines)
-
-    def _repr_html_(self) -> str:
-        f = self.frame
-        title = f"{f.attrs['header']}: goodput over {len(f)} intervals"
-        return goodput_timeline.chart_html(f, title, LABELS, goodput_timeline.step_time_text(f.attrs["step_time"]))
-
-
-def goodput_over_time(run: str | None = None, intervals: int | None = None, window_s: float | None = None) -> Any:
-    """Goodput and badput by category over the run named ``run`` (default: the
-    session's latest run), in ``intervals`` equal intervals (default 20) or
-    windows of ``window_s`` seconds: a pandas DataFrame, one row per interval
-    (``start_s``, ``end_s`` from the run's start, ``goodput`` 0..1, seconds per
-    category, ``steps`` started in it and their ``step_time_mean_s`` /
-    ``step_time_std_s``); ``.attrs`` holds ``run``, ``header`` and the run's
-    ``step_time`` figures (median, mean, std, slowest steps).
-
-    Raises:
-      PathwaysError: no such run, no run yet, or a bad ``intervals`` / ``window_s``.
-    """
-    return _account(run).over_time(intervals, window_s)
-
-
-def intervals_message(session: Any, intervals: int, encode: Callable[..., Any]) -> Any:
-    """The monitor's ``goodput_intervals`` message for the session's newest finished
-    run (``intervals`` intervals), computed once per run; None before one.
-
-    ``encode`` is the monitor protocol's ``encode_goodput_intervals``: the monitor
-    passes it in, as training sits below monitoring and does not import it.
-    """
-    book = ledger(session)
-    with book._lock:
-        account = book.runs[-1] if book.runs else None
-    if account is None:
-        return None
-    if account._published is None:
-        frame = account.over_time(intervals)
-        run = {
-            "run": account.name,
-            "kind": account.kind,
-            "header": frame.attrs["header"],
-            "started": account.started,
-            "wall_s": account.wall_s,
-        }
-        columns = {name: frame[name].tolist() for name in frame.columns}
-        account._published = encode(run, CATEGORIES, columns, frame.attrs["step_time"])
-    return account._published
-
-
-def _account(run: str | None) -> Account:
-    from pathways_kernel.core.errors import PathwaysError
-
-    book = ledger()
-    if run is None:
-        with book._lock:
-            accounts = [*book.runs, *book.active]
-        if not accounts:
-            raise PathwaysError(
-                "no run yet: @pw.elastic, %%pathways elastic, pw.loader and pw.steps(...) loops are counted"
-            )
-        return max(accounts, key=lambda a: a._began)
-    account = book.find(run)
-    if account is None:
-        names = sorted({a.name for a in [*book.active, *book.runs]})
-        known = f"; runs: {', '.join(names)}" if names else "; no run yet"
-        raise PathwaysError(f"no run named '{run}' in this session{known}")
-    return account
-
-
-# -- the field's library, fed from the same run ------------------------------
-class _MemoryLog:
-    """The ``cloud_logger`` seam of ml-goodput-measurement, kept in memory."""
-
-    def __init__(self, job_name: str):
-        self.job_name = job_name
-        self.entries: list[dict[str, Any]] = []
-        self._lock = threading.Lock()
-
-    def write_cloud_logging_entry(self, entry: dict[str, Any]) -> None:
-        with self._lock:
-            self.entries.append(entry)
-
-    def flush(self) -> None:
-        pass
-
-    def read_cloud_logging_entries(self, start_time=None, end_time=None, last_entry_info=None):
-        with self._lock:
-            entries = list(self.entries)
-        if last_entry_info is not None:
-            return [], last_entry_info
-        last = (datetime.datetime.now(datetime.UTC), str(len(entries)))
-        return entries, last
-
-
-class _TeeLog(_MemoryLog):
-    """The in-memory log, each entry also written to Cloud Logging (``goodput_logging``)."""
-
-    def __init__(self, job_name: str, cloud: Any):
-        super().__init__(job_name)
-        self.cloud = cloud
-
-    def write_cloud_logging_entry(self, entry: dict[str, Any]) -> None:
-        super().write_cloud_logging_entry(entry)
-        with contextlib.suppress(Exception):  # an upload problem is never the run's
-            self.cloud.write_cloud_logging_entry(entry)
-
-
-class _FieldLog:
-    """One run recorded through ``ElasticGoodputRecorder`` into a ``_MemoryLog``
-    (and to Cloud Logging when the session opted in: ``goodput_logging``)."""
-
-    def __init__(self, name: str, session: Any):
-        from ml_goodput_measurement.src.goodput_elastic import ElasticGoodputRecorder
-
-        from pathways_kernel.training.goodput_logging import CloudLogging
-
-        cloud = session.component(CloudLogging).for_run(name)
-        if cloud is None:
-            self.job_name = f"{name}-{id(self):x}"
-            self.log = _MemoryLog(self.job_name)
-        else:
-            self.job_name = cloud[0]
-            self.log = _TeeLog(self.job_name, cloud[1])
-        self.recorder = ElasticGoodputRecorder(
-            self.job_name, "pathways-kernel", logging_enabled=True, cloud_logger=self.log
-        )
-
-    def job_start(self) -> None:
-        self.recorder.record_job_start_time()
-
-    def job_end(self) -> None:
-        self.recorder.record_job_end_time()
-
-    def step(self, step: int) -> None:
-        self.recorder.record_step_start_time(step)
-
-    def custom(self, category: str, start: bool) -> None:
-        if start:
-            self.recorder.record_custom_badput_event_start_time(custom_badput_event_type=category)
-        else:
-            self.recorder.record_custom_badput_event_end_time(custom_badput_event_type=category)
-
-    def elastic_wait(self, category: str, start: bool) -> None:
-        if start:
-            self.recorder.record_elastic_wait_start_time(category)
-        else:
-            self.recorder.record_elastic_wait_end_time(category)
-
-    def reinit(self, start: bool) -> None:
-        if start:
-            self.recorder.record_elastic_reinit_start_time()
-        else:
-            self.recorder.record_elastic_reinit_end_time()
-
-    def compute(self) -> dict[str, Any]:
-        """Goodput (percent) and badput breakdown (percent per ``BadputType`` name)."""
-        import logging
-
-        from ml_goodput_measurement.src.goodput_elastic import ElasticGoodputCalculator
-
-        cache = tempfile.mkdtemp(prefix="pathways-goodput-")
-        # The calculator logs a warning per category it cannot compute; those
-        # are its own business, not the notebook's.
-        quiet = logging.getLogger().level
-        logging.getLogger().setLevel(logging.ERROR)
-        try:
-            calculator = ElasticGoodputCalculator(
-                self.job_name, "pathways-kernel", cloud_logger=self.log, using_pathways=True, cache_dir=cache
-            )
-            value, breakdown, last_step = calculator.get_job_goodput(include_badput_breakdown=True)
-        finally:
-            logging.getLogger().setLevel(quiet)
-            shutil.rmtree(cache, ignore_errors=True)
-        flat: dict[str, float] = {}
-        for kind, v in breakdown.items():
-            if isinstance(v, dict):
-                flat.update({f"custom:{k}": x for k, x in v.items()})
-            else:
-                flat[kind.name] = v
-        return {"goodput": value, "badput": flat, "last_step": last_step}
-
-
-__all__ = [
-    "Account",
-    "BADPUT",
-    "CATEGORIES",
-    "PEAK_BF16_FLOPS",
-    "Report",
-    "begin",
-    "flops",
-    "goodput",
-    "goodput_over_time",
-    "peak_flops_per_chip",
-    "spent",
-]
+    return (session or sessions.session()).component(Ledger)

@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from pathways_kernel.training import goodput
+from pathways_kernel.training import accounting, goodput
 
 _MANAGER = "pathwaysutils.elastic.manager"
 _ELASTIC = "pathwaysutils.elastic.elastic"
@@ -62,7 +62,7 @@ class Job:
         (started now, or going on from ``start``); ``None`` for a loop of
         another name, which is a run of its own."""
         if self.account is None:
-            self.account = goodput.begin(
+            self.account = accounting.begin(
                 name, "steps", first_step=start, stop_step=stop, progress=progress, began=self.began
             )
             if self.waited:

@@ -1,7 +1,7 @@
 """Goodput to Cloud Logging, when the user opts in on Pathways on GKE.
 
 Every run is recorded through ``ml-goodput-measurement``'s recorder into an
-in-memory log (``goodput._FieldLog``). ``pw.goodput_cloud_logging(JOB)`` (or
+in-memory log (``goodput_field.FieldLog``). ``pw.goodput_cloud_logging(JOB)`` (or
 ``%pathways goodput --cloud-logging JOB``) makes each later run of the session
 write the same entries to Cloud Logging too, through the library's own
 ``_CloudLogger`` (asynchronous, batched, drained at exit): the entries its

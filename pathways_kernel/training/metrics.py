@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from pathways_kernel.core.errors import PathwaysError
-from pathways_kernel.training import goodput
+from pathways_kernel.training import accounting
 from pathways_kernel.training.metric_log import metric_log
 
 
@@ -28,7 +28,7 @@ def log(**metrics: Any) -> None:
     Raises:
       PathwaysError: no run is in progress on this thread.
     """
-    account = goodput.running()
+    account = accounting.running()
     if account is None or account.ended:
         raise PathwaysError(
             "pw.log records metrics of a run in progress: call it inside a pw.steps(...) loop, "

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sized
 from typing import Any
 
-from pathways_kernel.training import goodput, goodput_jobs
+from pathways_kernel.training import accounting, goodput_jobs
 
 goodput_jobs.install()  # the attempts of an elastic_retry job are one run
 
@@ -49,7 +49,7 @@ def steps(
     account = job.join(name, start, stop, progress) if job is not None else None
     joined = account is not None
     if account is None:
-        account = goodput.begin(name, "steps", first_step=start, stop_step=stop, progress=progress)
+        account = accounting.begin(name, "steps", first_step=start, stop_step=stop, progress=progress)
     if flops is not None:
         account.flops_per_step = float(flops)
     try:

@@ -1,0 +1,199 @@
+"""What the thread's run is doing, for the goodput ledger (``goodput.py``).
+
+Runs begin (``begin``) and end (``Account.end``) on the thread that runs their
+steps; inside a run, time is booked by cause (``spent``, ``snapshot_wait``,
+``computing``). A bare ``for batch in loader`` loop is a run of its own
+(``loop_next``/``loop_step``), ended with its cell. Compiles are taken from
+``jax.monitoring`` and moved out of the segment they happened in. ``install``
+hooks the notebook's cells: the session's idle time between them, and the end
+of their bare loops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+from pathways_kernel.core import runs, sessions
+from pathways_kernel.training.goodput import Account, ledger
+
+_local = threading.local()
+
+
+def current() -> Account | None:
+    """The innermost run in progress on this thread, if any."""
+    account: Account | None = runs.current()
+    return account
+
+
+def running() -> Account | None:
+    """The run this thread's steps count in: the innermost run, else its bare loader loop."""
+    loops = getattr(_local, "loops", None)
+    return current() or (loops[-1] if loops else None)
+
+
+#: Called as ``watch(account)`` on the run's thread as each run starts (views
+#: follow runs from here); ``current()`` is then the run it is nested in, if any.
+WATCHERS: list[Any] = []
+
+
+# -- what the thread's run is doing --------------------------------------------
+def begin(
+    name: str,
+    kind: str,
+    session: Any = None,
+    first_step: int = 0,
+    stop_step: int | None = None,
+    progress: bool = True,
+    began: float | None = None,
+) -> Account:
+    """Start accounting a run of steps ``first_step..stop_step - 1`` on this
+    thread; end it with ``Account.end()``. ``progress``: a notebook may show it.
+    ``began``: the ``time.perf_counter()`` the run started at, if earlier."""
+    _listen_for_compiles()
+    account = Account(name, kind, session or sessions.session(), began)
+    account.first_step, account.stop_step, account.progress = first_step, stop_step, progress
+    ledger(account._session).started(account)
+    for watch in WATCHERS:
+        watch(account)
+    runs.stack().append(account)
+    return account
+
+
+@contextlib.contextmanager
+def spent(category: str, owner: Any = None) -> Iterator[None]:
+    """Count the block as ``category`` in this thread's run (or ``owner``'s own loop); no-op without one."""
+    account = current()
+    if account is None and owner is not None:
+        account = _loops.get(owner)
+    if account is None or account.ended:
+        yield
+        return
+    with account.spent(category):
+        yield
+
+
+@contextlib.contextmanager
+def snapshot_wait() -> Iterator[None]:
+    """Waiting on a snapshot in this thread's run: see ``Account.snapshot_source``."""
+    account = current()
+    if account is None or account.ended:
+        yield
+        return
+    with account.snapshot_wait():
+        yield
+
+
+@contextlib.contextmanager
+def computing() -> Iterator[None]:
+    """Waiting for device work of this thread's run: productive (``Account.computing``)."""
+    account = current()
+    if account is None or account.ended:
+        yield
+        return
+    with account.computing():
+        yield
+
+
+# -- loops that are not elastic runs: a bare `for batch in loader` ------------
+_loops: weakref.WeakKeyDictionary[Any, Account] = weakref.WeakKeyDictionary()
+
+
+def loop_next(owner: Any, name: str) -> Account | None:
+    """``owner`` (a loader) is asked for its next item: the previous step of
+    its own loop ends. Returns its loop's account, or None when a run on this
+    thread (an elastic run, ``pw.steps``) already counts the loop."""
+    account = _loops.get(owner)
+    if account is None or account.ended:
+        if current() is not None:
+            return None
+        _listen_for_compiles()
+        account = Account(name, "loader", sessions.session())
+        ledger(account._session).started(account)
+        _loops[owner] = account
+        for watch in WATCHERS:
+            watch(account)
+        _thread_loops().append(account)
+    account.step_end()
+    return account
+
+
+def loop_step(owner: Any) -> None:
+    """``owner`` handed out an item: a step of its own loop begins."""
+    account = _loops.get(owner)
+    if account is not None and not account.ended:
+        account.step_begin(account.steps + account.steps_redone)
+
+
+def end_loop(owner: Any) -> None:
+    account = _loops.pop(owner, None)
+    if account is not None:
+        account.end()
+
+
+def end_cell_loops() -> None:
+    """A cell ended: bare loops started in it are over (IPython ``post_run_cell``)."""
+    for owner, account in list(_loops.items()):
+        if account in _thread_loops():
+            end_loop(owner)
+    _thread_loops().clear()
+
+
+def _thread_loops() -> list[Account]:
+    loops = getattr(_local, "loops", None)
+    if loops is None:
+        loops = _local.loops = []
+    return loops
+
+
+# -- compiles, from jax.monitoring ---------------------------------------------
+_COMPILE_EVENTS = (
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    "/jax/core/compile/backend_compile_duration",
+)
+_listening = False
+_listening_lock = threading.Lock()
+
+
+def _on_duration(event: str, seconds: float, **_kwargs: Any) -> None:
+    if event not in _COMPILE_EVENTS:
+        return
+    account = running()
+    if account is not None and not account.ended:
+        account.compiled(seconds)
+
+
+def _listen_for_compiles() -> None:
+    global _listening
+    with _listening_lock:
+        if not _listening:
+            from jax import monitoring
+
+            monitoring.register_event_duration_secs_listener(_on_duration)
+            _listening = True
+
+
+def install(shell: Any) -> None:
+    """Count the notebook's time between cells (idle, slices held) for ``shell``."""
+    hooks = getattr(shell, "_pathways_goodput_hooks", None)
+    if hooks is not None:
+        return
+
+    # Never a session of their own: without a backend (unreachable at start)
+    # there is no time to account, and starting one would retry it every cell.
+    def started(*args: Any) -> None:
+        if (s := sessions.current()) is not None:
+            ledger(s).cell_started()
+
+    def finished(*args: Any) -> None:
+        if (s := sessions.current()) is not None:
+            end_cell_loops()
+            ledger(s).cell_finished()
+
+    shell.events.register("pre_run_cell", started)
+    shell.events.register("post_run_cell", finished)
+    shell._pathways_goodput_hooks = (started, finished)

@@ -1,0 +1,85 @@
+"""MFU: a step's FLOPs from its compiled ``cost_analysis()``, and the peak per chip
+(``PEAK_BF16_FLOPS`` for TPUs; on the embedded backend a matmul measured once)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from pathways_kernel.core import runs
+from pathways_kernel.core.errors import PathwaysError
+
+#: Peak dense bf16 FLOP/s per chip, from Google Cloud's TPU pages
+#: (cloud.google.com/tpu/docs/v5e, /v5p, /v6e, /tpu7x; checked 2026-12):
+#: v5e 197 TFLOP/s, v5p 459, v6e (Trillium) 918, TPU7x (Ironwood) 2307
+#: (4614 at fp8). Keys are ``device.device_kind`` as JAX reports it (v5p is
+#: "TPU v5", v5e "TPU v5 lite"), with the marketing names too.
+PEAK_BF16_FLOPS = {
+    "TPU v5 lite": 197e12,
+    "TPU v5e": 197e12,
+    "TPU v5": 459e12,
+    "TPU v5p": 459e12,
+    "TPU v6 lite": 918e12,
+    "TPU v6e": 918e12,
+    "TPU7x": 2307e12,
+}
+
+
+# -- MFU ---------------------------------------------------------------------
+def flops(fn: Any, *args: Any, **kwargs: Any) -> float:
+    """FLOPs of one call of the jitted ``fn`` on these arguments, from its
+    compiled ``cost_analysis()``; also the FLOPs per step of the run in
+    progress on this thread, for its MFU."""
+    if not hasattr(fn, "lower"):
+        raise PathwaysError(f"pw.flops needs a jax.jit-ed function (one with .lower), got {type(fn).__name__}")
+    analysis = fn.lower(*args, **kwargs).compile().cost_analysis()
+    if isinstance(analysis, (list, tuple)):
+        analysis = analysis[0] if analysis else {}
+    value = float((analysis or {}).get("flops", 0.0))
+    if value <= 0:
+        raise PathwaysError(
+            "the compiled step reports no FLOPs (cost_analysis has none on this backend): MFU is unknown"
+        )
+    account = runs.current()  # the thread's run (training.goodput.Account)
+    if account is not None:
+        account.flops_per_step = value
+    return value
+
+
+def peak_flops_per_chip(session: Any) -> tuple[float, str]:
+    """Peak FLOP/s of one chip and where the figure comes from."""
+    devices = session.live_devices() or session.devices()
+    kind = devices[0].device_kind
+    if kind in PEAK_BF16_FLOPS:
+        return PEAK_BF16_FLOPS[kind], f"{kind} bf16 peak (Google Cloud TPU docs)"
+    measured = session.component(_MeasuredPeak)
+    return measured.flops, measured.how
+
+
+class _MeasuredPeak:
+    """Per-device FLOP/s of a batched f32 matmul run on every device at once, measured once per session."""
+
+    def __init__(self, session: Any):
+        self.flops, self.how = _measure_peak(session)
+
+
+def _measure_peak(session: Any, size: int = 768, reps: int = 3) -> tuple[float, str]:
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    devices = session.live_devices() or session.devices()
+    sharding = NamedSharding(Mesh(np.array(devices), ("d",)), P("d"))
+    a = jax.device_put(np.ones((len(devices), size, size), np.float32), sharding)
+    matmul = jax.jit(lambda x: jnp.einsum("bij,bjk->bik", x, x), out_shardings=sharding)
+    matmul(a).block_until_ready()
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        matmul(a).block_until_ready()
+        best = min(best, time.perf_counter() - start)
+    peak = 2 * size**3 / best
+    return peak, f"measured: f32 {size}x{size} matmul on all {len(devices)} {devices[0].platform} devices at once"
