@@ -57,7 +57,7 @@ from pathways_kernel.core.slices import Topology
 from pathways_kernel.monitoring import protocol, telemetry
 from pathways_kernel.monitoring.history import MAX_BYTES as MAX_HISTORY_BYTES
 from pathways_kernel.monitoring.history import SLICE_HISTORY_S
-from pathways_kernel.training import goodput
+from pathways_kernel.training import goodput_report
 from pathways_kernel.training.metric_log import metric_log
 
 MAX_COMMS = 8
@@ -635,7 +635,7 @@ class MonitorServer:
 def _goodput_intervals(session: Any) -> protocol.Message | None:
     """The newest finished run's ``goodput_intervals``, or None (none yet, or it failed: logged)."""
     try:
-        return goodput.intervals_message(session, protocol.GOODPUT_INTERVALS, protocol.encode_goodput_intervals)
+        return goodput_report.intervals_message(session, protocol.GOODPUT_INTERVALS, protocol.encode_goodput_intervals)
     except Exception:
         log.exception("pathways monitor: goodput intervals failed")
         return None
