@@ -10,14 +10,12 @@ import os
 import re
 
 import pytest
-from kernels import Kernel
-
-SERVER_BACKEND = "local-server:2x4"  # the server-backed kernel, by the name every release accepts
+from kernels import SERVER, Kernel
 
 
 @pytest.fixture(scope="module")
 def server_kernel(gcs_server):
-    k = Kernel("pathways", backend=SERVER_BACKEND, env=gcs_server.env)
+    k = Kernel("pathways", backend=SERVER, env=gcs_server.env)
     reply = k.run(
         "import jax, jax.numpy as jnp, numpy as np\n"
         "from jax.sharding import NamedSharding, PartitionSpec as P\n"

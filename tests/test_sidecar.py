@@ -207,14 +207,12 @@ def test_a_slice_lost_while_sidecars_run_keeps_the_live_slices_results(fresh_ker
 
 # -- on the local Pathways server: sidecars run in the server process ------------------
 
-SERVER_BACKEND = "local-server:2x4"  # the server-backed kernel, by the name every release accepts
-
 
 @pytest.fixture(scope="module")
 def server_kernel():
-    from kernels import Kernel
+    from kernels import SERVER, Kernel
 
-    k = Kernel("pathways", backend=SERVER_BACKEND)
+    k = Kernel("pathways", backend=SERVER)
     reply = k.run(
         "import os, time, threading\n"
         "import numpy as np\n"
