@@ -361,6 +361,9 @@ def client_plugins(target: str, trace_dir: str, local_dir: str, bucket_url: str)
         "client_pid": os.getpid(),
         "broken": attempt(lambda: np.asarray(broken(values[0]))),
     }
+    # String arrays (colocated Python's output specs travel as one) go both ways.
+    words = np.array(["ab", "cde", ""], dtype=np.dtypes.StringDType())
+    result["strings"] = np.asarray(jax.device_put(words, jax.devices()[5])).tolist()
     # While a colocated function runs, work that uses its output waits for it and the rest does not.
     # The first calls learn the output's shape (colocated Python) and the outputs of the sum and
     # the add (the client waits for a program's first execution), synchronously.
@@ -502,6 +505,7 @@ def test_pathwaysutils_profile_persistence_and_colocated_python_run_in_the_serve
     assert got["colocated"] == [[server.pid + i for i in range(4)], [server.pid + 2 * i for i in range(4)]]
     assert got["colocated_devices"] == [0]
     assert got["broken"] == "INVALID_ARGUMENT: KeyError: 'no shard file for this host'", got
+    assert got["strings"] == ["ab", "cde", ""], got
     assert got["chained"] == 3 * (1 + 2 + 3 + 4) + 1 and got["chained_s"] >= 3.0, got
     assert got["tiny_during_slow_s"] < 2.0, got
     # Written by the server, read back by it onto slice 1, equal, to a directory and to GCS.

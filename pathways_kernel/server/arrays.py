@@ -342,6 +342,9 @@ def receive_buffer(size: int) -> np.ndarray:
 def from_host_bytes(data: bytes | np.ndarray, dtype: np.dtype, shape, byte_strides) -> np.ndarray:
     """The numpy view of a host buffer laid out as the client describes it."""
     shape = tuple(shape)
+    if dtype.kind == "T":  # a string array travels as a StringArrayContents message, row-major
+        contents = protos.message("xla.ifrt.proto.StringArrayContents").FromString(bytes(data))
+        return np.array([s.decode() for s in contents.strings], dtype=dtype).reshape(shape)
     if byte_strides is None:
         return np.frombuffer(data, dtype=dtype, count=int(np.prod(shape, dtype=np.int64))).reshape(shape)
     return np.ndarray(shape, dtype=dtype, buffer=data, strides=tuple(byte_strides))
