@@ -43,6 +43,23 @@ def client_faults(target: str, marker: str) -> dict:
     except Exception as error:  # noqa: BLE001 - what the user sees, whatever its type
         result["rejected"] = str(error)
     result["still_works"] = float(jnp.sum(x + 1))
+    # Colocated Python that imports what only the client has (a sidecar image that lacks it).
+    from jax.experimental import colocated_python
+
+    sys.path.insert(0, os.path.dirname(marker))
+    with open(os.path.join(os.path.dirname(marker), "client_only_module.py"), "w") as f:
+        f.write("def triple(x):\n    return x * 3\n")
+    import client_only_module
+
+    @colocated_python.colocated_python
+    def uses_client_module(v):
+        return client_only_module.triple(v)
+
+    try:
+        result["unpicklable"] = str(np.asarray(uses_client_module(x)))
+    except Exception as error:  # noqa: BLE001
+        result["unpicklable"] = str(error)
+    result["still_works_after"] = float(jnp.sum(x + 2))
     step = jax.jit(lambda a: jnp.tanh(a @ a.T) @ a)
     a = jnp.asarray(np.random.default_rng(0).normal(size=(256, 256)).astype(np.float32))
     open(marker, "w").close()
@@ -273,6 +290,12 @@ def test_a_rejected_program_and_a_killed_server_are_one_line_each(tmp_path):
     assert "\n" not in got["rejected"].strip()
     assert "pathways_local_no_such_kernel" in got["rejected"]
     assert got["still_works"] == 8.0
+    assert got["unpicklable"].startswith("INVALID_ARGUMENT: colocated Python "), got["unpicklable"]
+    assert (
+        "cannot unpickle the function in the server: ModuleNotFoundError: No module named 'client_only_module'"
+        in (got["unpicklable"])
+    )
+    assert "\n" not in got["unpicklable"].strip() and got["still_works_after"] == 12.0
     assert "\n" not in got["after_kill"].strip()
     # The call that meets the dead server says it is gone (gRPC words it 'Connection to IFRT proxy server
     # was terminated' or 'Socket closed', by where the kill fell); any later one says writes are refused.
