@@ -340,6 +340,7 @@ def client_plugins(target: str, trace_dir: str, local_dir: str, bucket_url: str)
     def colocated(x):
         import os
 
+        print(f"colocated call in pid {os.getpid()}", flush=True)
         return x + os.getpid()
 
     @colocated_python.colocated_python
@@ -486,7 +487,7 @@ def test_transfers_round_trip_and_a_large_copy_does_not_stall_tiny_ops(server):
         assert got[direction]["tiny_ops_inside"] >= 1, got
 
 
-def test_pathwaysutils_profile_persistence_and_colocated_python_run_in_the_server(tmp_path, gcs_server):
+def test_pathwaysutils_profile_persistence_and_colocated_python_run_in_the_server(tmp_path, gcs_server, capfd):
     import tensorstore as ts
 
     server = launch.start(2, 4, env=gcs_server.env)
@@ -504,6 +505,8 @@ def test_pathwaysutils_profile_persistence_and_colocated_python_run_in_the_serve
     assert got["client_pid"] != server.pid
     assert got["colocated"] == [[server.pid + i for i in range(4)], [server.pid + 2 * i for i in range(4)]]
     assert got["colocated_devices"] == [0]
+    # What it prints goes to the stderr of the process that started the server (a kernel's log).
+    assert f"pathways-local: colocated call in pid {server.pid}" in capfd.readouterr().err
     assert got["broken"] == "INVALID_ARGUMENT: KeyError: 'no shard file for this host'", got
     assert got["strings"] == ["ab", "cde", ""], got
     assert got["chained"] == 3 * (1 + 2 + 3 + 4) + 1 and got["chained_s"] >= 3.0, got

@@ -109,7 +109,16 @@ def start(
         for line in stream:
             sink(line.rstrip("\n"))
 
-    threading.Thread(target=pump, args=(process.stdout, lines.put), daemon=True).start()
+    def output(line: str) -> None:
+        # Once it serves, what the server prints is its users' code (a colocated function's
+        # print): it goes to this process's own stderr (a kernel's log), as a Pathways sidecar's
+        # goes to its log, instead of piling up unread here.
+        if server.target and sys.__stderr__ is not None:
+            print(f"pathways-local: {line}", file=sys.__stderr__, flush=True)
+        else:
+            lines.put(line)
+
+    threading.Thread(target=pump, args=(process.stdout, output), daemon=True).start()
     errors = threading.Thread(target=pump, args=(process.stderr, server.stderr_lines.append), daemon=True)
     errors.start()
     deadline = time.monotonic() + timeout
