@@ -9,6 +9,9 @@ do next.
 
 from __future__ import annotations
 
+from pathways_kernel import backends
+from pathways_kernel.backends.proxy import ProxyBackend, clear_jax
+from pathways_kernel.backends.shared_service import ServiceRequest, SharedServiceBackend
 from pathways_kernel.core.errors import BackendError
 from pathways_kernel.core.eventlog import Event, EventLog, format_bytes
 from pathways_kernel.core.sessions import EVENTS, Session, install, live_array_summary, session
@@ -28,9 +31,6 @@ def reconnect(timeout: float | None = None) -> Session:
       ConnectError: the backend cannot be reached (the session is left
         without a backend; ``%pathways connect local:2x4`` works).
     """
-    from pathways_kernel import backends
-    from pathways_kernel.backends.proxy import ProxyBackend, clear_jax
-    from pathways_kernel.backends.shared_service import SharedServiceBackend
 
     old = session().backend
     if isinstance(old, SharedServiceBackend):
@@ -82,8 +82,6 @@ def connect_shared_service(
       SpecError: a missing or malformed option.
       BackendError: missing gcloud/kubectl/extras, or the flow failed.
     """
-    from pathways_kernel.backends.shared_service import ServiceRequest, SharedServiceBackend
-
     if request is None:
         request = ServiceRequest(cluster, project, region, service, tpu, count, bucket, proxy_image, insecure)
     count_arrays, nbytes = live_array_summary()

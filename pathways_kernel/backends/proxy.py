@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from pathways_kernel.backends import preflight as preflight_lib
+from pathways_kernel.core import jaxcompat
 from pathways_kernel.core.backend import Backend, Placement
 from pathways_kernel.core.errors import BackendError, SpecError
 from pathways_kernel.emulator.local import grid_shape
@@ -228,8 +229,6 @@ def _strip_timestamp(message: str) -> str:
 def clear_jax() -> None:
     import jax
     from jax.extend import backend as jax_backend
-
-    from pathways_kernel.core import jaxcompat
 
     if jaxcompat.backends_initialized():
         jax_backend.clear_backends()

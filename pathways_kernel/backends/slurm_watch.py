@@ -48,6 +48,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from pathways_kernel.backends.slurm import Job, Node, Slurm, format_duration
+from pathways_kernel.core import sessions
 from pathways_kernel.core.errors import PathwaysError, SpecError
 
 #: Seconds between polls of the job and its nodes.
@@ -328,8 +329,6 @@ class SessionSlices:
         return tuple(sl.index for sl in s.topology.down_slices) if s is not None else ()
 
     def _session(self) -> Any:
-        from pathways_kernel.core import sessions
-
         current = sessions._current  # never create a session from this thread
         return current if current is not None and current.backend is self.backend else None
 

@@ -50,8 +50,10 @@ from pathways_kernel.colocated.sidecars import (
 )
 from pathways_kernel.core.errors import MeshError, PathwaysError, slice_down_error
 from pathways_kernel.core.eventlog import format_bytes
+from pathways_kernel.core.sessions import session
 from pathways_kernel.core.text import count
 from pathways_kernel.training import accounting
+from pathways_kernel.training import elastic_loop as elastic
 
 #: Seconds between the loader's periodic ``sidecar`` summary events.
 SUMMARY_EVERY_S = 5.0
@@ -271,8 +273,6 @@ class Loader:
         follow_elastic: bool = True,
     ):
         from jax.experimental.colocated_python import colocated_python
-
-        from pathways_kernel.core.sessions import session
 
         if not callable(make_batches):
             raise PathwaysError(
@@ -547,10 +547,6 @@ def _state_of(ref: weakref.ref[Loader]) -> dict[str, Any]:
 
 def _follow_elastic(loader: Loader) -> Callable[[], None] | None:
     """Register ``loader.reset`` with elastic's restore hooks, weakly (a dropped loader unhooks itself)."""
-    try:
-        from pathways_kernel.training import elastic_loop as elastic
-    except ImportError:
-        return None
     ref = weakref.ref(loader)
 
     def follow(step: int, mesh: Any) -> None:

@@ -30,6 +30,7 @@ from typing import Any
 
 from pathways_kernel.core.display import TextDisplay
 from pathways_kernel.core.errors import PathwaysError
+from pathways_kernel.core.sessions import session as current
 from pathways_kernel.core.text import count
 from pathways_kernel.emulator import faults
 
@@ -224,8 +225,6 @@ class Chaos:
 
 def _chaos(session: Any = None) -> Chaos:
     if session is None:
-        from pathways_kernel.core.sessions import session as current
-
         session = current()
     return session.component(Chaos)
 

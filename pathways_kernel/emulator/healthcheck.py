@@ -15,6 +15,7 @@ import html
 import time
 
 from pathways_kernel.core.display import TextDisplay
+from pathways_kernel.core.sessions import session
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,8 +59,6 @@ class Health(TextDisplay):
 def health() -> Health:
     """Run the health check on every slice of the session (any backend)."""
     from pathwaysutils.elastic import elastic
-
-    from pathways_kernel.core.sessions import session
 
     topology = session().topology
     start = time.perf_counter()

@@ -45,6 +45,7 @@ import numpy as np
 
 from pathways_kernel.core.errors import PathwaysError
 from pathways_kernel.core.eventlog import Event
+from pathways_kernel.core.sessions import session as current
 from pathways_kernel.core.slices import Topology
 from pathways_kernel.core.threads import stopped_at_exit
 from pathways_kernel.monitoring.history import History
@@ -633,8 +634,6 @@ def _backend_source(session: Any, layout: Layout) -> MetricsSource | None:
 def hub(session: Any = None) -> TelemetryHub:
     """The session's telemetry hub (created on first use, closed with the session)."""
     if session is None:
-        from pathways_kernel.core.sessions import session as current
-
         session = current()
 
     def make(s: Any) -> TelemetryHub:

@@ -31,12 +31,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from pathways_kernel.backends.local_server import LocalServerBackend
+from pathways_kernel.backends.proxy import ProxyBackend
 from pathways_kernel.core import jaxcompat, locations, objectstore, storage_errors
 from pathways_kernel.core.display import TextDisplay
 from pathways_kernel.core.errors import PathwaysError, StorageError
 from pathways_kernel.core.eventlog import format_bytes
 from pathways_kernel.core.sessions import session
 from pathways_kernel.profiling import summary as summary_lib
+from pathways_kernel.server.plugins import SERVER_TRACE
 
 ROOT_ENV = "PATHWAYS_PROFILE_DIR"
 #: Where jax.profiler and the Pathways workers put one run under a log dir.
@@ -265,8 +268,6 @@ class _LocalServerTracer:
             _write_xspace(self._run_dir, xspace)
         # The client does not wait for a profile request's result, so the server may still be
         # writing its trace: the capture's size and summary need it there.
-        from pathways_kernel.server.plugins import SERVER_TRACE
-
         server_trace = Path(self._run_dir) / SERVER_TRACE
         deadline = time.monotonic() + SERVER_TRACE_WAIT_S
         while not server_trace.exists():
@@ -329,8 +330,6 @@ def summary_line(exc: BaseException) -> str:
 
 def tracer_for(backend: Any, logdir: str | None) -> tuple[Any, str, str]:
     """(tracer, XProf log dir, run prefix) for ``backend``, after checking the dir can be written."""
-    from pathways_kernel.backends.local_server import LocalServerBackend
-    from pathways_kernel.backends.proxy import ProxyBackend
 
     served = isinstance(backend, LocalServerBackend)  # its server writes traces on this machine
     proxy = isinstance(backend, ProxyBackend) and not served

@@ -16,6 +16,8 @@ import argparse
 import sys
 from typing import Any
 
+from pathways_kernel.profiling.capture import profile_root
+
 
 def serve(logdir: str, port: int) -> None:
     """Serve XProf for ``logdir`` on 127.0.0.1:``port`` until interrupted."""
@@ -44,8 +46,6 @@ def proxy_config() -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pathways_kernel.profiling.capture import profile_root
-
     parser = argparse.ArgumentParser(prog="pathways-xprof", description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--logdir", default=None, help="default: the profile root every session writes under")

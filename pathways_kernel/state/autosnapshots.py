@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from pathways_kernel.core import sessions
 from pathways_kernel.core.display import TextDisplay
 from pathways_kernel.core.errors import PathwaysError
 from pathways_kernel.core.eventlog import format_bytes
@@ -66,11 +67,9 @@ class AutoSnapshot:
             self.on = False
 
     def after_cell(self, result: Any = None) -> None:
-        from pathways_kernel.core.sessions import current
-
         # Without a backend (unreachable at start) no device holds anything, and starting
         # a session here would retry that backend after every cell.
-        if current() is not None:
+        if sessions.current() is not None:
             self.run(self.shell.user_ns)
 
     def run(self, namespace: dict[str, Any]) -> list[snapshots.Snapshot]:

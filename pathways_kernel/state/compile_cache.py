@@ -20,6 +20,7 @@ from typing import Any
 from pathways_kernel.core import locations, objectstore, storage_errors
 from pathways_kernel.core.display import TextDisplay
 from pathways_kernel.core.errors import NotSupportedError, PathwaysError, one_line
+from pathways_kernel.core.sessions import session
 from pathways_kernel.core.text import count
 
 #: Environment variable a kernelspec sets to turn the cache on at start.
@@ -81,8 +82,6 @@ def _on_duration(event: str, duration: float, **kwargs: Any) -> None:
         if _status.location is None or outcome is None:
             return
         name = kwargs.get("fun_name", "")
-        from pathways_kernel.core.sessions import session
-
         if outcome == "hit":
             _status.hits += 1
             saved = max(0.0, getattr(_local, "saved", 0.0))
@@ -118,8 +117,6 @@ def enable(location: str, min_compile_s: float = DEFAULT_MIN_COMPILE_S) -> Cache
     """
     import jax
     from jax.experimental.compilation_cache import compilation_cache as cc
-
-    from pathways_kernel.core.sessions import session
 
     if location.strip().lower() == "off":
         return disable()

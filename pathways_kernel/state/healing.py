@@ -172,9 +172,7 @@ def heal(
     """
     import jax
 
-    from pathways_kernel.core.sessions import session
-
-    current = session()
+    current = sessions.session()
     store = snapshots.store(current)
     live = tuple(s.index for s in current.topology.up_slices)
     report = HealingReport(lost_slices, live)
@@ -222,10 +220,8 @@ class Healer:
     """The between-cells hook of one IPython shell."""
 
     def __init__(self, shell: Any):
-        from pathways_kernel.core.sessions import EVENTS
-
         self.shell = shell
-        self.events = EVENTS
+        self.events = sessions.EVENTS
         self._seen = self.events.last(1)[0].seq if len(self.events) else 0
         # Slices lost whose healing is not done yet (it waits for a slice, or was interrupted).
         self._due: set[int] = set()
@@ -275,9 +271,7 @@ class Healer:
 
     @staticmethod
     def _slice_up() -> bool:
-        from pathways_kernel.core.sessions import current
-
-        running = current()
+        running = sessions.current()
         return running is not None and bool(running.topology.up_slices)
 
     def _already_reported(self, name: str) -> bool:

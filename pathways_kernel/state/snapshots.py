@@ -37,8 +37,11 @@ from typing import Any
 import numpy as np
 
 from pathways_kernel.core import jaxcompat
-from pathways_kernel.core.errors import PathwaysError
+from pathways_kernel.core.errors import NamespaceError, PathwaysError
 from pathways_kernel.core.eventlog import format_bytes
+from pathways_kernel.core.namespace import user_namespace
+from pathways_kernel.core.sessions import is_lost, session
+from pathways_kernel.core.sessions import session as current
 from pathways_kernel.core.text import count
 
 #: Completed snapshots kept per name unless configured otherwise.
@@ -250,8 +253,6 @@ def _is_device_array(value: Any) -> bool:
 def is_known_lost(value: Any) -> bool:
     """Whether ``value`` is a finished device array known lost with a slice
     (never waits for a pending one: it counts as not lost)."""
-    from pathways_kernel.core.sessions import is_lost
-
     return _is_device_array(value) and not value.is_deleted() and value.is_ready() and is_lost(value)
 
 
@@ -477,8 +478,6 @@ def shardings_for(snap: Snapshot, mesh: Any) -> list[Any]:
 
 def default_mesh(snap: Snapshot) -> Any:
     """A mesh over the live slices with the snapshot's axis names."""
-    from pathways_kernel.core.sessions import session
-
     names = [name for name, _ in snap.mesh_axes]
     return session().mesh(names or None)
 
@@ -494,8 +493,6 @@ def restore(snap: Snapshot, mesh: Any = None, *, emit: bool = True, shardings: S
     in one ``device_put``. Emits a ``restore`` event (bytes, duration, step).
     """
     import jax
-
-    from pathways_kernel.core.sessions import session
 
     snap.wait()
     if mesh is None:
@@ -523,8 +520,6 @@ def restore(snap: Snapshot, mesh: Any = None, *, emit: bool = True, shardings: S
 
 
 def _slices_of(mesh: Any) -> tuple[int, ...]:
-    from pathways_kernel.core.sessions import session
-
     ids = {d.id for d in mesh.devices.flat}
     return tuple(s.index for s in session().topology.slices if any(c.device.id in ids for c in s.chips))
 
@@ -715,8 +710,6 @@ def _throughput(snap: Snapshot) -> str:
 def store(session: Any = None) -> SnapshotStore:
     """The session's ``SnapshotStore`` (session extension ``"snapshots"``)."""
     if session is None:
-        from pathways_kernel.core.sessions import session as current
-
         session = current()
     return session.component(SnapshotStore, lambda s: SnapshotStore(s.events))
 
@@ -770,9 +763,6 @@ def snapshot_variables(names: Sequence[str] | None = None, step: int | None = No
         or lost its data with a slice.
     """
     import jax
-
-    from pathways_kernel.core.errors import NamespaceError
-    from pathways_kernel.core.namespace import user_namespace
 
     ns = user_namespace()
     if ns is None:

@@ -47,7 +47,9 @@ from pathways_kernel.core.errors import StorageError, one_line
 from pathways_kernel.core.eventlog import format_bytes
 from pathways_kernel.core.locations import Location, check_id, parse_url
 from pathways_kernel.core.objectstore import ObjectStore, objects_for, tensorstore_context
+from pathways_kernel.core.sessions import session
 from pathways_kernel.core.storage_errors import errors_as
+from pathways_kernel.state import snapshots, transfers
 from pathways_kernel.state.manifest import (
     FORMAT,
     MANIFEST,
@@ -60,6 +62,7 @@ from pathways_kernel.state.manifest import (
     spec_to_json,
     tree_from_stored_keys,
 )
+from pathways_kernel.state.snapshots import Snapshot
 from pathways_kernel.state.transfers import Transfer
 
 #: Size of each data object: large enough for full-speed uploads, small
@@ -124,8 +127,6 @@ def persist(
       StorageError: malformed URL or id, missing bucket, permission denied,
         duplicate id, unreachable server (when found within ``check_timeout``).
     """
-    from pathways_kernel.state import snapshots
-
     location = parse_url(url)
     if not isinstance(snapshot, snapshots.Snapshot):
         snapshot = snapshots.snapshot(snapshot, name, step)
@@ -377,8 +378,6 @@ def load(url: str, events: Any = None, memory_limit: int | None = None, like: An
       StorageError: nothing committed there, the data does not fit in host
         memory, a chunk is missing or corrupt, the server is unreachable.
     """
-    from pathways_kernel.state import transfers
-
     location = parse_url(url)
     with errors_as("restore", location):
         objects = objects_for(location)
@@ -410,8 +409,6 @@ def _download(
 ) -> Any:
     import jax
     import jax.numpy as jnp
-
-    from pathways_kernel.state.snapshots import Snapshot
 
     transfer.checked()
     with errors_as("restore", target):
@@ -493,8 +490,6 @@ def restore(source: Any, mesh: Any = None, *, like: Any = None, events: Any = No
     Raises:
       StorageError: see ``load``.
     """
-    from pathways_kernel.state import snapshots
-
     if isinstance(source, snapshots.Snapshot):
         return snapshots.restore(source, mesh)
     return snapshots.restore(load(source, events=_events(events), like=like), mesh)
@@ -503,6 +498,4 @@ def restore(source: Any, mesh: Any = None, *, like: Any = None, events: Any = No
 def _events(events: Any) -> Any:
     if events is not None:
         return events
-    from pathways_kernel.core.sessions import session
-
     return session().events

@@ -12,6 +12,8 @@ import tempfile
 import threading
 from typing import Any
 
+from pathways_kernel.training.goodput_logging import CloudLogging
+
 
 # -- the field's library, fed from the same run ------------------------------
 class _MemoryLog:
@@ -57,8 +59,6 @@ class FieldLog:
 
     def __init__(self, name: str, session: Any):
         from ml_goodput_measurement.src.goodput_elastic import ElasticGoodputRecorder
-
-        from pathways_kernel.training.goodput_logging import CloudLogging
 
         cloud = session.component(CloudLogging).for_run(name)
         if cloud is None:

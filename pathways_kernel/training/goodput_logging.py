@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pathways_kernel.core.errors import NotSupportedError, PathwaysError
+from pathways_kernel.core.sessions import session as current_session
 
 #: What Cloud Logging and the library's filters accept in a job name, kept short.
 _JOB = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
@@ -109,8 +110,6 @@ def cloud_logging(job: str | None, session: Any = None, logger_factory: Callable
       NotSupportedError: the session is not on the Pathways proxy backend.
       PathwaysError: a bad job name, no credentials, no google-cloud-logging.
     """
-    from pathways_kernel.core.sessions import session as current_session
-
     s = session or current_session()
     opt_in = s.component(CloudLogging)
     if job is None:

@@ -29,6 +29,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from pathways_kernel.core.sessions import session as current_session
 from pathways_kernel.core.threads import stopped_at_exit
 
 #: Points one session keeps (the oldest drop off).
@@ -227,8 +228,6 @@ _reading = stopped_at_exit(MetricLog.close)
 
 def metric_log(session: Any = None) -> MetricLog:
     """The session's metric log."""
-    from pathways_kernel.core.sessions import session as current_session
-
     return (session or current_session()).component(MetricLog)
 
 
