@@ -11,6 +11,8 @@ from __future__ import annotations
 import http.server
 import json
 import random
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -455,3 +457,16 @@ def test_kernelspec_compile_cache_option_sets_the_env(tmp_path):
     assert spec["env"] == {"PATHWAYS_BACKEND": "local:2x2", compile_cache.ENV: "gs://my-cache/jax"}
     with pytest.raises(StorageError, match="not a bucket name"):
         kernelspec.install("pw-cache-bad", compile_cache="gs://Bad Bucket/x", prefix=str(tmp_path))
+
+
+def test_importing_the_package_leaves_logging_and_the_unraisable_hook_alone():
+    # The filter that quiets orbax's error logs and the hook that drops its "Event loop is
+    # closed" are installed only while a checkpoint save runs, not by importing pathways_kernel.
+    code = (
+        "import logging, sys\n"
+        "before = sys.unraisablehook\n"
+        "import pathways_kernel\n"
+        "print(sys.unraisablehook is before, len(logging.getLogger('absl').filters))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert done.stdout.split() == ["True", "0"], done.stdout

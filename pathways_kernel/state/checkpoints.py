@@ -115,23 +115,46 @@ def _close(manager: Any) -> None:
 class _OrbaxErrors(logging.Filter):
     """Drops orbax's error logs while one of our saves runs: its failure
     reaches the user once, as one line, and orbax would log it from every
-    background thread with a traceback each (hundreds of stderr lines)."""
+    background thread with a traceback each (hundreds of stderr lines).
+
+    Installed (a filter on absl's logger and ``sys.unraisablehook``) only while
+    a save or close holds it, and removed with the last one: importing the
+    package changes neither.
+    """
 
     def __init__(self) -> None:
         super().__init__()
         self.active = 0
         self.lock = threading.Lock()
+        self._previous_hook: Any = None
 
     def hold(self) -> None:
         with self.lock:
             self.active += 1
+            if self.active == 1:
+                logging.getLogger("absl").addFilter(self)
+                self._previous_hook = sys.unraisablehook
+                sys.unraisablehook = self._unraisable
 
     def release(self) -> None:
         with self.lock:
             self.active -= 1
+            if self.active == 0:
+                logging.getLogger("absl").removeFilter(self)
+                # Put the previous hook back unless someone replaced ours meanwhile (theirs then stays).
+                if sys.unraisablehook == self._unraisable:
+                    sys.unraisablehook = self._previous_hook
+                self._previous_hook = None
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not (self.active and record.levelno >= logging.ERROR and _logged_by_orbax())
+
+    def _unraisable(self, unraisable: Any) -> None:
+        # Once a save fails, orbax closes its event loop while tensorstore still
+        # completes writes into it: each completion raises this, unraisably.
+        closed = isinstance(unraisable.exc_value, RuntimeError) and str(unraisable.exc_value) == "Event loop is closed"
+        if not (closed and self.active):
+            (self._previous_hook or sys.__unraisablehook__)(unraisable)
 
 
 def _logged_by_orbax() -> bool:
@@ -145,19 +168,6 @@ def _logged_by_orbax() -> bool:
 
 
 _ORBAX_ERRORS = _OrbaxErrors()
-logging.getLogger("absl").addFilter(_ORBAX_ERRORS)
-_previous_unraisablehook = sys.unraisablehook
-
-
-def _unraisable(unraisable: Any) -> None:
-    # Once a save fails, orbax closes its event loop while tensorstore still
-    # completes writes into it: each completion raises this, unraisably.
-    closed = isinstance(unraisable.exc_value, RuntimeError) and str(unraisable.exc_value) == "Event loop is closed"
-    if not (closed and _ORBAX_ERRORS.active):
-        _previous_unraisablehook(unraisable)
-
-
-sys.unraisablehook = _unraisable
 
 
 def _path(location: locations.Location) -> Any:
