@@ -5,11 +5,15 @@ import itertools
 import time
 
 import pytest
+from kernels import EMBEDDED, SERVER
 
 from pathways_kernel import backends
 from pathways_kernel.core.errors import NotSupportedError, PathwaysError
 from pathways_kernel.core.sessions import Session, is_lost
 from pathways_kernel.emulator import chaosmonkey, faults
+
+# Kernels run on the product default, a local Pathways server (conftest._backend).
+KERNEL_BACKEND = SERVER
 
 SETUP = """
 import jax, numpy as np
@@ -33,7 +37,8 @@ on1 = jax.device_put(np.ones((4, 4)), NamedSharding(mesh1, P(None, "model")))
 on0 = jax.device_put(np.full(4, 2.0), slice0[1])
 double = jax.jit(lambda a: a * 2)
 zeros_on1 = jax.jit(lambda: jax.numpy.zeros((4, 4)), out_shardings=NamedSharding(mesh1, P()))
-print(float(double(on1).sum()), float(zeros_on1().sum()), np.asarray(both).sum())  # warm the fast paths
+# Warm the fast paths; no host read of `both` or `on1`, whose host copy JAX would keep on the local server.
+print(float(double(on1).sum()), float(zeros_on1().sum()), float(double(both).sum()))
 """
 
 ACCESS_PATHS = {
@@ -43,7 +48,8 @@ ACCESS_PATHS = {
     "print": "print({x})",
     "jax.device_get": "jax.device_get({x})",
     "device_put to a live device": "jax.device_put({x}, slice0[0])",
-    "device_put onto its own sharding": "jax.device_put({x}, {x}.sharding)",
+    # A no-op in JAX's proxy client (local:), an error at once on embedded: either way its result is lost.
+    "device_put onto its own sharding": "np.asarray(jax.device_put({x}, {x}.sharding))",
     "jit input": "double({x}).block_until_ready()",
     "block_until_ready": "{x}.block_until_ready()",
     "a shard's data": "np.asarray({x}.addressable_shards[0].data)",
@@ -111,14 +117,18 @@ def test_restore_brings_the_slice_back_empty(lost):
         assert probe(lost, "float(zeros_on1().sum())") == "readable"
         # Lost data stays lost, and so does what is computed from it.
         assert probe(lost, "np.asarray(both)") == "DATA_LOSS"
-        assert probe(lost, "jax.device_put(both, both.sharding)") == "DATA_LOSS"
+        assert probe(lost, "np.asarray(jax.device_put(both, both.sharding))") == "DATA_LOSS"
         assert probe(lost, "float(double(on1).sum())") == "DATA_LOSS"
         assert "2/2 slices healthy" in lost.run("%pathways health").text
     finally:
         assert "slice 1 down" in lost.run("%pathways fail 1").text
 
 
-def test_hooks_follow_slice_states_set_directly_on_the_session(lost):
+@pytest.mark.backend(EMBEDDED)
+def test_hooks_follow_slice_states_set_directly_on_the_session(fresh_kernel):
+    """Embedded only: its dispatch hooks follow the session's slice state; on local: the server is the truth."""
+    lost = fresh_kernel
+    assert lost.run(SETUP + "\npw.fail_slice(1)").status == "ok"
     # E.g. a test fixture or the monitor marking the slice up without repair_slice.
     lost.run("pw.session().set_slice_state(1, 'up')")
     try:
@@ -126,6 +136,27 @@ def test_hooks_follow_slice_states_set_directly_on_the_session(lost):
     finally:
         lost.run("pw.session().set_slice_state(1, 'down')")
     assert probe(lost, "float(jax.device_put(np.ones(4), slice1[2]).sum())") == "DATA_LOSS"
+
+
+READ_BEFORE_THE_LOSS = SETUP + "\nprint(np.asarray(both).sum(), np.asarray(on1).sum())\npw.fail_slice(1)"
+
+
+@pytest.mark.backend(EMBEDDED)
+def test_an_array_read_before_the_loss_raises_data_loss_on_the_embedded_backend(fresh_kernel):
+    """Embedded only: it swaps out JAX's host copy of a lost array too."""
+    assert fresh_kernel.run(READ_BEFORE_THE_LOSS).status == "ok"
+    for name in ("np.asarray", "repr", "jax.device_get", "a shard's data", "float(x.sum())"):
+        assert probe(fresh_kernel, ACCESS_PATHS[name].format(x="both")) == "DATA_LOSS", name
+
+
+def test_an_array_read_before_the_loss_keeps_its_host_copy_on_the_local_server(fresh_kernel):
+    """As on Pathways: JAX's client reads the host copy it already holds; work on the array meets the loss."""
+    assert fresh_kernel.run(READ_BEFORE_THE_LOSS).status == "ok"
+    for name in ("np.asarray", "repr", "jax.device_get"):
+        assert probe(fresh_kernel, ACCESS_PATHS[name].format(x="both")) == "readable", name
+    for name in ("float(x.sum())", "jit input"):
+        assert probe(fresh_kernel, ACCESS_PATHS[name].format(x="both")) == "DATA_LOSS", name
+    assert fresh_kernel.run("print(pw.is_lost(both))").text.strip() == "True"
 
 
 def test_slice_events_are_logged(lost):
@@ -420,7 +451,9 @@ def test_fault_injection_is_off_outside_the_tested_jax(local_session, monkeypatc
     assert len(local_session.topology.up_slices) == 2
 
 
+@pytest.mark.backend(EMBEDDED)
 def test_fault_magics_name_the_jax_versions_when_outside_the_tested_range(fresh_kernel):
+    """Embedded only: the versions guard its private JAX; the local server needs none in the kernel."""
     assert fresh_kernel.run("import jax; jax.numpy.ones(3)").status == "ok"
     fresh_kernel.run(
         "from pathways_kernel.core import jaxcompat; jaxcompat.installed_versions = lambda: ('0.9.0', '0.9.0')"
@@ -482,8 +515,9 @@ print("after 200 cycles", len(jax.live_arrays()) - base, sorted(map(readable, on
 """
 
 
+@pytest.mark.backend(EMBEDDED)
 def test_a_loss_frees_lost_buffers_at_once_and_hands_out_no_lost_value(fresh_kernel):
-    """Issue 22.8: two 32 MiB buffers of one loss stayed live for the full 5 s grace (the kernel's
+    """Embedded only (its buffer swaps; the server frees a lost slice's buffers itself). Issue 22.8: two 32 MiB buffers of one loss stayed live for the full 5 s grace (the kernel's
     pipe-watcher and heartbeat threads sit in C calls forever), jax.live_arrays() handed back a
     "lost" array whose value still read 1104.0, and 200 fast cycles left 400 extra live arrays."""
     reply = fresh_kernel.run(LOSS_LEAVES_NOTHING, timeout=300)

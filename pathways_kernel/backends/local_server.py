@@ -277,19 +277,30 @@ class ServerSource(telemetry.ClientSource):
 HOST_CALLBACK_REFUSED = "Unsupported host callback type"
 
 
-def host_callback_line(error: BaseException) -> str | None:
-    """One line for a host callback the proxy client refused, naming where callbacks work; else None."""
-    if HOST_CALLBACK_REFUSED not in str(error):
-        return None
+def error_line(error: BaseException) -> str | None:
+    """The one line for a JAX error whose own message does not say what to do, else None.
+
+    A host callback the proxy client refused: where callbacks work. Work that met a lost
+    slice while every slice is down (the server names only one): how to bring one back,
+    as the embedded backend says it.
+    """
+    from pathways_kernel.core.errors import one_line, slice_down_error
     from pathways_kernel.core.sessions import current
+    from pathways_kernel.emulator.faults import no_slice_up_message
 
     session = current()
-    spec = session.backend.spec if session is not None else "this backend"
-    return (
-        f"{type(error).__name__}: host callbacks (jax.debug.print, jax.pure_callback, io_callback) do not run on "
-        f"{spec}: JAX's Pathways proxy client refuses them on a cpu platform ({HOST_CALLBACK_REFUSED}). "
-        "Run them on the embedded backend (`%pathways connect embedded:2x4`), which runs the slices in this process"
-    )
+    if HOST_CALLBACK_REFUSED in str(error):
+        spec = session.backend.spec if session is not None else "this backend"
+        return (
+            f"{type(error).__name__}: host callbacks (jax.debug.print, jax.pure_callback, io_callback) do not run on "
+            f"{spec}: JAX's Pathways proxy client refuses them on a cpu platform ({HOST_CALLBACK_REFUSED}). "
+            "Run them on the embedded backend (`%pathways connect embedded:2x4`), which runs the slices in this process"
+        )
+    if session is not None and "DATA_LOSS" in str(error) and isinstance(session.backend, LocalServerBackend):
+        slices = session.topology.slices
+        if slices and not any(s.up for s in slices):
+            return one_line(slice_down_error(no_slice_up_message(s.index for s in slices)))
+    return None
 
 
 def _died(pid: int, code: int | None) -> str:

@@ -200,17 +200,27 @@ class PathwaysMagics(Magics):
 
 
 def _show_one_line(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: int | None = None) -> None:
-    """Custom exception handler: a ``PathwaysError`` is one red line, no traceback; so is a host
-    callback JAX's proxy client refused (its own message does not say what to do); other JAX
-    errors get IPython's usual traceback."""
-    from pathways_kernel.backends.local_server import host_callback_line
+    """Custom exception handler: a ``PathwaysError`` is one red line, no traceback."""
+    shell._showtraceback(etype, value, [f"\x1b[0;31m{one_line(value)}\x1b[0m"])
 
-    if isinstance(value, PathwaysError):
-        line = one_line(value)
-    elif (line := host_callback_line(value)) is None:
-        shell._showtraceback(etype, value, shell.InteractiveTB.structured_traceback(etype, value, tb, tb_offset))
+
+def _show_error_lines(shell: Any) -> None:
+    """Show the local server's JAX errors whose own message does not say what to do as one
+    red line (``local_server.error_line``: a host callback, every slice down), wherever IPython
+    shows them: a cell's error, and a result whose display raised (the proxy client's dispatch
+    is asynchronous, so a loss often surfaces in the result's repr)."""
+    show = shell._showtraceback
+    if getattr(show, "pathways_error_lines", False):
         return
-    shell._showtraceback(etype, value, [f"\x1b[0;31m{line}\x1b[0m"])
+
+    def showtraceback(etype: type, value: BaseException, stb: Any) -> Any:
+        from pathways_kernel.backends.local_server import error_line
+
+        line = None if isinstance(value, PathwaysError) else error_line(value)
+        return show(etype, value, stb if line is None else [f"\x1b[0;31m{line}\x1b[0m"])
+
+    showtraceback.pathways_error_lines = True  # type: ignore[attr-defined]
+    shell._showtraceback = showtraceback
 
 
 def register(shell: Any) -> None:
@@ -230,9 +240,8 @@ def register(shell: Any) -> None:
 
     PathwaysMagics.pathways.__doc__ = top_level_help()
     shell.register_magics(PathwaysMagics)
-    import jax
-
-    shell.set_custom_exc((PathwaysError, jax.errors.JaxRuntimeError), _show_one_line)
+    shell.set_custom_exc((PathwaysError,), _show_one_line)
+    _show_error_lines(shell)
     healing.install(shell)  # restore variables lost with a slice, between cells
     connection.install(shell)  # the notice after a disconnect
     goodput.install(shell)  # the notebook's idle time between cells
