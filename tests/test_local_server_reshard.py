@@ -37,6 +37,7 @@ def client_reshard(target: str) -> dict:
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
     from pathwaysutils.elastic import elastic
+    from pathwaysutils.experimental import concatenate_by_mesh_axis, split_by_mesh_axis
 
     from pathways_kernel.server import control
     from pathways_kernel.state import transfers
@@ -48,39 +49,51 @@ def client_reshard(target: str) -> dict:
     both = Mesh(np.array(devices).reshape(2, 4), ("data", "model"))
     rows, cols = P(("data", "model")), P(None, "model")
     live = jax.device_put(value, NamedSharding(slice0, rows))
-    lost = jax.device_put(value, NamedSharding(both, rows))
+    lost = jax.device_put(value, NamedSharding(both, P("data", "model")))
     jax.block_until_ready([live, lost])
+    kept: dict = {}
 
-    def through_client(move) -> dict:
+    def through_client(name, move, expected=(value,)) -> dict:
         """Runs ``move``, waits for it; the host-buffer bytes each way meanwhile, and whether
-        the result (read afterwards) equals numpy."""
+        the results (read afterwards) equal ``expected``."""
         before = control.status(target)["counts"]
         try:
-            moved = move()
-            jax.block_until_ready(moved)
+            moved = kept[name] = list(jax.block_until_ready(move()))
         except jax.errors.JaxRuntimeError as error:
             return {"error": str(error).splitlines()[0], "slice_down": elastic.is_error_due_to_slice_down(error)}
         after = control.status(target)["counts"]
         return {
             "bytes": [after.get(k, 0) - before.get(k, 0) for k in ("host_bytes_from_client", "host_bytes_to_client")],
-            "reshards": after.get("requests.reshard_arrays_request", 0)
-            - before.get("requests.reshard_arrays_request", 0),
-            "equal": all(np.array_equal(np.asarray(m), value) for m in moved),
+            "requests": sorted(
+                k.split(".")[1] for k in after if k.startswith("requests.") and after[k] != before.get(k)
+            ),
+            "equal": [bool(np.array_equal(np.asarray(m), e)) for m, e in zip(moved, expected, strict=True)],
             "devices": sorted({d.id for m in moved for d in m.sharding.device_set}),
         }
 
-    control.fail(target, 1)
+    halves = (value[: ROWS // 2], value[ROWS // 2 :])
     result = {
-        # onto the survivors, laid out otherwise (a mesh of another shape)
-        "after_loss": through_client(
-            lambda: transfers.reshard([live, live], [NamedSharding(slice0, cols), NamedSharding(slice0, P())])
+        # pathwaysutils' split and concatenate by mesh axis: shards regrouped where they are.
+        "split": through_client("split", lambda: split_by_mesh_axis.split_by_mesh_axis(lost, "data"), halves),
+        "concatenated": through_client(
+            "whole", lambda: [concatenate_by_mesh_axis.concatenate_by_mesh_axis(kept["split"], "data")]
         ),
-        "lost": through_client(lambda: transfers.reshard([lost], [NamedSharding(slice0, rows)])),
     }
+    survivor = split_by_mesh_axis.split_by_mesh_axis(lost, "data")[0]  # concatenating donated the halves
+    control.fail(target, 1)
+    # onto the survivors, laid out otherwise (a mesh of another shape)
+    result["after_loss"] = through_client(
+        "after_loss",
+        lambda: transfers.reshard([live, live], [NamedSharding(slice0, cols), NamedSharding(slice0, P())]),
+        (value, value),
+    )
+    result["lost"] = through_client("lost", lambda: transfers.reshard([lost], [NamedSharding(slice0, rows)]))
+    # The half split off onto slice 0 outlived the loss.
+    result["half_on_slice0"] = bool(np.array_equal(np.asarray(survivor), halves[0]))
     control.repair(target, 1)
     # The slice is back: scale up onto both slices, and a same-shape move onto slice 1.
-    result["scale_up"] = through_client(lambda: transfers.reshard([live], [NamedSharding(both, rows)]))
-    result["same_shape"] = through_client(lambda: [jax.device_put(live, NamedSharding(slice1, rows))])
+    result["scale_up"] = through_client("up", lambda: transfers.reshard([live], [NamedSharding(both, rows)]))
+    result["same_shape"] = through_client("same", lambda: [jax.device_put(live, NamedSharding(slice1, rows))])
     return result
 
 
@@ -96,13 +109,16 @@ def test_resharding_after_a_loss_moves_the_bytes_on_the_server_not_through_the_c
     assert out.returncode == 0 and lines, out.stderr[-3000:]
     got = json.loads(lines[-1])
 
-    for case in ("after_loss", "scale_up", "same_shape"):
-        assert got[case]["equal"] is True, (case, got[case])
+    for case in ("split", "concatenated", "after_loss", "scale_up", "same_shape"):
+        assert all(got[case]["equal"]), (case, got[case])
         assert got[case]["bytes"] == [0, 0], (case, got[case])
-    assert got["after_loss"]["reshards"] >= 1 and got["after_loss"]["devices"] == [0, 1, 2, 3]
-    assert got["scale_up"]["reshards"] >= 1 and got["scale_up"]["devices"] == list(range(8))
-    assert got["same_shape"]["devices"] == [4, 5, 6, 7]
+    assert "remap_arrays_request" in got["split"]["requests"], got["split"]
+    assert "remap_arrays_request" in got["concatenated"]["requests"], got["concatenated"]
+    assert "reshard_arrays_request" in got["after_loss"]["requests"] and got["after_loss"]["devices"] == [0, 1, 2, 3]
+    assert "reshard_arrays_request" in got["scale_up"]["requests"] and got["scale_up"]["devices"] == list(range(8))
+    assert "copy_arrays_request" in got["same_shape"]["requests"] and got["same_shape"]["devices"] == [4, 5, 6, 7]
     assert "DATA_LOSS" in got["lost"]["error"] and got["lost"]["slice_down"] is True, got["lost"]
+    assert got["half_on_slice0"] is True
 
 
 if __name__ == "__main__":

@@ -672,26 +672,61 @@ class Session:
         self.topology.check_up(targets)
         devices = jax.devices()
         copies = []
-        for source in [self.arrays.get(h) for h in request.array_handles]:
+        sources = [self.arrays.get(h) for h in request.array_handles]
+        for source in sources:
             source.check_live()
             destination = source.sharding.with_devices(targets) if targets else source.sharding
             shards = [jax.device_put(s, devices[d]) for s, d in zip(source.shards, destination.device_ids, strict=True)]
             copies.append(ServerArray(source.dtype, source.shape, destination, shards))
         for handle, copy in zip(handles, copies, strict=True):
             self.arrays.put(handle, copy)
+        _donated(request, sources)
         response.copy_arrays_response.array_handles.extend(handles)
 
     def _reshard_arrays_request(self, request, response):
         handles = self.arrays.handles_for(request.result_handles, len(request.array_handles))
         results = []
-        for handle, spec in zip(request.array_handles, request.array_specs, strict=True):
-            source = self.arrays.get(handle)
+        sources = [self.arrays.get(h) for h in request.array_handles]
+        for source, spec in zip(sources, request.array_specs, strict=True):
             sharding = sharding_from_proto(spec.sharding)
+            for device in sharding.device_ids:
+                self.topology.check_device(device)
             self.topology.check_up(sharding.device_ids)
             results.append(ServerArray.from_jax(_device_put(source.jax_array(), sharding), sharding))
         for handle, result in zip(handles, results, strict=True):
             self.arrays.put(handle, result)
+        _donated(request, sources)
         response.reshard_arrays_response.array_handles.extend(handles)
+
+    def _remap_arrays_request(self, request, response):
+        """Shards of the inputs become shards of the outputs, where the plan says, without
+        moving (pathwaysutils' split_by_mesh_axis and concatenate_by_mesh_axis send it)."""
+        plan = request.plan
+        sources = [self.arrays.get(h) for h in request.array_handles]
+        for source in sources:
+            source.check_live()
+        specs = [(spec, sharding_from_proto(spec.sharding)) for spec in plan.output_specs]
+        shards: list[list] = [[None] * len(sharding.device_ids) for _, sharding in specs]
+        for mapping in plan.mappings:
+            source = sources[mapping.in_array].shards
+            intervals = zip(
+                mapping.from_start, mapping.from_end, mapping.from_step,
+                mapping.to_start, mapping.to_end, mapping.to_step, strict=True,
+            )  # fmt: skip
+            for from_start, from_end, from_step, to_start, to_end, to_step in intervals:
+                targets = range(to_start, to_end, to_step)
+                for i, j in zip(range(from_start, from_end, from_step), targets, strict=True):
+                    shards[mapping.out_array][j] = source[i]
+        results = []
+        for (spec, sharding), pieces in zip(specs, shards, strict=True):
+            if any(piece is None for piece in pieces):
+                raise ServerError.invalid("the remap plan leaves a shard of an output unset")
+            results.append(ServerArray(dtype_from_proto(spec.dtype), tuple(spec.shape.dims), sharding, pieces))
+        handles = self.arrays.handles_for(request.result_handles, len(results))
+        for handle, result in zip(handles, results, strict=True):
+            self.arrays.put(handle, result)
+        _donated(request, sources)
+        response.remap_arrays_response.array_handles.extend(handles)
 
     def _delete_array_request(self, request, response):
         errors = []
@@ -756,6 +791,18 @@ def _result_handles(request) -> list[int]:
         return []
     value = getattr(request, name)
     return [h for h in ([value] if isinstance(value, int) else value) if h]
+
+
+_DONATE = 3  # xla.ifrt.proto.ArrayCopySemantics.ARRAY_COPY_SEMANTICS_DONATE_INPUT
+
+
+def _donated(request, sources: list[ServerArray]) -> None:
+    """Inputs the client donated to a copy are deleted, as the client now sees them (their
+    memory is freed now, not when the client gets round to destructing them)."""
+    if request.copy_semantics == _DONATE:
+        for source in sources:
+            source.deleted = True
+            source.shards = []
 
 
 def _device_put(value, sharding):
