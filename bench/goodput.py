@@ -57,6 +57,7 @@ def main() -> None:
     parser.add_argument("--snapshot-every", type=int, default=10, help="(a), (b): steps between host snapshots")
     parser.add_argument("--checkpoint-every", type=int, default=100, help="(c): steps between orbax checkpoints")
     parser.add_argument("--only", default="abc", help="strategies to run, e.g. 'ac' (default abc)")
+    parser.add_argument("--backend", default="local:2x4", help="what to connect to (default local:2x4)")
     args = parser.parse_args()
 
     import jax
@@ -72,7 +73,7 @@ def main() -> None:
 
     # elastic_retry logs every elastic event with its traceback: expected here, every ~15 s.
     logging.getLogger("pathwaysutils").setLevel(logging.CRITICAL)
-    pw.connect("local:2x4")
+    pw.connect(args.backend)
     session = pw.session()
     D, H, B, POOL = 256, 1024, 256, 16
     rng = np.random.default_rng(0)

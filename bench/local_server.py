@@ -14,17 +14,30 @@ in-process CPU JAX with 8 devices, and JAX's own proxy client
     ``np.asarray`` of a fresh 64 MiB device array.
 
 The machine is shared, so the two sides alternate, twice, and each keeps its
-best figure. Prints the ratios last: server/in-process step time (goal <= 1.3) and
-server/in-process transfer throughput (goal >= 0.5).
+best figure; the load average is printed with each figure. ``--baseline REV``
+adds a third side: the same client against a server run from the package as it
+was at git revision REV (before and after a change, in one run).
+
+Then, on a server-backed kernel (``local-server:2x4``): elastic recovery against
+its warm floor (``bench/elastic_recovery.py`` with a 0.25 GiB state) and the
+goodput of ``pw.elastic`` under slice losses (``bench/goodput.py --only a``,
+``--goodput-seconds`` of wall time).
+
+Prints the ratios last: server/in-process step time (goal <= 1.3),
+server/in-process transfer throughput (goal >= 0.5), recovery/warm floor on the
+server (goal <= 1.5) and goodput (a) on the server (goal >= 0.90).
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 STEPS = 40
@@ -114,41 +127,117 @@ def run(env: dict[str, str]) -> dict:
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if out.returncode or not lines:
         raise SystemExit(f"measurement failed:\n{out.stderr[-3000:]}")
-    return json.loads(lines[-1])
+    return {**json.loads(lines[-1]), "load": os.getloadavg()[0]}
 
 
 def best(runs: list[dict]) -> dict:
-    """Each figure's best run: least time, most throughput."""
-    return {key: (max if key.endswith("_s") else min)(r[key] for r in runs) for key in runs[0]}
+    """Each figure's best run: least time, most throughput; the load average, the highest seen."""
+    return {key: (max if key.endswith(("_s", "load")) else min)(r[key] for r in runs) for key in runs[0]}
+
+
+def baseline_server(revision: str, directory: str):
+    """A server run from the package as it was at git ``revision``."""
+    from pathways_kernel.server import launch
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    archive = subprocess.run(
+        ["git", "-C", root, "archive", revision, "pathways_kernel"], capture_output=True, check=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", directory], input=archive, check=True)
+    # python -m looks in the working directory first, then PYTHONPATH, then the installed package.
+    with contextlib.chdir(directory):
+        return launch.start(2, 4, env={"PYTHONPATH": directory})
+
+
+def script(name: str, *args: str, timeout: float = 1800) -> list[str]:
+    """Runs ``bench/NAME`` with ``args``; its output lines."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+    out = subprocess.run([sys.executable, path, *args], capture_output=True, text=True, timeout=timeout)
+    if out.returncode:
+        raise SystemExit(f"{name} failed:\n{out.stderr[-3000:]}")
+    return out.stdout.splitlines()
+
+
+def figure(lines: list[str], prefix: str) -> float:
+    """The number that follows ``prefix`` on its line."""
+    line = next(line for line in lines if line.startswith(prefix))
+    return float(line[len(prefix) :].split()[0])
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", metavar="REV", help="also measure a server run from git revision REV")
+    parser.add_argument("--goodput-seconds", type=float, default=60.0, help="wall time of the goodput run (60)")
+    parser.add_argument("--skip-elastic", action="store_true", help="only step, dispatch and transfers")
+    args = parser.parse_args()
     from pathways_kernel.server import launch
 
+    print(f"load average at start: {os.getloadavg()[0]:.1f} (2-core machine, shared)", flush=True)
     base = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
-    in_process_runs, proxied_runs = [], []
-    server = launch.start(2, 4)
-    try:
-        for _ in range(2):
-            in_process_runs.append(run({**base, "JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "8"}))
-            proxied_runs.append(run(launch.client_env(server.target, connect_timeout_s=60)))
-    finally:
-        server.stop()
-    in_process, proxied = best(in_process_runs), best(proxied_runs)
-    print(f"{'':24}{'in-process':>14}{'local server':>14}")
+    sides = {"in-process": {**base, "JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "8"}}
+    servers = []
+    with tempfile.TemporaryDirectory(prefix="bench-local-server-") as directory:
+        try:
+            if args.baseline:
+                servers.append(baseline_server(args.baseline, directory))
+                sides[f"server@{args.baseline[:7]}"] = launch.client_env(servers[-1].target, connect_timeout_s=60)
+            servers.append(launch.start(2, 4))
+            sides["local server"] = launch.client_env(servers[-1].target, connect_timeout_s=60)
+            runs: dict[str, list[dict]] = {side: [] for side in sides}
+            for _ in range(2):
+                for side, env in sides.items():
+                    runs[side].append(run(env))
+        finally:
+            for server in servers:
+                server.stop()
+    figures = {side: best(side_runs) for side, side_runs in runs.items()}
+    print(f"{'':24}" + "".join(f"{side:>16}" for side in figures))
     for key, label in (
         ("step_ms", "step (ms)"),
         ("dispatch_us", "tiny op round trip (us)"),
         ("h2d_mib_s", "host->device (MiB/s)"),
         ("d2h_mib_s", "device->host (MiB/s)"),
+        ("load", "load average (max)"),
     ):
-        print(f"{label:24}{in_process[key]:14.1f}{proxied[key]:14.1f}")
+        print(f"{label:24}" + "".join(f"{f[key]:16.1f}" for f in figures.values()))
+    in_process, proxied = figures["in-process"], figures["local server"]
+    ratios = []
+    if not args.skip_elastic:
+        lines = script(
+            "elastic_recovery.py",
+            "--backend",
+            "local-server:2x4",
+            "--gib",
+            "0.25",
+            "--cycles",
+            "3",
+            "--steady-steps",
+            "50",
+            "--reps",
+            "2",
+        )
+        load = os.getloadavg()[0]
+        print("\nelastic recovery on the server (bench/elastic_recovery.py --gib 0.25):")
+        print("\n".join("  " + line for line in lines if line.startswith(("recovery ", "floor", "run "))))
+        recovery = figure(lines, "recovery/warm floor")
+        ratios.append(f"recovery/warm floor on the server: {recovery:.2f} (goal <= 1.5; load average {load:.1f})")
+        lines = script(
+            "goodput.py", "--only", "a", "--backend", "local-server:2x4", "--seconds", str(args.goodput_seconds)
+        )
+        print(f"\ngoodput on the server (bench/goodput.py --only a --seconds {args.goodput_seconds:.0f}):")
+        print("\n".join("  " + line for line in lines if line.startswith(("(a) pw.elastic   ", "failure schedule"))))
+        load = os.getloadavg()[0]
+        goodput = figure(lines, "goodput(a)")
+        ratios.append(f"goodput (a) on the server: {goodput:.3f} (goal >= 0.90; load average {load:.1f})")
     step = proxied["step_ms"] / in_process["step_ms"]
     h2d = proxied["h2d_mib_s"] / in_process["h2d_mib_s"]
     d2h = proxied["d2h_mib_s"] / in_process["d2h_mib_s"]
+    print()
     print(f"host->device throughput server/in-process: {h2d:.2f} (goal >= 0.5)")
     print(f"device->host throughput server/in-process: {d2h:.2f} (goal >= 0.5)")
     print(f"step time server/in-process: {step:.2f} (goal <= 1.3)")
+    for line in ratios:
+        print(line)
 
 
 if __name__ == "__main__":
