@@ -4,10 +4,10 @@ What an elastic run does once a slice is lost or comes back: move live state ont
 the new mesh. The server counts the bytes that pass through its host-buffer store
 each way (``control.status``): a reshard that the server does itself moves none.
 JAX's ``device_put`` to a sharding of another shape reads the array into the client
-and uploads it again (JAX decides that in the client, before asking the server), so
-the kernel reshards with ``state.transfers.reshard``, IFRT's reshard, which the
-server serves; a same-shape ``device_put`` onto other devices is the server's
-``copy_arrays``.
+and uploads it again (JAX decides that in the client, before asking the server; the
+test checks that boundary too), so the kernel reshards with ``state.transfers.reshard``,
+IFRT's reshard, which the server serves; a same-shape ``device_put`` onto other devices
+is the server's ``copy_arrays``, pathwaysutils' split and concatenate its ``remap_arrays``.
 """
 
 from __future__ import annotations
@@ -87,6 +87,8 @@ def client_reshard(target: str) -> dict:
         lambda: transfers.reshard([live, live], [NamedSharding(slice0, cols), NamedSharding(slice0, P())]),
         (value, value),
     )
+    # The boundary: JAX's own device_put to another shape goes through the client, both ways.
+    result["device_put"] = through_client("put", lambda: [jax.device_put(live, NamedSharding(slice0, cols))])
     result["lost"] = through_client("lost", lambda: transfers.reshard([lost], [NamedSharding(slice0, rows)]))
     # The half split off onto slice 0 outlived the loss.
     result["half_on_slice0"] = bool(np.array_equal(np.asarray(survivor), halves[0]))
@@ -117,6 +119,7 @@ def test_resharding_after_a_loss_moves_the_bytes_on_the_server_not_through_the_c
     assert "reshard_arrays_request" in got["after_loss"]["requests"] and got["after_loss"]["devices"] == [0, 1, 2, 3]
     assert "reshard_arrays_request" in got["scale_up"]["requests"] and got["scale_up"]["devices"] == list(range(8))
     assert "copy_arrays_request" in got["same_shape"]["requests"] and got["same_shape"]["devices"] == [4, 5, 6, 7]
+    assert all(n >= ROWS * COLS * 4 for n in got["device_put"]["bytes"]), got["device_put"]
     assert "DATA_LOSS" in got["lost"]["error"] and got["lost"]["slice_down"] is True, got["lost"]
     assert got["half_on_slice0"] is True
 
