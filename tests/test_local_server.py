@@ -362,6 +362,16 @@ def client_plugins(target: str, trace_dir: str, local_dir: str, bucket_url: str)
         "client_pid": os.getpid(),
         "broken": attempt(lambda: np.asarray(broken(values[0]))),
     }
+
+    # Its first call fixes a function's output shapes for inputs of those shapes, as on Pathways.
+    @colocated_python.colocated_python
+    def varying(x):
+        import jax
+
+        return jax.device_put(np.zeros(int(x[0]) + 1), x.sharding)
+
+    one = jax.device_put(np.zeros(1), jax.devices()[2])
+    result["varying"] = [np.asarray(varying(one)).tolist(), attempt(lambda: np.asarray(varying(one + 1)))]
     # String arrays (colocated Python's output specs travel as one) go both ways.
     words = np.array(["ab", "cde", ""], dtype=np.dtypes.StringDType())
     result["strings"] = np.asarray(jax.device_put(words, jax.devices()[5])).tolist()
@@ -509,6 +519,8 @@ def test_pathwaysutils_profile_persistence_and_colocated_python_run_in_the_serve
     assert f"pathways-local: colocated call in pid {server.pid}" in capfd.readouterr().err
     assert got["broken"] == "INVALID_ARGUMENT: KeyError: 'no shard file for this host'", got
     assert got["strings"] == ["ab", "cde", ""], got
+    assert got["varying"][0] == [0.0], got
+    assert got["varying"][1].startswith("INVALID_ARGUMENT: varying returned float32[2] as output 0, not the float32[1]")
     assert got["chained"] == 3 * (1 + 2 + 3 + 4) + 1 and got["chained_s"] >= 3.0, got
     assert got["tiny_during_slow_s"] < 2.0, got
     # Written by the server, read back by it onto slice 1, equal, to a directory and to GCS.

@@ -291,7 +291,11 @@ class Loader:
         self.step = start
         self._lock = threading.RLock()
         self._layout = Layout(mesh, self.spec, self._session.topology)
-        self._colocated = colocated_python(_remote_producer(make_batches, self.spec, self.name))
+        # One colocated function per number of shards: colocated_python fixes a function's output
+        # shapes by its first call on inputs of the same shapes (on Pathways and the local server;
+        # its in-process fallback does not), and a block's rows depend on the number of shards.
+        self._colocated: dict[int, Any] = {}
+        self._make_colocated = lambda: colocated_python(_remote_producer(make_batches, self.spec, self.name))
         self._pending: dict[int, Pending] = {}
         self._workers: dict[int, Worker] = {}
         self._closed = True  # until the hooks below exist, there is nothing to close
@@ -474,7 +478,7 @@ class Loader:
                 self._pending[s] = Pending(blocks, self._layout, self.name)
 
     def _job(self, step: int, part: Part) -> Callable[[], Any]:
-        colocated = self._colocated
+        colocated = self._colocated_for(part.num_shards)
         spec = self.spec
 
         def job():
@@ -494,6 +498,12 @@ class Loader:
             return tree, time.perf_counter() - started
 
         return job
+
+    def _colocated_for(self, num_shards: int) -> Any:
+        with self._lock:
+            if num_shards not in self._colocated:
+                self._colocated[num_shards] = self._make_colocated()
+            return self._colocated[num_shards]
 
     def _worker(self, index: int) -> Worker:
         if index not in self._workers:

@@ -75,9 +75,15 @@ class ColocatedProgram:
                 f"{self.name} returned {treedef}, not the {self.out_treedef} its output specs say"
             )
         outputs = []
-        for leaf, spec, sharding in zip(leaves, self.out_specs, self.output_shardings, strict=True):
+        for i, (leaf, spec, sharding) in enumerate(zip(leaves, self.out_specs, self.output_shardings, strict=True)):
             if not isinstance(leaf, jax.Array):
                 raise ServerError.invalid(f"{self.name} returned a {type(leaf).__name__}, not a jax.Array")
+            if tuple(leaf.shape) != tuple(spec.shape) or leaf.dtype != spec.dtype:
+                raise ServerError.invalid(
+                    f"{self.name} returned {leaf.dtype}{list(leaf.shape)} as output {i}, not the "
+                    f"{spec.dtype}{list(spec.shape)} of its first call: colocated_python fixes a function's "
+                    "output shapes by its first call on inputs of the same shapes"
+                )
             if set(leaf.sharding.device_set) != set(spec.sharding.device_set):
                 leaf = jax.device_put(leaf, spec.sharding)
             outputs.append(ServerArray.from_jax(leaf, sharding))

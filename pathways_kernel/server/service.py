@@ -147,6 +147,7 @@ class Session:
         # Array handles whose arrays are still being made in the background (a colocated
         # Python function running), each with the future that settles when they exist.
         self.pending: dict[int, concurrent.futures.Future] = {}
+        self.background: set[concurrent.futures.Future] = set()  # gates of colocated functions running
         self._lock = threading.Lock()
 
     @property
@@ -223,8 +224,8 @@ class Session:
             return False
         return not all(self.host_buffers.has(handle) for handle in handles)
 
-    def _process(self, request, respond: Callable) -> None:
-        if self.pending and self._after_pending(request, respond):
+    def _process(self, request, respond: Callable, own: concurrent.futures.Future | None = None) -> None:
+        if self.pending and self._after_pending(request, respond, own):
             return
         kind = request.WhichOneof("request")
         op_id = request.request_metadata.op_id
@@ -265,31 +266,36 @@ class Session:
 
         self.server.pool.submit(finish)
 
-    def _after_pending(self, request, respond: Callable) -> bool:
+    def _after_pending(self, request, respond: Callable, own: concurrent.futures.Future | None) -> bool:
         """Defers ``request`` if it names arrays still being made in the background, until
-        they exist; what it makes is pending meanwhile, so requests naming that wait too.
-        Other requests go on being served: a colocated function that runs for minutes (or
-        hangs) holds up only what depends on it."""
+        they exist. Every handle it names or makes is pending meanwhile, so the requests
+        after it that name one wait for it, as they would have in order (a destruct of one
+        of its inputs must not overtake it). Other requests go on being served: a colocated
+        function that runs for minutes (or hangs) holds up only what depends on it. ``own`` is
+        the gate of a deferred request about to run: it still waits for arrays being made in
+        the background since (a deferred execution's outputs), not for requests after it."""
         kind = request.WhichOneof("request")
         if not kind:
             return False
         inner = getattr(request, kind)
         with self._lock:
-            waits = {self.pending[h] for h in _named_handles(inner) if h in self.pending}
+            named = _named_handles(inner)
+            gates = [self.pending.get(h) for h in named]
+            waits = {g for g in gates if g is not None and (own is None or (g is not own and g in self.background))}
             if not waits:
                 return False
             gate: concurrent.futures.Future = concurrent.futures.Future()
-            made = _result_handles(inner)
-            for handle in made:
+            touched = named + _result_handles(inner)
+            for handle in touched:
                 self.pending[handle] = gate
         left = [len(waits)]
         counter = threading.Lock()
 
         def run() -> None:
             try:
-                self._process(request, respond)
+                self._process(request, respond, gate)
             finally:
-                self._settle(made, gate, None)
+                self._settle(touched, gate, None)
 
         def settled(_future) -> None:
             with counter:
@@ -304,6 +310,7 @@ class Session:
 
     def _settle(self, handles, gate: concurrent.futures.Future, error: ServerError | None) -> None:
         with self._lock:
+            self.background.discard(gate)
             for handle in handles:
                 if self.pending.get(handle) is gate:
                     del self.pending[handle]
@@ -317,6 +324,7 @@ class Session:
         pending until it returns. A slice lost while it ran loses its outputs there."""
         gate: concurrent.futures.Future = concurrent.futures.Future()
         with self._lock:
+            self.background.add(gate)
             for handle in handles:
                 self.pending[handle] = gate
 
