@@ -29,6 +29,8 @@ import { DEFAULT_SMOOTHING, MetricSeries, StepColumns, XAxis } from './metricser
 import { GoodputIntervalsMessage, MAX_CHIP_HISTORY, MonitorEvent } from './protocol';
 
 export const DASHBOARD_ID = 'pathways-dashboard';
+/** Longest a new subscription's frames wait for its history (ms). */
+const HISTORY_WAIT_MS = 1000;
 
 /** The charts every dashboard has (a metric chart's id is `metric:<name>`), each can open in its own tab. */
 export const DASHBOARD_CHARTS = [
@@ -84,6 +86,11 @@ export class PathwaysDashboard extends Widget {
   private _connection: MonitorConnection | null = null;
   private _rate = 2;
   private _frame = 0;
+  /**
+   * A new subscription's history is on its way (it follows the topology): frames wait
+   * for it, so a first frame drawn without it does not hold up its arrival (up to HISTORY_WAIT_MS).
+   */
+  private _historyDue: ReturnType<typeof setTimeout> | null = null;
   private _message = '';
   private _window = new TimeWindow(() => this._schedule());
 
@@ -370,6 +377,9 @@ export class PathwaysDashboard extends Widget {
   }
 
   dispose(): void {
+    if (this._historyDue !== null) {
+      clearTimeout(this._historyDue);
+    }
     this._detach();
     for (const chart of this._allCharts()) {
       chart.dispose();
@@ -403,6 +413,7 @@ export class PathwaysDashboard extends Widget {
   }
 
   private _attach(kernel: Kernel.IKernelConnection): void {
+    this._awaitHistory();
     const connection = new MonitorConnection(kernel, this.model, {
       closed: reason => {
         if (this._connection === connection) {
@@ -497,6 +508,7 @@ export class PathwaysDashboard extends Widget {
         this.data.loadSliceHistory(
           this.model.topology?.slices.map(sl => this.model.history(sl.index)) ?? []
         );
+        this._historyArrived();
         break;
       case 'metrics':
         this.data.addMetrics(this.model.metrics!);
@@ -513,7 +525,22 @@ export class PathwaysDashboard extends Widget {
         this._renderChrome();
         break;
     }
-    this._schedule();
+    if (this._historyDue === null) {
+      this._schedule();
+    }
+  }
+
+  private _awaitHistory(): void {
+    this._historyArrived();
+    this._historyDue = setTimeout(() => this._historyArrived(), HISTORY_WAIT_MS);
+  }
+
+  private _historyArrived(): void {
+    if (this._historyDue !== null) {
+      clearTimeout(this._historyDue);
+      this._historyDue = null;
+      this._schedule();
+    }
   }
 
   /** Ask the kernel for the last 5 minutes of the chosen slice's chips (`chip_history`). */

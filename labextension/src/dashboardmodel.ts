@@ -276,11 +276,16 @@ export class DashboardModel {
     const ours = { slices: this._slices, memory: this._memory };
     this._slices = new Table(ours.slices.columns.length);
     this._memory = new Table(ours.memory.columns.length);
+    // One pair of row buffers for every point: Table.push copies the values out.
+    const util: (number | null)[] = new Array(series.length);
+    const used: (number | null)[] = new Array(series.length);
     for (let i = 0; i < points; i++) {
-      const rows = this._sliceRows(
-        series.map(s => (s.up[i] ? 100 * s.values[i] : null)),
-        series.map(s => (s.up[i] ? s.memory[i] : null))
-      );
+      for (let k = 0; k < series.length; k++) {
+        const s = series[k];
+        util[k] = s.up[i] ? 100 * s.values[i] : null;
+        used[k] = s.up[i] ? s.memory[i] : null;
+      }
+      const rows = this._sliceRows(util, used);
       if (rows) {
         this._slices.push(series[0].times[i], rows[0]);
         this._memory.push(series[0].times[i], rows[1]);

@@ -136,14 +136,20 @@ export class MonitorModel {
   setHistory(history: HistoryMessage): void {
     const columns = history.slices.length;
     const last = history.points ? history.time[history.points - 1] : -Infinity;
+    const times = Array.from(history.time);
     history.slices.forEach((index, k) => {
-      const series = emptySeries();
-      for (let t = 0; t < history.points; t++) {
-        const at = t * columns + k;
-        series.times.push(history.time[t]);
-        series.values.push(history.utilization[at]);
-        series.memory.push(history.memory_bytes[at]);
-        series.up.push(history.up[at] === 1);
+      // Filled in place: a new dashboard takes 64 slices x 1,800 points at once.
+      const n = history.points;
+      const series: Series = {
+        times: times.slice(),
+        values: new Array<number>(n),
+        memory: new Array<number>(n),
+        up: new Array<boolean>(n)
+      };
+      for (let t = 0, at = k; t < n; t++, at += columns) {
+        series.values[t] = history.utilization[at];
+        series.memory[t] = history.memory_bytes[at];
+        series.up[t] = history.up[at] === 1;
       }
       const ours = this._history.get(index);
       if (ours) {
