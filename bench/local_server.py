@@ -136,17 +136,20 @@ def best(runs: list[dict]) -> dict:
 
 
 def baseline_server(revision: str, directory: str):
-    """A server run from the package as it was at git ``revision``."""
+    """A server run from the package as it was at git ``revision``, and the revision's short name."""
     from pathways_kernel.server import launch
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    name = subprocess.run(
+        ["git", "-C", root, "rev-parse", "--short", revision], capture_output=True, text=True, check=True
+    ).stdout.strip()
     archive = subprocess.run(
         ["git", "-C", root, "archive", revision, "pathways_kernel"], capture_output=True, check=True
     ).stdout
     subprocess.run(["tar", "-x", "-C", directory], input=archive, check=True)
     # python -m looks in the working directory first, then PYTHONPATH, then the installed package.
     with contextlib.chdir(directory):
-        return launch.start(2, 4, env={"PYTHONPATH": directory})
+        return launch.start(2, 4, env={"PYTHONPATH": directory}), name
 
 
 def script(name: str, *args: str, timeout: float = 1800) -> list[str]:
@@ -179,8 +182,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-local-server-") as directory:
         try:
             if args.baseline:
-                servers.append(baseline_server(args.baseline, directory))
-                sides[f"server@{args.baseline[:7]}"] = launch.client_env(servers[-1].target, connect_timeout_s=60)
+                server, name = baseline_server(args.baseline, directory)
+                servers.append(server)
+                sides[f"server@{name}"] = launch.client_env(server.target, connect_timeout_s=60)
             servers.append(launch.start(2, 4))
             sides["local server"] = launch.client_env(servers[-1].target, connect_timeout_s=60)
             runs: dict[str, list[dict]] = {side: [] for side in sides}
