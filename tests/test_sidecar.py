@@ -248,6 +248,16 @@ def test_on_the_server_sidecars_and_the_loader_run_in_the_server_process_at_the_
     assert reply.text.split()[:4] == ["{0:", "True,", "1:", "True}"], reply.text
     assert reply.text.split()[4] == "True", f"two 3 s sidecars on two slices took {reply.text.split()[5]} s"
     assert reply.text.split()[6] == "True", reply.text
+    # As on Pathways, a sidecar's first call on a slice fixes its result's shapes there.
+    reply = server_kernel.run(
+        "sized = pw.sidecar(lambda n: np.arange(n), slices='0')\nprint(sized(3)[0].tolist())\nsized(5)"
+    )
+    assert reply.text.strip() == "[0, 1, 2]", reply.text
+    assert reply.error.strip().startswith(
+        "SidecarError: sidecar '<lambda>' failed on slice 0: JaxRuntimeError: INVALID_ARGUMENT: <lambda> returned "
+        "int32[5] as output 0, not the int32[3] of its first call"
+    ), reply.error
+    assert len(reply.error.strip().splitlines()) == 1, reply.error
     # The loader's producers run there too, one block per slice, joined on the mesh.
     reply = server_kernel.run(
         "def pids(step, shard, num_shards):\n"
