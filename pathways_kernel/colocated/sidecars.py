@@ -2,9 +2,11 @@
 
 A sidecar is a plain Python function that ``jax.experimental.colocated_python``
 runs on the CPU devices colocated with a slice's chips: on Pathways in the
-sidecar containers of that slice's TPU hosts, on the embedded ``local``
-backend in this process (the slice's chips are CPU devices already). Results
-come back as ``jax.Array``s placed on the slice, replicated over its chips.
+sidecar containers of that slice's TPU hosts, on the local Pathways server
+(``local:``) in the server's process, on the embedded backend in this process
+(the slice's chips are CPU devices already). Results come back as
+``jax.Array``s placed on the slice, replicated over its chips; as on Pathways,
+a sidecar's first call on a slice fixes its results' shapes there.
 
     @pw.sidecar(slices="all", timeout=30)
     def shard_stats(slice_index):
