@@ -271,6 +271,18 @@ def proxy_session():
     return Session(ProxyBackend.from_spec("grpc://127.0.0.1:1"))
 
 
+def test_the_compile_listener_belongs_to_the_session_and_leaves_with_it(proxy_session):
+    # jax.monitoring has no public listing of its listeners; this only reads the list.
+    from jax._src import monitoring as jax_monitoring
+
+    before = list(jax_monitoring.get_event_duration_listeners())
+    accounting.begin("listened", "test", proxy_session, progress=False).end()
+    during = list(jax_monitoring.get_event_duration_listeners())
+    proxy_session.close()
+    assert len(during) == len(before) + 1
+    assert list(jax_monitoring.get_event_duration_listeners()) == before
+
+
 class CloudLoggingStandIn:
     """Stands in for the library's ``_CloudLogger``: Cloud Logging cannot run here.
     Keeps what it is given, filtered by job name as the library's writer is."""

@@ -53,8 +53,8 @@ def begin(
     """Start accounting a run of steps ``first_step..stop_step - 1`` on this
     thread; end it with ``Account.end()``. ``progress``: a notebook may show it.
     ``began``: the ``time.perf_counter()`` the run started at, if earlier."""
-    _listen_for_compiles()
     account = Account(name, kind, session or sessions.session(), began)
+    account._session.component(CompileListener)
     account.first_step, account.stop_step, account.progress = first_step, stop_step, progress
     ledger(account._session).started(account)
     for watch in WATCHERS:
@@ -110,8 +110,8 @@ def loop_next(owner: Any, name: str) -> Account | None:
     if account is None or account.ended:
         if current() is not None:
             return None
-        _listen_for_compiles()
         account = Account(name, "loader", sessions.session())
+        account._session.component(CompileListener)
         ledger(account._session).started(account)
         _loops[owner] = account
         for watch in WATCHERS:
@@ -155,26 +155,34 @@ _COMPILE_EVENTS = (
     "/jax/core/compile/jaxpr_to_mlir_module_duration",
     "/jax/core/compile/backend_compile_duration",
 )
-_listening = False
-_listening_lock = threading.Lock()
 
 
-def _on_duration(event: str, seconds: float, **_kwargs: Any) -> None:
-    if event not in _COMPILE_EVENTS:
-        return
-    account = running()
-    if account is not None and not account.ended:
-        account.compiled(seconds)
+class CompileListener:
+    """The session's ``jax.monitoring`` listener for compiles: registered at the
+    session's first run, unregistered when the session closes (a session component).
+    It counts compiles only in runs of its own session."""
 
+    def __init__(self, session: Any):
+        from jax import monitoring
 
-def _listen_for_compiles() -> None:
-    global _listening
-    with _listening_lock:
-        if not _listening:
-            from jax import monitoring
+        self.session = session
+        monitoring.register_event_duration_secs_listener(self.on_duration)
+        self._registered = True
+        session.on_close(self.close)
 
-            monitoring.register_event_duration_secs_listener(_on_duration)
-            _listening = True
+    def on_duration(self, event: str, seconds: float, **_kwargs: Any) -> None:
+        if event not in _COMPILE_EVENTS:
+            return
+        account = running()
+        if account is not None and not account.ended and account._session is self.session:
+            account.compiled(seconds)
+
+    def close(self) -> None:
+        from jax import monitoring
+
+        if self._registered:
+            self._registered = False
+            monitoring.unregister_event_duration_listener(self.on_duration)
 
 
 def install(shell: Any) -> None:
