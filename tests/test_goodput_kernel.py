@@ -5,8 +5,12 @@ import re
 import time
 
 import pytest
+from kernels import SERVER
 
 pytestmark = pytest.mark.kernel
+
+# Kernels run on the product default, a local Pathways server (conftest._backend).
+KERNEL_BACKEND = SERVER
 
 SETUP = """
 import time
@@ -112,11 +116,13 @@ def test_a_kernels_first_elastic_run_accounts_for_the_whole_cell_and_its_first_s
     assert reply.status == "ok", reply.error
     accounted, stall = accounted_and_stall(reply.text)
     assert accounted >= 0.95 and stall >= 0.8, reply.text
-    # A slice lost while that copy is made: the run cannot start, and its time is still all accounted for.
+    # A slice lost while that copy is made: its time is still all accounted for. On the embedded backend
+    # the run cannot start (ElasticError); on the local server the copy sometimes completes before the
+    # server drops the slice, and the run then recovers from it (seen both ways).
     reply = fresh_kernel.run("hold_copier(1.0)\nthreading.Timer(0.3, pw.fail_slice, (1,)).start()\ntimed_run('third')")
     try:
         assert reply.status == "ok", reply.error
-        assert "ElasticError" in reply.text, reply.text
+        assert "ElasticError" in reply.text or "10 steps in" in reply.text and "1 recovery" in reply.text, reply.text
         accounted, stall = accounted_and_stall(reply.text)
         assert accounted >= 0.95 and stall >= 0.2, reply.text
     finally:

@@ -5,6 +5,10 @@ import re
 import time
 
 import pytest
+from kernels import SERVER
+
+# Kernels run on the product default, a local Pathways server (conftest._backend).
+KERNEL_BACKEND = SERVER
 
 SETUP = """
 import jax, numpy as np
