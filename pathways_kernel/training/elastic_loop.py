@@ -43,6 +43,10 @@ as ``callback(step, mesh)`` after every reshard or rollback, so that data
 loaders follow the new mesh and replay from ``step``.
 
 pathwaysutils (and so JAX) is imported on first use, not with the package.
+
+Over 600 lines: ``Elastic.run`` and its boundaries, recovery and scale-up share
+one run's state (about 320 lines); what a run reports (``RunReport``), the
+restore hooks and the argument checks are the seams to split off next.
 """
 
 from __future__ import annotations
