@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import hashlib
 import itertools
 import logging
 import queue
@@ -51,6 +52,7 @@ STORE_METADATA = "ifrt-proxy-grpc-host-buffer-store-metadata-bin"
 # Protocol versions this server answers; the client says which it speaks.
 PROTOCOL_MIN, PROTOCOL_MAX = 16, 25
 _CHUNK = 4 << 20
+_COMPILED_KEPT = 64  # executables the server keeps for programs compiled again
 
 
 class Server:
@@ -65,10 +67,36 @@ class Server:
         # Bytes through the host-buffer store each way and requests by kind, for
         # ``status``: what shows whether an array's bytes went through the client.
         self.counts: collections.Counter = collections.Counter()
+        self._compiled: collections.OrderedDict[bytes, Program] = collections.OrderedDict()
 
     def count(self, key: str, amount: int = 1) -> None:
         with self._lock:
             self.counts[key] += amount
+
+    def compile(self, request) -> Program:
+        """``compile_program``, once per program and options (``_COMPILED_KEPT`` kept): as on
+        Pathways, which has its own compilation cache, a client that compiles a program again
+        (its caches cleared, a mesh it ran on before) gets what the server compiled then."""
+        if request.program.type_name != "xla::ifrt::XlaProgram":  # plugin programs have state
+            return compile_program(request, self.topology)
+        options = request.compile_options.data
+        if request.compile_options.type_name == "xla::ifrt::XlaCompileOptions":
+            # The client's bytes order its maps differently from one compile to the next.
+            options = protos.ifrt("XlaCompileOptionsProto").FromString(options).SerializeToString(deterministic=True)
+        parts = (request.program.data, request.compile_options.type_name.encode(), options)
+        key = hashlib.sha256(b"\0".join(parts)).digest()
+        with self._lock:
+            program = self._compiled.get(key)
+            if program is not None:
+                self._compiled.move_to_end(key)
+                self.counts["compile_cache_hits"] += 1
+                return program
+        program = compile_program(request, self.topology)
+        with self._lock:
+            self._compiled[key] = program
+            while len(self._compiled) > _COMPILED_KEPT:
+                self._compiled.popitem(last=False)
+        return program
 
     def open_session(self, version) -> Session:
         with self._lock:
@@ -401,7 +429,7 @@ class Session:
 
     def _compile_request(self, request, response):
         def compile_() -> None:
-            program = compile_program(request, self.topology)
+            program = self.server.compile(request)
             handle = self.arrays.new_handle()
             ready = self.arrays.new_handle()
             with self._lock:
