@@ -12,10 +12,14 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from kernels import SERVER
 
 import pathways_kernel as pw
 from pathways_kernel.emulator import chaosmonkey, faults
 from pathways_kernel.state import snapshots
+
+# Kernels run on the product default, a local Pathways server (conftest._backend).
+KERNEL_BACKEND = SERVER
 
 GLOBAL_BATCH = 16
 FEATURES, OUTPUTS = 32, 8

@@ -251,9 +251,11 @@ def _is_device_array(value: Any) -> bool:
 
 
 def is_known_lost(value: Any) -> bool:
-    """Whether ``value`` is a finished device array known lost with a slice
-    (never waits for a pending one: it counts as not lost)."""
-    return _is_device_array(value) and not value.is_deleted() and value.is_ready() and is_lost(value)
+    """Whether ``value`` is a device array known lost with a slice, never waiting for a
+    pending one (which counts as not lost, unless the backend knows without reading: on the
+    local server an array put on a slice just before its loss may not be ready yet, and a
+    snapshot of it would only fail later, out of sight)."""
+    return _is_device_array(value) and not value.is_deleted() and is_lost(value, wait=False)
 
 
 def _copy_array(array: Any, out: np.ndarray) -> None:
