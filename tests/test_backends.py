@@ -64,7 +64,11 @@ def test_bad_specs_say_what_to_type(spec, fragment):
 def test_default_spec_honours_kernelspec_then_pathways_env(monkeypatch):
     monkeypatch.delenv(backends.BACKEND_ENV, raising=False)
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    monkeypatch.setattr(backends, "_jax_running", lambda: False)
     assert backends.default_spec() == "local:2x4"
+    # Where JAX already runs in the process, the session stays in it.
+    monkeypatch.setattr(backends, "_jax_running", lambda: True)
+    assert backends.default_spec() == "embedded:2x4"
     monkeypatch.setenv("JAX_PLATFORMS", "proxy")
     monkeypatch.setenv("JAX_BACKEND_TARGET", "grpc://localhost:29000")
     assert backends.default_spec() == "proxy:grpc://localhost:29000"

@@ -166,11 +166,13 @@ def test_connect_after_computation_says_what_would_be_lost_and_how(fresh_kernel)
 
 
 def test_load_ext_in_a_stock_ipython_kernel():
-    k = Kernel("python3")
+    """No backend named: JAX already runs in the kernel, so the session is embedded and keeps its arrays."""
+    k = Kernel("python3", backend=None)
     try:
-        reply = k.run("%load_ext pathways_kernel\n%pathways status")
+        assert k.run("import jax.numpy as jnp; x = jnp.arange(4.0)").status == "ok"
+        reply = k.run("%load_ext pathways_kernel\n%pathways status\nprint(float(x.sum()))")
         assert reply.status == "ok", reply.error
-        assert "embedded:2x4" in reply.text
+        assert "embedded:2x4" in reply.text and "6.0" in reply.text, reply.text
         line = one_line(k.run("%pathways connect local:nope"))
         assert line.startswith("SpecError: bad local spec")
     finally:

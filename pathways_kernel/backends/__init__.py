@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 
 from pathways_kernel.core.backend import Backend, Placement
 from pathways_kernel.core.errors import SpecError
 from pathways_kernel.emulator.local import LocalBackend
 
 DEFAULT_SPEC = "local:2x4"
+#: The default where JAX already runs in this process (a stock kernel that computed before
+#: ``%load_ext``): switching it to the proxy client would drop the arrays it holds.
+IN_PROCESS_SPEC = "embedded:2x4"
 #: Environment variable a kernelspec sets to choose the kernel's backend.
 BACKEND_ENV = "PATHWAYS_BACKEND"
 #: Upper bound on emulated devices; XLA's CPU client gets slow far beyond it.
@@ -35,12 +39,22 @@ _HOST_PORT = re.compile(r"^[\w.\-\[\]:]+:\d+$")
 
 
 def default_spec() -> str:
-    """The spec a new session starts with: kernelspec env, Pathways env, or local:2x4 (a local Pathways server)."""
+    """The spec a new session starts with: kernelspec env, Pathways env, embedded:2x4 where
+    JAX already runs in this process, else local:2x4 (a local Pathways server)."""
     if spec := os.environ.get(BACKEND_ENV):
         return spec
     if os.environ.get("JAX_PLATFORMS", "").strip() == "proxy" and os.environ.get("JAX_BACKEND_TARGET"):
         return "proxy:" + os.environ["JAX_BACKEND_TARGET"]
+    if _jax_running():
+        return IN_PROCESS_SPEC
     return DEFAULT_SPEC
+
+
+def _jax_running() -> bool:
+    """Whether this process's JAX has created its backends (never imports JAX itself)."""
+    from pathways_kernel.core import jaxcompat
+
+    return "jax" in sys.modules and jaxcompat.backends_initialized()
 
 
 def parse_local(body: str | None, kind: str = "local") -> tuple[int, int]:
