@@ -464,6 +464,18 @@ def test_memory_scales_to_the_data_and_the_legend_fits_one_row_at_1024(page, ser
     page.get_by_role("checkbox", name="snapshot").wait_for(state="hidden", timeout=5_000)
 
     arrow_keys_move_the_legend(page)
+
+    # Any chart in its own tab from the command palette too; closing the tab puts it back.
+    page.locator(f"{UTILIZATION} [role='img']").focus()
+    page.keyboard.press("Control+Shift+c")
+    page.locator(".lm-CommandPalette-input").fill("Open Chart")
+    page.locator(".lm-CommandPalette-item", has_text="Pathways: Open Chart “Memory used vs capacity” in a Tab").click()
+    tab = page.locator(".lm-DockPanel .lm-TabBar-tab", has_text="Memory used vs capacity · Pathways")
+    tab.wait_for(timeout=10_000)
+    page.locator(f"#pathways-chart-memory {MEMORY_CHART.removeprefix(DASHBOARD + ' ')} canvas").wait_for()
+    tab.locator(".lm-TabBar-tabCloseIcon").click()
+    page.locator(MEMORY_CHART).wait_for(timeout=5_000)
+
     with dark_theme(page):
         wait_for_light_axis(page, MEMORY_CHART)
         memory_line_well_above_zero(page)
