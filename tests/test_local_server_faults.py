@@ -197,7 +197,7 @@ def test_bad_requests_are_answered_in_one_line_naming_what_is_wrong():
         make.sharding.serialized_sharding.type_name = "xla::ifrt::SingleDeviceSharding"
         make.sharding.serialized_sharding.data = single.SerializeToString()
         make.host_buffer_handle, make.array_handle = 1, 2
-        requests[2].remap_arrays_request.SetInParent()
+        requests[2].bitcast_arrays_request.SetInParent()
         for op_id, request in enumerate(requests, 1):
             request.request_metadata.op_id = op_id
         responses = {
@@ -212,7 +212,7 @@ def test_bad_requests_are_answered_in_one_line_naming_what_is_wrong():
         )
         assert (
             responses[3].response_metadata.status.message
-            == "the local Pathways server does not serve remap_arrays_request"
+            == "the local Pathways server does not serve bitcast_arrays_request"
         )
         assert responses[3].response_metadata.status.code == 12  # UNIMPLEMENTED
         channel.close()
