@@ -19,6 +19,7 @@ from typing import Any
 
 from pathways_kernel.core import runs, sessions
 from pathways_kernel.training.goodput import Account, ledger
+from pathways_kernel.training.run_events import StepFollower
 
 _local = threading.local()
 
@@ -147,6 +148,35 @@ def _thread_loops() -> list[Account]:
     if loops is None:
         loops = _local.loops = []
     return loops
+
+
+class LedgerFollower(StepFollower):
+    """The goodput ledger following a run's step events (``run_events``) into its ``Account``."""
+
+    def __init__(self, account: Account):
+        self.account = account
+
+    def step_begin(self, step: int) -> None:
+        self.account.step_begin(step)
+
+    def step_end(self, step: int, output: Any) -> None:
+        self.account.step_end(output)
+
+    def recovery_begin(self) -> None:
+        self.account.recovery_begin()
+
+    def recovery_end(self, step: int) -> None:
+        self.account.recovery_end(step)
+
+    def snapshot_started(self, state: Any) -> None:
+        # The wait on it starts with the steps' compute (Account.snapshot_source).
+        self.account.snapshot_source(state)
+
+    def phase(self, category: str) -> contextlib.AbstractContextManager[Any]:
+        return self.account.spent(category)
+
+    def end(self) -> None:
+        self.account.end()
 
 
 # -- compiles, from jax.monitoring ---------------------------------------------

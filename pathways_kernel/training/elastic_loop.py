@@ -68,7 +68,8 @@ from pathways_kernel.core.sessions import Session, session
 from pathways_kernel.core.text import count
 from pathways_kernel.state import snapshots, transfers
 from pathways_kernel.training import accounting
-from pathways_kernel.training.metric_log import metric_log
+from pathways_kernel.training.metric_log import LossFollower, metric_log
+from pathways_kernel.training.run_events import RunEvents
 
 #: Consecutive failures (without a new good snapshot in between) before giving up.
 DEFAULT_MAX_RETRIES = 10
@@ -357,8 +358,10 @@ class Elastic:
             watch.close()
             raise
         report.snapshots += 1
-        # goodput: where this run's time goes, from its start (and, in a notebook, its progress under the cell)
-        self._account = accounting.begin(self.name, "elastic", s, start, steps, progress, began=began)
+        # Where this run's time goes, from its start (and, in a notebook, its progress under the cell),
+        # and the loss in each step's output: the run's followers, told its step events.
+        account = accounting.begin(self.name, "elastic", s, start, steps, progress, began=began)
+        self._events = RunEvents(accounting.LedgerFollower(account), LossFollower(metric_log(s), account))
         try:
             # Imported once the state is copied: the first import takes a while.
             from pathwaysutils.elastic.manager import ElasticRetryLimit, ScaleUpSignalError
@@ -380,18 +383,17 @@ class Elastic:
                 try:
                     if recover:
                         mesh, state, step = self._recover(s, watch, mesh, state, step, store, snap_name, report)
-                        self._account.recovery_end(step)  # goodput: steps from here on are redone
+                        self._events.recovery_end(step)
                         recover, resumed_at = False, step
                     if scale_up:
                         scale_up = False
-                        with self._account.spent("scale_up"):  # goodput
+                        with self._events.phase("scale_up"):
                             mesh, state = self._scale_up(s, watch, mesh, state, step, report)
                     while step < steps:
                         self._check_boundary(s, watch, mesh)
-                        self._account.step_begin(step)  # goodput
+                        self._events.step_begin(step)
                         state = self.step_fn(state, step, mesh)
-                        self._account.step_end(state)  # goodput
-                        metric_log(s).step_output(self._account, step, state)  # the loss in its state, kept
+                        self._events.step_end(step, state)
                         step += 1
                         report.steps_executed += 1
                         due = step % self.snapshot_every == 0 and step < steps
@@ -408,9 +410,9 @@ class Elastic:
                                 failures = 0
                             pending = None
                         if due:
-                            with self._account.spent("snapshot_stall"):  # goodput
+                            with self._events.phase("snapshot_stall"):
                                 pending = store.snap(state, snap_name, step, run)
-                            self._account.snapshot_source(state)  # goodput: its wait starts with the steps' compute
+                            self._events.snapshot_started(state)
                             report.snapshots += 1
                     self._check_boundary(s, watch, mesh)
                     _block(state)
@@ -422,7 +424,7 @@ class Elastic:
                     if not _is_slice_loss(error):
                         raise
                     failures += 1
-                    self._account.recovery_begin()  # goodput: loss detected
+                    self._events.recovery_begin()
                     s.events.emit("retry", step=step, detail=f"attempt {failures}: {_reason(error)}")
                     if retry is not None and not retry(failures, error):
                         raise ElasticError(
@@ -441,13 +443,13 @@ class Elastic:
             # What the run returns (no loop snapshot is due at the last step),
             # copied while the next cell runs, never waited for here: a later
             # loss heals to it, not to an older step.
-            with self._account.spent("snapshot_stall"):  # goodput
+            with self._events.phase("snapshot_stall"):
                 store.snap(state, snap_name, step, run)
             report.snapshots += 1
             return state
         finally:
             report.duration_s = time.perf_counter() - began
-            self._account.end()  # goodput: the run's figures, and its event
+            self._events.end()  # the run's goodput figures, and its event
             watch.close()
 
     # -- compiling ahead ------------------------------------------------------
@@ -560,7 +562,7 @@ class Elastic:
         else roll back to this run's newest snapshot."""
         start = time.perf_counter()
         before = _mesh_slices(s, mesh)
-        with accounting.spent("slice_wait"):  # goodput
+        with self._events.phase("slice_wait"):
             self._wait_for_a_slice(s, watch)
         watch.changed.clear()
         watch.down.clear()

@@ -31,6 +31,7 @@ from typing import Any
 
 from pathways_kernel.core.sessions import session as current_session
 from pathways_kernel.core.threads import stopped_at_exit
+from pathways_kernel.training.run_events import StepFollower
 
 #: Points one session keeps (the oldest drop off).
 MAX_POINTS = 200_000
@@ -224,6 +225,16 @@ class MetricLog:
 
 #: Logs whose reader thread was started.
 _reading = stopped_at_exit(MetricLog.close)
+
+
+class LossFollower(StepFollower):
+    """The session's metric log following a run's step events: the loss in each step's output."""
+
+    def __init__(self, log: MetricLog, account: Any):
+        self.log, self.account = log, account
+
+    def step_end(self, step: int, output: Any) -> None:
+        self.log.step_output(self.account, step, output)
 
 
 def metric_log(session: Any = None) -> MetricLog:
