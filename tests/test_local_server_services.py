@@ -1,13 +1,15 @@
 """What Pathways does server-side, on a kernel backed by the local Pathways server:
+``%%pathways sidecar`` and ``pw.loader`` run in the server's process,
 ``%%pathways profile`` captures the server's device side, and checkpoints and
 snapshots reach Cloud Storage (fake-gcs-server) and come back. One kernel, one server
-for the module. (Sidecars on the server: ``tests/test_sidecar.py``.)
+for the module. (Sidecars on the embedded backend: ``tests/test_sidecar.py``.)
 """
 
 from __future__ import annotations
 
 import os
 import re
+import time
 
 import pytest
 from kernels import SERVER, Kernel
@@ -17,12 +19,14 @@ from kernels import SERVER, Kernel
 def server_kernel(gcs_server):
     k = Kernel("pathways", backend=SERVER, env=gcs_server.env)
     reply = k.run(
+        "import os, time, threading\n"
         "import jax, jax.numpy as jnp, numpy as np\n"
         "from jax.sharding import NamedSharding, PartitionSpec as P\n"
-        "print(jax.config.jax_platforms, pw.session().backend.server.pid)",
+        "server_pid = pw.session().backend.server.pid\n"
+        "print(jax.config.jax_platforms, server_pid != os.getpid())",
         timeout=240,
     )
-    assert reply.status == "ok" and reply.text.startswith("proxy "), reply.text + reply.error
+    assert reply.status == "ok" and reply.text.strip() == "proxy True", reply.text + reply.error
     yield k
     k.shutdown()
 
@@ -63,3 +67,90 @@ def test_checkpoints_and_snapshots_go_to_cloud_storage_and_come_back(server_kern
     )
     assert reply.status == "ok", reply.error
     assert [line for line in reply.text.splitlines() if line.strip()][-2:] == ["True 7", "True 7"], reply.text
+
+
+# -- sidecars: in the server's process ------------------------------------------------
+
+
+@pytest.mark.kernel
+def test_on_the_server_sidecars_and_the_loader_run_in_the_server_process_at_the_same_time(server_kernel):
+    reply = server_kernel.run(
+        "%%pathways sidecar --slices all --timeout 30\n"
+        "@pw.sidecar\n"
+        "def where(slice_index):\n"
+        "    time.sleep(3)\n"
+        "    return np.array([os.getpid(), slice_index])\n"
+    )
+    assert reply.status == "ok", reply.error
+    reply = server_kernel.run(
+        "started = time.monotonic()\n"
+        "r = where()\n"
+        "took = time.monotonic() - started\n"
+        "print({i: v.tolist() == [server_pid, i] for i, v in r.items()}, took < 5.0, round(took, 1))\n"
+        "print(r[1].devices() == set(pw.topology().slices[1].devices))"
+    )
+    assert reply.status == "ok", reply.error
+    assert reply.text.split()[:4] == ["{0:", "True,", "1:", "True}"], reply.text
+    assert reply.text.split()[4] == "True", f"two 3 s sidecars on two slices took {reply.text.split()[5]} s"
+    assert reply.text.split()[6] == "True", reply.text
+    # As on Pathways, a sidecar's first call on a slice fixes its result's shapes there.
+    reply = server_kernel.run(
+        "sized = pw.sidecar(lambda n: np.arange(n), slices='0')\nprint(sized(3)[0].tolist())\nsized(5)"
+    )
+    assert reply.text.strip() == "[0, 1, 2]", reply.text
+    assert reply.error.strip().startswith(
+        "SidecarError: sidecar '<lambda>' failed on slice 0: JaxRuntimeError: INVALID_ARGUMENT: <lambda> returned "
+        "int32[5] as output 0, not the int32[3] of its first call"
+    ), reply.error
+    assert len(reply.error.strip().splitlines()) == 1, reply.error
+    # The loader's producers run there too, one block per slice, joined on the mesh.
+    reply = server_kernel.run(
+        "def pids(step, shard, num_shards):\n"
+        "    return {'pid': np.full((4,), os.getpid()), 'step': np.full((4,), step * 10 + shard)}\n"
+        "with pw.loader(pids, mesh=pw.mesh(), spec=P('data'), prefetch=1) as batches:\n"
+        "    b = batches.batch(3)\n"
+        "print(set(np.asarray(b['pid']).tolist()) == {server_pid}, np.asarray(b['step']).tolist(), b['pid'].sharding.spec)"
+    )
+    assert reply.status == "ok", reply.error
+    assert reply.text.strip() == "True [30, 30, 30, 30, 31, 31, 31, 31] P('data',)", reply.text
+
+
+@pytest.mark.kernel
+def test_on_the_server_a_hung_sidecar_times_out_and_holds_up_nothing_else(server_kernel):
+    server_kernel.run(
+        "%%pathways sidecar --slices 0 --timeout 2\n"
+        "@pw.sidecar\n"
+        "def frozen():\n"
+        "    time.sleep(15)\n"
+        "    return np.zeros(1)\n"
+    )
+    started = time.monotonic()
+    reply = server_kernel.run("frozen()", timeout=60)
+    assert reply.status == "error" and time.monotonic() - started < 12, reply.error
+    assert reply.error.strip().startswith("SidecarTimeout: sidecar 'frozen' on slice 0 did not finish within 2 s")
+    # While it still runs in the server, the session's other work is served.
+    reply = server_kernel.run("print(int(jax.jit(lambda a: a.sum())(jnp.arange(5))), time.monotonic() - started < 12)")
+    assert reply.text.split() == ["10", "True"], reply.text + reply.error
+
+
+@pytest.mark.kernel
+def test_on_the_server_a_slice_lost_while_sidecars_run_keeps_the_live_slices_results(server_kernel):
+    reply = server_kernel.run(
+        "%%pathways sidecar --slices all\n"
+        "@pw.sidecar\n"
+        "def rows(slice_index):\n"
+        "    time.sleep(2.0 if slice_index == 1 else 0.2)\n"
+        "    return np.full(4, slice_index)\n"
+    )
+    assert reply.status == "ok", reply.error
+    reply = server_kernel.run(
+        "threading.Timer(0.8, pw.fail_slice, (1,)).start()\nr = rows()\nprint(sorted(r), r[0].tolist())"
+    )
+    try:
+        assert reply.status == "ok", reply.error
+        assert "[0] [0, 0, 0, 0]" in reply.text, reply.text
+        said = [line for line in reply.error.splitlines() if line.strip()]
+        assert len(said) == 1, reply.error
+        assert "sidecar 'rows': slice 1 was lost while it ran (DATA_LOSS); results of slices [0] only" in said[0]
+    finally:
+        server_kernel.run("pw.repair_slice(1)")
