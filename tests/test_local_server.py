@@ -339,8 +339,13 @@ def client_plugins(target: str, trace_dir: str, local_dir: str, bucket_url: str)
     @colocated_python.colocated_python
     def colocated(x):
         import os
+        import sys
 
         print(f"colocated call in pid {os.getpid()}", flush=True)
+        # A chatty function: the launcher keeps only the server's last stderr lines.
+        for i in range(1000):
+            print(f"chatter {i}", file=sys.stderr)
+        sys.stderr.flush()
         return x + os.getpid()
 
     @colocated_python.colocated_python
@@ -517,6 +522,8 @@ def test_pathwaysutils_profile_persistence_and_colocated_python_run_in_the_serve
     assert got["colocated_devices"] == [0]
     # What it prints goes to the stderr of the process that started the server (a kernel's log).
     assert f"pathways-local: colocated call in pid {server.pid}" in capfd.readouterr().err
+    # A server that logs for hours does not grow the kernel: its last lines are kept, not all.
+    assert len(server.stderr_lines) <= 200 and "chatter 999" in server.stderr_lines, len(server.stderr_lines)
     assert got["broken"] == "INVALID_ARGUMENT: KeyError: 'no shard file for this host'", got
     assert got["strings"] == ["ab", "cde", ""], got
     assert got["varying"][0] == [0.0], got

@@ -20,6 +20,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 from pathways_kernel.core.errors import BackendError
@@ -48,7 +49,9 @@ class LocalServer:
     target: str
     process: subprocess.Popen
     directory: str | None = None
-    stderr_lines: list[str] = field(default_factory=list)
+    # The last lines only: a long-lived server (a sidecar that logs) must not grow the kernel's memory;
+    # its last words are what a crash report needs.
+    stderr_lines: deque[str] = field(default_factory=lambda: deque(maxlen=200))
 
     @property
     def pid(self) -> int:
