@@ -111,11 +111,13 @@ def _timed_subscribe(self):
 
 def _timed_start(self, context):
     _kt["open"].append(_time.perf_counter())
+    _kt.setdefault("open_wall", []).append(_time.time())
     send = self.comm.send
     def timed_send(data=None, *args, **kwargs):
         result = send(data, *args, **kwargs)
         if isinstance(data, dict) and data.get("type") == "history":
             _kt["history"].append(_time.perf_counter())
+            _kt.setdefault("history_wall", []).append(_time.time())
         return result
     self.comm.send = timed_send
     return _start(self, context)
@@ -128,7 +130,8 @@ print("kernel timing installed")
 KERNEL_REPORT = """
 import json
 print(json.dumps({"encoded_ms": 1000 * (_kt["subscribed"][-1] - _kt["open"][-1]),
-                  "sent_ms": 1000 * (_kt["history"][-1] - _kt["subscribed"][-1])}))
+                  "sent_ms": 1000 * (_kt["history"][-1] - _kt["subscribed"][-1]),
+                  "open_wall": _kt["open_wall"][-1], "history_wall": _kt["history_wall"][-1]}))
 """
 
 # Side by side in the kernel: the encoding a subscription did before its history went out, then and now.
@@ -273,6 +276,8 @@ def main(seconds: float = 20.0) -> None:
                 loaded_at = page.evaluate("window.loadedAt")
                 first_draw = next(([a, b] for a, b in draws if a >= loaded_at), None)
                 kernel = json.loads(base.run(client, KERNEL_REPORT).strip().splitlines()[-1])
+                # The page's clock as the kernel's (the same machine): which way the time went.
+                origin_s = page.evaluate("performance.timeOrigin") / 1000
                 slices = measure(page, frames, seconds)
                 page.screenshot(path=str(artifacts / "dashboard_scale.png"))
                 page.locator("#pathways-dashboard .jp-PathwaysDashboard-chipPicker select").select_option("0")
@@ -309,6 +314,12 @@ def main(seconds: float = 20.0) -> None:
             f"comm subshell), comm_open -> history arrived {delivered_ms:.0f} ms (kernel, jupyter_server, "
             f"websocket), arrived -> in the dashboard's series {processed_ms:.0f} ms (decode, models), "
             f"first render after it {render}"
+        )
+        to_kernel = 1000 * (kernel["open_wall"] - origin_s) - opens[0]
+        to_page = histories[0] - 1000 * (kernel["history_wall"] - origin_s)
+        print(
+            f"  on one clock: comm_open page -> kernel's comm target {to_kernel:.0f} ms, kernel "
+            f"{kernel['encoded_ms'] + kernel['sent_ms']:.0f} ms, history kernel -> page {to_page:.0f} ms"
         )
         if topologies:
             print(
