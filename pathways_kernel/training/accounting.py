@@ -77,28 +77,6 @@ def spent(category: str, owner: Any = None) -> Iterator[None]:
         yield
 
 
-@contextlib.contextmanager
-def snapshot_wait() -> Iterator[None]:
-    """Waiting on a snapshot in this thread's run: see ``Account.snapshot_source``."""
-    account = current()
-    if account is None or account.ended:
-        yield
-        return
-    with account.snapshot_wait():
-        yield
-
-
-@contextlib.contextmanager
-def computing() -> Iterator[None]:
-    """Waiting for device work of this thread's run: productive (``Account.computing``)."""
-    account = current()
-    if account is None or account.ended:
-        yield
-        return
-    with account.computing():
-        yield
-
-
 # -- loops that are not elastic runs: a bare `for batch in loader` ------------
 _loops: weakref.WeakKeyDictionary[Any, Account] = weakref.WeakKeyDictionary()
 
@@ -174,6 +152,12 @@ class LedgerFollower(StepFollower):
 
     def phase(self, category: str) -> contextlib.AbstractContextManager[Any]:
         return self.account.spent(category)
+
+    def device_wait(self) -> contextlib.AbstractContextManager[Any]:
+        return self.account.computing()  # the steps' own device time: productive
+
+    def snapshot_wait(self) -> contextlib.AbstractContextManager[Any]:
+        return self.account.snapshot_wait()  # see Account.snapshot_source
 
     def end(self) -> None:
         self.account.end()

@@ -371,7 +371,7 @@ class Elastic:
             self._start_prepare(s, mesh)
             step = start
             # The first step waits for that copy: a run can always go back to where it began.
-            if not _wait_quietly(first):
+            if not _wait_quietly(first, self._events):
                 raise self._nothing_to_restore(lost_during_run=bool(watch.lost))
             del first
             pending: snapshots.Snapshot | None = None
@@ -406,7 +406,7 @@ class Elastic:
                         # progress (errors of asynchronous steps surface late), so
                         # failures reset.
                         if pending is not None and (due or pending.done()):
-                            if _wait_quietly(pending) and pending.step > resumed_at:
+                            if _wait_quietly(pending, self._events) and pending.step > resumed_at:
                                 failures = 0
                             pending = None
                         if due:
@@ -415,7 +415,7 @@ class Elastic:
                             self._events.snapshot_started(state)
                             report.snapshots += 1
                     self._check_boundary(s, watch, mesh)
-                    _block(state)
+                    _block(state, self._events)
                     self._check_boundary(s, watch, mesh)
                     break
                 except ScaleUpSignalError:
@@ -644,18 +644,18 @@ def _reason(error: BaseException) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-def _block(state: Any) -> None:
+def _block(state: Any, events: RunEvents) -> None:
     import jax
 
-    with accounting.computing():  # goodput: the steps' own device time
+    with events.device_wait():
         jax.block_until_ready(state)
 
 
-def _wait_quietly(snap: snapshots.Snapshot) -> bool:
+def _wait_quietly(snap: snapshots.Snapshot, events: RunEvents) -> bool:
     """Wait for a snapshot; returns whether it succeeded (a failed copy only
     means an older one is used)."""
     try:
-        with accounting.snapshot_wait():  # goodput
+        with events.snapshot_wait():
             snap.wait()
     except Exception as error:  # noqa: BLE001
         if not _is_slice_loss(error):

@@ -2,7 +2,8 @@
 
 The loop says that a step begins and ends, that a loss was detected and that
 it trains again, that a snapshot started, that time goes to a phase (waiting
-for a slice, scaling up, stalling on a snapshot) and that the run ended. The
+for a slice, scaling up, stalling on a snapshot), that it waits for the
+steps' device work or a snapshot's copy, and that the run ended. The
 goodput ledger follows a run (``accounting.LedgerFollower``: where its time
 goes) and so does the session's metric log (``metric_log.LossFollower``: the
 loss in each step's output); the loop keeps no accounts of its own.
@@ -37,6 +38,14 @@ class StepFollower:
         """The time inside the block goes to ``category`` (a goodput badput category)."""
         return contextlib.nullcontext()
 
+    def device_wait(self) -> contextlib.AbstractContextManager[Any]:
+        """Inside the block the loop waits for the steps' device work."""
+        return contextlib.nullcontext()
+
+    def snapshot_wait(self) -> contextlib.AbstractContextManager[Any]:
+        """Inside the block the loop waits for a snapshot's copy."""
+        return contextlib.nullcontext()
+
     def end(self) -> None:
         """The run ended, however it did."""
 
@@ -69,9 +78,23 @@ class RunEvents:
 
     @contextlib.contextmanager
     def phase(self, category: str) -> Iterator[None]:
-        with contextlib.ExitStack() as phases:
+        with contextlib.ExitStack() as blocks:
             for follower in self.followers:
-                phases.enter_context(follower.phase(category))
+                blocks.enter_context(follower.phase(category))
+            yield
+
+    @contextlib.contextmanager
+    def device_wait(self) -> Iterator[None]:
+        with contextlib.ExitStack() as blocks:
+            for follower in self.followers:
+                blocks.enter_context(follower.device_wait())
+            yield
+
+    @contextlib.contextmanager
+    def snapshot_wait(self) -> Iterator[None]:
+        with contextlib.ExitStack() as blocks:
+            for follower in self.followers:
+                blocks.enter_context(follower.snapshot_wait())
             yield
 
     def end(self) -> None:
