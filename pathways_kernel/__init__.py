@@ -50,7 +50,8 @@ from pathways_kernel.state.snapshots import restore as restore_snapshot
 from pathways_kernel.state.snapshots import store as snapshot_store
 from pathways_kernel.state.storage import list_snapshots as snapshots_list
 from pathways_kernel.state.storage import persist, restore
-from pathways_kernel.training.elastic_loop import ElasticError, elastic, on_restore
+from pathways_kernel.training.elastic_loop import ElasticError, elastic
+from pathways_kernel.training.elastic_run import on_restore
 from pathways_kernel.training.goodput_logging import cloud_logging as goodput_cloud_logging
 from pathways_kernel.training.goodput_report import goodput, goodput_over_time
 from pathways_kernel.training.metrics import log, metrics

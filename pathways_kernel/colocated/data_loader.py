@@ -52,8 +52,7 @@ from pathways_kernel.core.errors import MeshError, PathwaysError, slice_down_err
 from pathways_kernel.core.eventlog import format_bytes
 from pathways_kernel.core.sessions import session
 from pathways_kernel.core.text import count
-from pathways_kernel.training import accounting
-from pathways_kernel.training import elastic_loop as elastic
+from pathways_kernel.training import accounting, elastic_run
 
 #: Seconds between the loader's periodic ``sidecar`` summary events.
 SUMMARY_EVERY_S = 5.0
@@ -564,7 +563,7 @@ def _follow_elastic(loader: Loader) -> Callable[[], None] | None:
         if target is not None and not target._closed:
             target.reset(step, mesh)
 
-    unhook = elastic.on_restore(follow, loader._session)
+    unhook = elastic_run.on_restore(follow, loader._session)
     return unhook if callable(unhook) else None
 
 

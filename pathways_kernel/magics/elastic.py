@@ -13,13 +13,8 @@ from pathways_kernel.monitoring import cellprogress
 from pathways_kernel.state import snapshots
 from pathways_kernel.state.autosnapshots import autosnapshot as set_autosnapshot
 from pathways_kernel.state.autosnapshots import for_shell
-from pathways_kernel.training.elastic_loop import (
-    DEFAULT_MAX_RETRIES,
-    DEFAULT_SNAPSHOT_EVERY,
-    Elastic,
-    check_count,
-    check_steps,
-)
+from pathways_kernel.training.elastic_loop import DEFAULT_MAX_RETRIES, DEFAULT_SNAPSHOT_EVERY, Elastic
+from pathways_kernel.training.elastic_run import check_count, check_steps
 
 #: What the loop binds in the namespace for each step: never training state.
 LOOP_NAMES = ("step", "mesh")

@@ -44,15 +44,13 @@ loaders follow the new mesh and replay from ``step``.
 
 pathwaysutils (and so JAX) is imported on first use, not with the package.
 
-Over 600 lines: ``Elastic.run`` and its boundaries, recovery and scale-up share
-one run's state (about 320 lines); what a run reports (``RunReport``), the
-restore hooks and the argument checks are the seams to split off next.
+What a run takes and reports (its argument checks, ``RunReport``) and the
+session's restore hooks are in ``elastic_run.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import itertools
 import math
@@ -68,6 +66,7 @@ from pathways_kernel.core.sessions import Session, session
 from pathways_kernel.core.text import count
 from pathways_kernel.state import snapshots, transfers
 from pathways_kernel.training import accounting
+from pathways_kernel.training.elastic_run import Rollback, RunReport, check_count, check_steps, restore_hooks
 from pathways_kernel.training.metric_log import LossFollower, metric_log
 from pathways_kernel.training.run_events import RunEvents
 
@@ -87,117 +86,6 @@ class ElasticError(PathwaysError, RuntimeError):
 
 #: Run numbers: a run resumes only from snapshots with its own.
 _RUNS = itertools.count(1)
-
-
-# -- restore callbacks (loaders follow the mesh) -------------------------------
-class _RestoreHooks:
-    """A session's ``on_restore`` callbacks (a session component): a new session starts with none."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._callbacks: list[Callable[[int, Any], None]] = []
-
-    def add(self, callback: Callable[[int, Any], None]) -> Callable[[], None]:
-        with self._lock:
-            self._callbacks.append(callback)
-
-        def unregister() -> None:
-            with self._lock:
-                if callback in self._callbacks:
-                    self._callbacks.remove(callback)
-
-        return unregister
-
-    def notify(self, step: int, mesh: Any) -> None:
-        with self._lock:
-            callbacks = list(self._callbacks)
-        for callback in callbacks:
-            callback(step, mesh)
-
-
-def _hooks(s: Session) -> _RestoreHooks:
-    return s.component(_RestoreHooks, lambda _s: _RestoreHooks())
-
-
-def on_restore(callback: Callable[[int, Any], None], session_: Session | None = None) -> Callable[[], None]:
-    """Call ``callback(step, mesh)`` after every reshard or rollback of an
-    elastic run in this session (or ``session_``).
-
-    ``step`` is the next step the loop will run; ``mesh`` the mesh it runs
-    on. Returns a function that unregisters the callback.
-    """
-    return _hooks(session_ if session_ is not None else session()).add(callback)
-
-
-# -- arguments ------------------------------------------------------------------
-def check_count(value: Any, name: str, least: int) -> int:
-    """``value`` if it is a whole number of at least ``least``; else a one-line ``PathwaysError``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
-        raise PathwaysError(f"{name} must be a whole number of at least {least}, got {value!r}")
-    return int(value)
-
-
-def check_steps(steps: Any, start: Any, names: tuple[str, str] = ("steps", "start")) -> tuple[int, int]:
-    """Steps ``start..steps-1``, checked: ``steps`` is the step to stop before, not a count."""
-    steps = check_count(steps, names[0], 1)
-    if isinstance(start, bool) or not isinstance(start, numbers.Integral) or not 0 <= start < steps:
-        raise PathwaysError(
-            f"{names[1]} must be a step from 0 to {steps - 1} ({names[0]} {steps} is the step the run stops before), got {start!r}"
-        )
-    return steps, int(start)
-
-
-# -- what a run did ------------------------------------------------------------
-@dataclasses.dataclass
-class Rollback:
-    """One recovery: the loop was at ``failed_at`` and resumed at ``resumed_at``."""
-
-    failed_at: int
-    resumed_at: int
-    slices_before: tuple[int, ...]
-    slices_after: tuple[int, ...]
-    duration_s: float
-
-    @property
-    def steps_lost(self) -> int:
-        return self.failed_at - self.resumed_at
-
-
-@dataclasses.dataclass
-class RunReport:
-    """What an elastic run went through; ``elastic(...).last_run``."""
-
-    name: str
-    run: int = 0  # the run number its snapshots carry
-    steps: int = 0
-    steps_executed: int = 0  # including steps redone after a rollback
-    recoveries: list[Rollback] = dataclasses.field(default_factory=list)
-    scale_ups: int = 0
-    snapshots: int = 0
-    duration_s: float = 0.0
-    slices: tuple[int, ...] = ()
-
-    @property
-    def retries(self) -> int:
-        return len(self.recoveries)
-
-    @property
-    def steps_lost(self) -> int:
-        return sum(r.steps_lost for r in self.recoveries)
-
-    def summary(self) -> str:
-        lost = f", {count(self.steps_lost, 'step')} redone" if self.recoveries else ""
-        return (
-            f"elastic '{self.name}': {count(self.steps, 'step')} in {self.duration_s:.1f} s on slices "
-            f"{list(self.slices)}; {count(self.retries, 'recovery')}{lost}, {count(self.scale_ups, 'scale-up')}, "
-            f"{count(self.snapshots, 'snapshot')}"
-        )
-
-    def __repr__(self) -> str:
-        return self.summary()
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(self.summary())
 
 
 # -- the loop -----------------------------------------------------------------
@@ -529,7 +417,7 @@ class Elastic:
             detail=f"'{self.name}' live state",
         )
         report.scale_ups += 1
-        _hooks(s).notify(step, new_mesh)
+        restore_hooks(s).notify(step, new_mesh)
         return new_mesh, state
 
     def _nothing_to_restore(self, lost_during_run: bool | None = None) -> ElasticError:
@@ -600,7 +488,7 @@ class Elastic:
             detail=f"'{self.name}' from {how}",
         )
         report.recoveries.append(Rollback(step, resumed, before, after, duration))
-        _hooks(s).notify(resumed, new_mesh)
+        restore_hooks(s).notify(resumed, new_mesh)
         return new_mesh, state, resumed
 
     def _wait_for_a_slice(self, s: Session, watch: _SliceWatch) -> None:
@@ -708,14 +596,4 @@ def elastic(
 elastic.abstract = abstract  # type: ignore[attr-defined]
 
 
-__all__ = [
-    "Elastic",
-    "ElasticError",
-    "RunReport",
-    "Rollback",
-    "abstract",
-    "check_count",
-    "check_steps",
-    "elastic",
-    "on_restore",
-]
+__all__ = ["Elastic", "ElasticError", "abstract", "elastic"]
