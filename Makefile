@@ -69,10 +69,11 @@ docs: $(VENV)/.installed
 
 test: lint docs test-ts test-py
 
-# Fault semantics and elastic tests against every jax/jaxlib 0.10.x (from 0.10.1)
-# the package index serves, each in its own venv: that venv holds only jax and
-# jaxlib, and reaches the project and every other dependency through .venv.
-COMPAT_TESTS := tests/test_faults.py tests/test_elastic.py tests/test_snapshots.py
+# Fault semantics and elastic tests, and the local server driven by JAX's own proxy
+# client (its protos come from the installed jaxlib), against every jax/jaxlib 0.10.x
+# (from 0.10.1) the package index serves, each in its own venv: that venv holds only jax
+# and jaxlib, and reaches the project and every other dependency through .venv.
+COMPAT_TESTS := tests/test_faults.py tests/test_elastic.py tests/test_snapshots.py tests/test_local_server.py
 test-compat: $(VENV)/.installed
 	@versions=$$($(PY) -m pip index versions jax 2>/dev/null | sed -n 's/^Available versions: //p' | tr ',' '\n' | tr -d ' ' \
 	  | grep -E '^0\.10\.[0-9]+$$' | awk -F. '$$3 >= 1' | sort -t. -k3 -n); \
@@ -85,8 +86,10 @@ test-compat: $(VENV)/.installed
 	  own=$$($$env/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
 	  printf '%s\n%s\n' "$(CURDIR)" "$$site" > $$own/pathways-kernel-dev.pth; \
 	  echo "== jax/jaxlib $$v"; \
-	  PATH=$(CURDIR)/$$env/bin:$$PATH JUPYTER_PATH=$(CURDIR)/$(VENV)/share/jupyter $$env/bin/python -m pytest -q -p no:cacheprovider $(COMPAT_TESTS); \
-	done
+	  PATH=$(CURDIR)/$$env/bin:$$PATH JUPYTER_PATH=$(CURDIR)/$(VENV)/share/jupyter $$env/bin/python -m pytest -q -p no:cacheprovider $(COMPAT_TESTS) \
+	    || failed="$$failed $$v"; \
+	done; \
+	[ -z "$$failed" ] || { echo "test-compat: failed on jax/jaxlib$$failed"; exit 1; }
 
 # Every notebook in notebooks/ run top to bottom on the `pathways` kernel and saved with its
 # outputs, so it reads well before anyone runs it (cells tagged needs-cluster are skipped;
