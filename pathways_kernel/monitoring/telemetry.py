@@ -28,6 +28,11 @@ work per distinct sharding, no Python loop over chips, except
 ``memory_stats()`` (one call per chip, every ``STATS_EVERY`` samples) where a
 backend has it. If a sample costs more than
 ``MAX_DUTY`` of the sampling period, the hub samples less often.
+
+Over 600 lines: the sources (``MetricsSource``, ``ClientSource``) and the hub
+(``TelemetryHub``: subscriptions, windows, history) are its two seams; the
+sources split off together with the local server's own source, which
+``backends/local_server.py`` still defines (the edge .importlinter ignores).
 """
 
 from __future__ import annotations
