@@ -281,8 +281,9 @@ def test_kernel_started_on_an_unreachable_proxy_still_starts_and_says_why(server
     if how == "kernelspec":
         env = dict(os.environ, PATHWAYS_BACKEND=f"proxy:{target}")
     else:
-        env = dict(os.environ, JAX_PLATFORMS="proxy", JAX_BACKEND_TARGET=target)
-    k = patient(Kernel("pathways", env=env))
+        env = {key: value for key, value in os.environ.items() if key != "PATHWAYS_BACKEND"}
+        env.update(JAX_PLATFORMS="proxy", JAX_BACKEND_TARGET=target)
+    k = patient(Kernel("pathways", env=env, backend=None))
     try:
         first = k.run("%pathways status")
         assert "The kernel started without a backend" in first.text + first.error

@@ -125,7 +125,11 @@ class LocalServerBackend(InjectedFaults, ProxyBackend):
 
         jaxcompat.set_cpp_min_log_level(3)
         # The server goes when this process does, also when it is killed without closing the session.
-        self.server = launch.start(self.num_slices, self.chips_per_slice, env={PARENT_ENV: str(os.getpid())})
+        # Its devices are CPU devices, also in a kernel started with the Pathways variables
+        # (JAX_PLATFORMS=proxy), which the server would otherwise inherit and fail on.
+        self.server = launch.start(
+            self.num_slices, self.chips_per_slice, env={PARENT_ENV: str(os.getpid()), "JAX_PLATFORMS": "cpu"}
+        )
         _RUNNING.add(self)
         self.address = SocketTarget(self.server.target)  # type: ignore[assignment]
         try:
