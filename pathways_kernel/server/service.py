@@ -384,6 +384,12 @@ class Session:
         init.platform_name = "cpu"
         init.platform_version = f"pathways-local {topology.slices}x{topology.chips}"
         init.runtime_type = "pjrt_ifrt"
+        import jax
+
+        # The client prints its devices and memories with the server's words (str is the
+        # debug string, repr the other): the server's own CPU devices say what a stock
+        # kernel's would (``cpu:0``, ``CpuDevice(id=0)``), whatever this jaxlib calls them.
+        local = jax.devices()
         for i in range(topology.device_count):
             device = init.all_devices.add()
             device.id = device.local_device_id = device.local_hardware_id = i
@@ -391,8 +397,7 @@ class Session:
             device.memory_ids.append(i)
             device.platform_name = "cpu"
             device.device_kind = "cpu"
-            device.debug_string = f"TFRT_CPU_{i}"
-            device.to_string = f"CpuDevice(id={i})"
+            device.debug_string, device.to_string = str(local[i]), repr(local[i])
             attributes = device.attributes.attributes
             attributes["slice_index"].int64_value = topology.slice_of(i)
             attributes["coords"].int64_list_value.elements.extend(topology.coords(i))
@@ -404,7 +409,8 @@ class Session:
             memory.id = i
             memory.memory_space_kind = "device"
             memory.device_ids.append(i)
-            memory.debug_string = memory.to_string = f"MEMORY_SPACE_{i}"
+            own = local[i].memory("device")
+            memory.debug_string, memory.to_string = str(own), repr(own)
 
     def _get_default_device_assignment_request(self, request, response):
         replicas, partitions = request.num_replicas, request.num_partitions
