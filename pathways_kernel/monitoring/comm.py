@@ -3,7 +3,7 @@
 Each open comm is a ``Connection``: it subscribes to the session's hub and
 sends ``topology``, ``event``, ``metrics`` and ``reply`` messages from its own
 sender thread, so they flow while a cell runs. Two things make frontend
-requests work during a busy cell (NOTES.md, "Kernel comms while a cell runs"):
+requests work during a busy cell (docs/architecture.md, traps 1 and 2):
 
 * The frontend opens the comm on a kernel subshell, so ``comm_open`` and later
   ``comm_msg``s are handled on that subshell's thread, not the busy main shell.
