@@ -106,7 +106,9 @@ def test_the_dashboard_opened_mid_training_marks_the_slice_loss_on_the_time_axis
     page.locator(".jp-Notebook-ExecutionIndicator[data-status='busy']").first.wait_for(timeout=10_000)
     open_dashboard(page)
     page.locator(f"{DASHBOARD}[data-state='live']").wait_for(state="attached", timeout=30_000)
-    assert "Following train.ipynb · local:2x4" in page.locator(f"{DASHBOARD} .jp-PathwaysDashboard-header").inner_text()
+    assert (
+        "Following train.ipynb · embedded:2x4" in page.locator(f"{DASHBOARD} .jp-PathwaysDashboard-header").inner_text()
+    )
     # Step time and throughput of the running loop arrive while its cell runs.
     throughput = page.locator(f"{DASHBOARD} figure[aria-label^='Throughput'] .u-legend")
     throughput.filter(has_text="elastic 'train'").wait_for(timeout=30_000)
@@ -243,7 +245,7 @@ def test_the_dashboard_follows_a_console_too(page, server):
     page.evaluate("window.jupyterapp.commands.execute('console:create', {kernelPreference: {name: 'pathways'}})")
     header.filter(has_text="Following Console").wait_for(timeout=60_000)
     page.locator(f"{DASHBOARD}[data-state='live']").wait_for(state="attached", timeout=90_000)
-    assert "local:2x4" in header.inner_text()
+    assert "embedded:2x4" in header.inner_text()
 
 
 # In the dashboard, or in its own tab once opened there.
