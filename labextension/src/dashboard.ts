@@ -737,7 +737,7 @@ export class PathwaysDashboard extends Widget {
       return;
     }
     const up = t.slices.filter(s => s.state === 'up').length;
-    const backend = isEmulated(t) ? `${t.backend} (embedded, emulated chips)` : t.backend;
+    const backend = isEmulated(t) ? `${t.backend} (emulated chips)` : t.backend;
     const text = `Following ${path} · ${backend} · ${up}/${t.slices.length} slices up · ${t.chips} chips`;
     if (this._header.textContent !== text) {
       this._header.textContent = text;

@@ -75,9 +75,12 @@ export interface Capacity {
   source: 'reported' | 'tpu' | 'emulated' | 'unknown';
 }
 
-/** Whether the topology is the embedded local backend (CPU devices standing in for chips). */
+/**
+ * Whether CPU devices stand in for the chips: the local Pathways server (`local:`, also spelled
+ * `local-server:`) and the in-process emulator (`embedded:`).
+ */
 export function isEmulated(topology: TopologyMessage): boolean {
-  return topology.backend.startsWith('local:') || topology.target === 'embedded';
+  return /^(local|local-server|embedded):/.test(topology.backend) || topology.target === 'embedded';
 }
 
 /**

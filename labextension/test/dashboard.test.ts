@@ -6,6 +6,7 @@ import {
   MAX_SLICE_LINES,
   SLICE_WINDOW_S,
   clock,
+  isEmulated,
   sliceCapacity,
   stepPoint
 } from '../src/dashboardmodel';
@@ -57,6 +58,15 @@ test('memory capacity: reported limit, else the TPU type, else the emulated figu
   });
   assert.deepEqual(sliceCapacity(tpu, { ...slice, kind: 'TPU v5' }, null, 16).bytes, 4 * 95 * GIB);
   assert.deepEqual(sliceCapacity(tpu, slice, null, 16), { bytes: null, source: 'unknown' });
+  // Both local backends emulate chips with CPU devices: the server (local:) and the in-process one.
+  for (const backend of ['local:2x4', 'local-server:2x4', 'embedded:2x4']) {
+    assert.equal(
+      isEmulated({ ...emulated, backend, target: 'grpc://unix:/tmp/x/s.sock' }),
+      true,
+      backend
+    );
+  }
+  assert.equal(isEmulated(tpu), false);
 
   const d = new DashboardModel();
   d.setTopology(emulated);
