@@ -253,6 +253,85 @@ def client_elastic(target: str) -> dict:
     return {"expected": expected, "clean_attempts": clean_attempts, "final": final, "attempts": attempts}
 
 
+def hand_written_training(target: str, inject=None) -> tuple[dict, list]:
+    """A loop written the MaxText way, with no pathwaysutils manager: it refuses to run unless
+    ``is_pathways_backend_used()``, groups ``jax.devices()`` by ``d.slice_index`` itself, probes
+    each slice with a tiny computation to find the live ones, and on an error that
+    ``is_error_due_to_slice_down`` accepts goes back to its last host copy on the slices left; it
+    scales back up when a probe finds a slice returned."""
+    import jax
+    import jax.numpy as jnp
+    import pathwaysutils
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+    from pathwaysutils.elastic import elastic
+
+    assert pathwaysutils.is_pathways_backend_used()
+    by_slice: dict[int, list] = {}
+    for d in jax.devices():
+        by_slice.setdefault(d.slice_index, []).append(d)
+
+    def live_slices() -> list[int]:
+        live = []
+        for index, devices in sorted(by_slice.items()):
+            try:
+                jax.device_put(
+                    np.zeros(len(devices)), NamedSharding(Mesh(np.array(devices), ("d",)), P("d"))
+                ).sum().item()
+                live.append(index)
+            except Exception as error:
+                if not elastic.is_error_due_to_slice_down(error):
+                    raise
+        return live
+
+    @jax.jit
+    def train_step(params, x, y):
+        def loss_fn(p):
+            return jnp.mean((x @ p["w"] + p["b"] - y) ** 2)
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        return jax.tree.map(lambda p, g: p - 0.05 * g, params, grads), loss
+
+    attempts: list[list[int]] = []
+    host = {"step": 0, "params": {"w": np.zeros((8, 1), np.float32), "b": np.zeros((1,), np.float32)}}
+    while host["step"] < 24:
+        active = live_slices()
+        attempts.append(active)
+        mesh = Mesh(np.array([d for i in active for d in by_slice[i]]).reshape(len(active), -1), ("data", "model"))
+        data = NamedSharding(mesh, P(("data", "model")))
+        params = jax.device_put(host["params"], NamedSharding(mesh, P()))
+        start = host["step"]
+        try:
+            for step in range(start, 24):
+                if step % 4 == 0 and step > start and len(live_slices()) > len(active):
+                    break  # a slice came back: rebuild the mesh on all of them
+                x, y = (jax.device_put(a, data) for a in batch(step))
+                params, loss = train_step(params, x, y)
+                float(loss)
+                host.update(step=step + 1, params=jax.device_get(params))
+                if inject:
+                    inject(step)
+        except Exception as error:
+            if not elastic.is_error_due_to_slice_down(error):
+                raise
+    return {k: np.asarray(v).tolist() for k, v in host["params"].items()}, attempts
+
+
+def client_hand_written(target: str) -> dict:
+    from pathways_kernel.server import control
+
+    expected, clean_attempts = hand_written_training(target)
+
+    def inject(step):
+        if step == 6:
+            control.fail(target, 1)
+        if step == 12:
+            control.repair(target, 1)
+
+    final, attempts = hand_written_training(target, inject)
+    return {"expected": expected, "clean_attempts": clean_attempts, "final": final, "attempts": attempts}
+
+
 def client_transfers(target: str) -> dict:
     """Round trips through the host-buffer store, and tiny ops while a large copy is in flight."""
     import threading
@@ -436,6 +515,7 @@ CLIENTS = {
     "basics": client_basics,
     "slice_loss": client_slice_loss,
     "elastic": client_elastic,
+    "hand_written": client_hand_written,
     "transfers": client_transfers,
     "plugins": client_plugins,
 }
@@ -489,6 +569,16 @@ def test_pathwaysutils_elastic_loop_survives_a_server_side_loss_and_scale_up(ser
 
     assert got["clean_attempts"] == [[0, 1]]
     assert got["attempts"] == [[0, 1], [0], [0, 1]]
+    for name in ("w", "b"):
+        np.testing.assert_allclose(got["final"][name], got["expected"][name], rtol=1e-5, atol=1e-6)
+
+
+def test_a_loop_written_the_maxtext_way_survives_a_server_side_loss_and_scale_up(server):
+    got = run_client("hand_written", server.target)
+
+    assert got["clean_attempts"] == [[0, 1]]
+    # The loss sends it to slice 0 alone; the repair brings it back onto both.
+    assert got["attempts"] == [[0, 1], [0], [0, 1]], got["attempts"]
     for name in ("w", "b"):
         np.testing.assert_allclose(got["final"][name], got["expected"][name], rtol=1e-5, atol=1e-6)
 
