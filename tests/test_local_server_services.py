@@ -45,6 +45,9 @@ def test_a_profiled_cell_holds_the_server_s_device_side(server_kernel):
     assert re.search(r"slice 0  busy [\d.]+ ms per device .* devices 0,1,2,3", reply.text), reply.text
     assert re.search(r"slice 1  busy [\d.]+ ms per device .* devices 4,5,6,7", reply.text), reply.text
     assert "(ynn_fusion, jit__lambda; 8 devices)" in reply.text or "jit__lambda; 8 devices" in reply.text, reply.text
+    # Ops named by their JAX source, as on the embedded backend: the server compiles the
+    # client's program with its locations, so its HLO keeps each op's op_name.
+    assert re.search(r" \d+  jit\(<lambda>\)/dot_general  \(", reply.text), reply.text
     run_dir = re.search(r"trace sharded\s+\S+ \S+\s+(\S+)", reply.text).group(1)
     files = sorted(os.listdir(run_dir))
     # The server's file beside the kernel's own, as a Pathways worker's beside the client's.

@@ -3,7 +3,6 @@
 import re
 
 import pytest
-from kernels import EMBEDDED
 
 from notebooks import code_cells, execute, outputs_text
 
@@ -11,9 +10,9 @@ pytestmark = pytest.mark.kernel
 
 
 def test_profiling_notebook_profiles_a_cell_and_lists_it(tmp_path, monkeypatch):
-    """On embedded:2x4: the local server's trace names ops by their HLO names (dot.1), not JAX's (jit(train_step)/...)."""
+    """On the product default (the local Pathways server), whose trace names ops by their JAX source as embedded does."""
     monkeypatch.setenv("PATHWAYS_PROFILE_DIR", str(tmp_path))  # the kernel inherits it
-    code = code_cells(execute("profiling.ipynb", backend=EMBEDDED))
+    code = code_cells(execute("profiling.ipynb"))
     setup, magic, api, listing, events = (outputs_text(c) for c in code)
     assert setup == ""
     # The trailing ';' kept the array from printing: the summary is all the cell shows.

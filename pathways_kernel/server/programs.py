@@ -100,7 +100,9 @@ def _module_and_outputs(data: bytes):
     context = jax_mlir.make_ir_context()
     with context:
         module = stablehlo.deserialize_portable_artifact(context, data)
-        text = str(module)
+        # With its locations: XLA takes each op's op_name metadata (the JAX source name
+        # the profile summary shows, jit(f)/dot_general) from them; str() drops them.
+        text = module.operation.get_asm(enable_debug_info=True)
         shapes = None
         for op in module.body.operations:
             if ir.StringAttr(op.attributes["sym_name"]).value == "main":
@@ -168,7 +170,8 @@ def compile_program(request, topology: Topology) -> Program | ProfileProgram | C
 
 
 def _name(text: str) -> str:
-    head = text.split("\n", 1)[0]
+    # Location aliases (#loc1 = loc(...)) may come before the module line.
+    head = next((line for line in text.split("\n") if line.startswith("module")), "")
     return head.split("@", 1)[1].split(" ", 1)[0] if "@" in head else "main"
 
 
