@@ -308,3 +308,34 @@ if __name__ == "__main__":
 
     pathwaysutils.initialize()
     print(json.dumps({"faults": client_faults}[mode](target, *rest)), flush=True)
+
+
+def test_an_output_stored_after_its_slice_was_swept_is_lost_too():
+    """Work in flight when a slice goes: the control thread marks slice 1 down and sweeps the
+    arrays stored so far while an execution that checked the slice was up is still making its
+    output. Stored after the sweep, that output must fail as the swept ones do, not survive."""
+    import types
+
+    import numpy as np
+
+    from pathways_kernel.server.arrays import ArrayStore, ServerArray
+    from pathways_kernel.server.devices import Topology
+    from pathways_kernel.server.errors import DATA_LOSS, ServerError
+
+    topology = Topology(2, 4)
+    store = ArrayStore(topology.check_up)
+    on_slice = {
+        index: ServerArray(
+            np.dtype("float32"), (4,), types.SimpleNamespace(device_ids=list(range(4 * index, 4 * index + 4))), []
+        )
+        for index in (0, 1)
+    }
+    topology.fail(1)
+    store.lose({4, 5, 6, 7}, ServerError(DATA_LOSS, "slice 1 was lost"))  # the sweep, before the output lands
+    store.put(10, on_slice[1])
+    store.put(11, on_slice[0])
+
+    with pytest.raises(ServerError) as lost:
+        store.get(10)
+    assert lost.value.code == DATA_LOSS and "slice 1 is down" in lost.value.message
+    assert store.get(11) is on_slice[0]  # the live slice's output is untouched

@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -200,10 +201,12 @@ def _computed(entry: ServerArray | Poisoned) -> bool:
 class ArrayStore:
     """Handle -> array (or the error that stands in for it)."""
 
-    def __init__(self):
+    def __init__(self, check_up: Callable[[Iterable[int]], None] | None = None):
         self._entries: dict[int, ServerArray | Poisoned] = {}
         self._lock = threading.Lock()
         self._server_handles = itertools.count(SERVER_HANDLES)
+        # Raises the DATA_LOSS of a device's slice that is down (``Topology.check_up``).
+        self._check_up = check_up
 
     def new_handle(self) -> int:
         return next(self._server_handles)
@@ -232,8 +235,24 @@ class ArrayStore:
         return isinstance(entry, ServerArray) and entry.deleted
 
     def put(self, handle: int, entry: ServerArray | Poisoned) -> None:
+        """Stores ``entry`` under ``handle``; an array made on a slice lost meanwhile is lost too.
+
+        A slice is failed from another thread (the control channel) while work that checked the
+        slice was up is still making its outputs. The failure marks the slice down, then loses
+        the arrays stored by then; an array stored after that sweep is caught here, since the
+        check comes after the store."""
         with self._lock:
             self._entries[handle] = entry
+        if self._check_up is None or not isinstance(entry, ServerArray):
+            return
+        try:
+            self._check_up(entry.sharding.device_ids)
+        except ServerError as error:
+            with self._lock:
+                if self._entries.get(handle) is not entry:
+                    return  # already swept up by the loss, or replaced
+                self._entries[handle] = Poisoned(error)
+            _release([entry])
 
     def poison(self, handles, error: ServerError) -> None:
         with self._lock:

@@ -168,7 +168,7 @@ class Session:
         self.server = server
         self.id = session_id
         self.version = version
-        self.arrays = ArrayStore()
+        self.arrays = ArrayStore(server.topology.check_up)
         self.host_buffers = HostBufferStore()
         self.programs: dict[int, Program] = {}
         self.futures: dict[int, concurrent.futures.Future] = {}
