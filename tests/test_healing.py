@@ -140,11 +140,17 @@ def test_interrupting_an_elastic_cell_right_after_a_loss_heals_from_the_runs_new
     assert "KeyboardInterrupt" in shown
     block = shown[shown.index("slice 1 lost") :]
     assert "no snapshot" not in block and "unusable" not in block and len(block.strip().splitlines()) == 3, block
-    # Both state variables go back to the same step, the one still intact too.
-    assert "params (" in block and "opt (" in block and block.count("step 50 of elastic 'params,opt'") == 2, block
-    assert "elastic 'params,opt' is back at step 50: continue with %%pathways elastic --start 50" in block
+    # Both state variables go back to the same step, the one still intact too: the run's newest
+    # snapshot that was complete, step 50, or 40 when step 50's copy was still in flight when the
+    # slice went (on the local server a copy goes through the proxy client: its bytes are lost
+    # with the slice, as on Pathways).
+    step = re.search(r"params \([^)]*step (\d+) of elastic 'params,opt'\)", block)
+    assert step is not None and int(step.group(1)) in (40, 50), block
+    step = int(step.group(1))
+    assert "opt (" in block and block.count(f"step {step} of elastic 'params,opt'") == 2, block
+    assert f"elastic 'params,opt' is back at step {step}: continue with %%pathways elastic --start {step}" in block
     check = fresh_kernel.run("print(float(params[0]), float(opt), params.sharding.spec, pw.is_lost(params))")
-    assert check.text.strip() == "50.0 50.0 P('data',) False", check.text
+    assert check.text.strip() == f"{step}.0 {step}.0 P('data',) False", check.text
 
 
 def test_a_finished_elastic_cell_heals_from_its_newest_snapshot_and_names_the_step(fresh_kernel):
