@@ -188,18 +188,11 @@ def client_slice_loss(target: str) -> dict:
     return result
 
 
-def elastic_training(target: str, inject=None) -> tuple[dict, list]:
-    """A loop written the pathwaysutils way (``Manager()`` + ``elastic_retry``), resuming
-    from the last host copy; ``inject(step, manager)`` acts on the server between steps."""
+def linear_train_step():
+    """The jitted SGD step of a linear model both elastic loops below train (JAX is imported in
+    the client process only)."""
     import jax
     import jax.numpy as jnp
-    from jax.sharding import Mesh, NamedSharding
-    from jax.sharding import PartitionSpec as P
-    from pathwaysutils.elastic import manager as elastic_manager
-
-    manager = elastic_manager.Manager()
-    attempts: list[list[int]] = []
-    host = {"step": 0, "params": {"w": np.zeros((8, 1), np.float32), "b": np.zeros((1,), np.float32)}}
 
     @jax.jit
     def train_step(params, x, y):
@@ -208,6 +201,23 @@ def elastic_training(target: str, inject=None) -> tuple[dict, list]:
 
         loss, grads = jax.value_and_grad(loss_fn)(params)
         return jax.tree.map(lambda p, g: p - 0.05 * g, params, grads), loss
+
+    return train_step
+
+
+def elastic_training(target: str, inject=None) -> tuple[dict, list]:
+    """A loop written the pathwaysutils way (``Manager()`` + ``elastic_retry``), resuming
+    from the last host copy; ``inject(step, manager)`` acts on the server between steps."""
+    import jax
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+    from pathwaysutils.elastic import manager as elastic_manager
+
+    manager = elastic_manager.Manager()
+    attempts: list[list[int]] = []
+    host = {"step": 0, "params": {"w": np.zeros((8, 1), np.float32), "b": np.zeros((1,), np.float32)}}
+
+    train_step = linear_train_step()
 
     @manager.elastic_retry(minimum_slice_count=1, poll_interval=0.2, timeout=120)
     def train():
@@ -260,7 +270,6 @@ def hand_written_training(target: str, inject=None) -> tuple[dict, list]:
     ``is_error_due_to_slice_down`` accepts goes back to its last host copy on the slices left; it
     scales back up when a probe finds a slice returned."""
     import jax
-    import jax.numpy as jnp
     import pathwaysutils
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
@@ -284,13 +293,7 @@ def hand_written_training(target: str, inject=None) -> tuple[dict, list]:
                     raise
         return live
 
-    @jax.jit
-    def train_step(params, x, y):
-        def loss_fn(p):
-            return jnp.mean((x @ p["w"] + p["b"] - y) ** 2)
-
-        loss, grads = jax.value_and_grad(loss_fn)(params)
-        return jax.tree.map(lambda p, g: p - 0.05 * g, params, grads), loss
+    train_step = linear_train_step()
 
     attempts: list[list[int]] = []
     host = {"step": 0, "params": {"w": np.zeros((8, 1), np.float32), "b": np.zeros((1,), np.float32)}}
