@@ -106,14 +106,14 @@ def connect(
     nodes_per_slice: int | None = None,
     feature: str | None = None,
 ):
-    """Connect the session to a Pathways job on Slurm, or bind the embedded backend to one.
+    """Connect the session to a Pathways job on Slurm, or bind a local backend to one.
 
     Args:
       job: job id or name (with ``submit``: the name to give the new job).
       submit: submit this job script (or shipped template ``pathways-job``)
         with ``sbatch`` options first, and wait for it; the kernel cancels it
         when it exits.
-      local: ``local:SxC``: run the embedded backend with its slices bound to
+      local: ``local:SxC``: run the local Pathways server with its slices bound to
         the job's nodes instead of connecting to the job's proxy.
       force, timeout, insecure: as for ``pw.connect``.
       wait: seconds to wait for a pending job (default 600).
