@@ -1,11 +1,13 @@
 """Fault injection on the embedded backend: lose a slice the way Pathways does.
 
-``fail_slice(i)`` makes slice ``i`` of a ``local`` session behave like a slice
+``fail_slice(i)`` makes slice ``i`` of an ``embedded`` session behave like a slice
 that Pathways lost; ``repair_slice(i)`` brings it back empty. Other backends
-refuse both (``NotSupportedError``): a real cluster loses slices by itself.
-So does a jax/jaxlib outside the range the mechanism was tested with
-(``jaxcompat.TESTED_JAX``): it rests on JAX internals, all of them in
-``core/jaxcompat.py``.
+refuse both (``NotSupportedError``) or lose slices by themselves (a real cluster;
+the local Pathways server, through its backend's ``lose_slice``). So does a
+jax/jaxlib outside the range the mechanism was tested with
+(``jaxcompat.TESTED_JAX``): it rests on JAX internals, in ``core/jaxcompat.py``
+(buffer swaps, error arrays) and ``emulator/jaxprivate.py`` (dispatch hooks,
+frame walks, the host-read guard: what only this mechanism needs).
 
 Mechanism: real error buffers, not a Python-level imitation
 -----------------------------------------------------------
@@ -25,7 +27,7 @@ reads ``INTERNAL: DATA_LOSS: ...`` (the runtime wraps it), which
 ``pathwaysutils.elastic.is_error_due_to_slice_down`` accepts.
 
 New work placed on a lost device fails the same way. Three narrow hooks on
-JAX's Python dispatch paths (``jaxcompat.install_dispatch_hooks``), installed
+JAX's Python dispatch paths (``jaxprivate.install_dispatch_hooks``), installed
 at the first ``fail_slice``, do this:
 
 - after each execution that goes through Python (jit/pmap/eager ops): while
@@ -49,7 +51,7 @@ slice returns.
 Losing a slice from another thread (chaos, a monitor request) while the
 notebook or a snapshot thread reads an array is safe: jaxlib keeps pointers
 into an array while it waits without the GIL, so each swap waits until no
-other thread is in a host read of that array (``jaxcompat.arrays_being_read``,
+other thread is in a host read of that array (``jaxprivate.arrays_being_read``,
 checked right before the swap; the per-shard copy behind ``np.asarray`` and
 ``jax.device_get`` registers itself while it runs, ``install_host_read_guard``,
 and none starts during a check and its swap), and the old buffers stay alive, for C++ paths
@@ -115,6 +117,7 @@ from pathways_kernel.core.errors import NotSupportedError, PathwaysError, slice_
 from pathways_kernel.core.eventlog import format_bytes
 from pathways_kernel.core.interrupts import deferred_interrupts
 from pathways_kernel.core.text import count
+from pathways_kernel.emulator import jaxprivate
 
 #: Devices of slices that are down now; read lock-free by the dispatch hooks.
 _lost_devices: frozenset = frozenset()
@@ -242,7 +245,7 @@ def _sweep_graveyard() -> None:
         if _graveyard:
             now = time.monotonic()
             try:
-                current = jaxcompat.thread_positions()
+                current = jaxprivate.thread_positions()
             except Exception:
                 # Inspecting other threads' frames can race with them; on a
                 # sweeper thread a traceback would land in the user's cell. Keep
@@ -283,15 +286,15 @@ def _swap_unread(pending: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
     interval = sys.getswitchinterval()
     sys.setswitchinterval(_NO_SWITCH_S)
     try:
-        # No guarded host read (np.asarray, device_get: jaxcompat.install_host_read_guard)
+        # No guarded host read (np.asarray, device_get: jaxprivate.install_host_read_guard)
         # starts while a check and its swap run, even where jaxlib releases the GIL.
-        with jaxcompat.no_new_host_reads():
+        with jaxprivate.no_new_host_reads():
             for array, error in pending:
                 if array.is_deleted():
                     continue
                 # Looked up again for each array, right before its swap: another
                 # thread may have started reading it during the previous swaps.
-                if id(array) in jaxcompat.arrays_being_read():
+                if id(array) in jaxprivate.arrays_being_read():
                     waiting.append((array, error))
                 else:
                     jaxcompat.replace_buffers(array, error)
@@ -355,7 +358,7 @@ def _make_lost_when_unread(arrays: list[Any], message: str, deadline: float) -> 
     Two races with threads reading these arrays, both seen as crashes:
     - a host copy in progress uses the array's own fields: each swap waits
       until no other thread is in such a read of that array
-      (``jaxcompat.arrays_being_read``), checked right before the swap. A
+      (``jaxprivate.arrays_being_read``), checked right before the swap. A
       read in progress delays its array's loss until it is done, as if the
       slice failed a moment later; past ``deadline`` (``time.monotonic()``)
       the swap is left to a thread of its own, so that a long read
@@ -366,7 +369,7 @@ def _make_lost_when_unread(arrays: list[Any], message: str, deadline: float) -> 
       are kept alive (``_bury``) until they are ready and every thread that
       was inside some call at the swap has left it (``_GRACE_S`` at most).
     """
-    positions = jaxcompat.thread_positions()
+    positions = jaxprivate.thread_positions()
     pending, graves = [], []
     for array in arrays:
         try:
@@ -411,13 +414,13 @@ def _arrays_on(devices: frozenset) -> list[Any]:
 
 
 def _lose_results(results: Any, what: str) -> None:
-    array_type = jaxcompat.concrete_array_type()
+    array_type = jaxprivate.concrete_array_type()
     for result in results if isinstance(results, (list, tuple)) else (results,):
         if isinstance(result, array_type) and not result.is_deleted():
             slice_index = _lost_slice_of(jaxcompat.devices_of(result))
             if slice_index is not None:
                 no_slice_up = _no_slice_up
-                if no_slice_up is not None and not jaxcompat.committed(result):
+                if no_slice_up is not None and not jaxprivate.committed(result):
                     # Placed by default: nothing the user chose can make it work, and a lost
                     # array would only fail later, in a long traceback naming one slice.
                     raise slice_down_error(no_slice_up)
@@ -437,7 +440,7 @@ def _skip_fastpath(devices: Iterable[Any]) -> bool:
 def _before_device_put(xs: tuple) -> None:
     # Even with every slice up again: lost data stays lost. Raise DATA_LOSS
     # now for a ready input holding lost data.
-    array_type = jaxcompat.concrete_array_type()
+    array_type = jaxprivate.concrete_array_type()
     for x in xs:
         if isinstance(x, array_type) and not x.is_deleted() and x.is_ready():
             x.block_until_ready()
@@ -450,14 +453,14 @@ def _after_device_put(results: Any) -> None:
 
 def _install_hooks() -> None:
     """Install the three dispatch hooks (once per process); see the module doc."""
-    jaxcompat.install_dispatch_hooks(_on_execute, _skip_fastpath, _before_device_put, _after_device_put)
-    jaxcompat.install_host_read_guard()
+    jaxprivate.install_dispatch_hooks(_on_execute, _skip_fastpath, _before_device_put, _after_device_put)
+    jaxprivate.install_host_read_guard()
 
 
 def _clear_dispatch_caches() -> None:
     """Drop the C++ dispatch caches, so that nothing cached earlier bypasses the hooks."""
-    if jaxcompat.dispatch_hooks_installed():
-        jaxcompat.clear_dispatch_caches()
+    if jaxprivate.dispatch_hooks_installed():
+        jaxprivate.clear_dispatch_caches()
 
 
 # -- the injector -------------------------------------------------------------
