@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 import numpy as np
+import proxy_clients
 import pytest
 
 from pathways_kernel.server import launch
@@ -29,17 +30,7 @@ BIG = 512 << 20
 
 
 def run_client(mode: str, target: str, *args: str, timeout: float = 240, env=None, prefix=()) -> dict:
-    out = subprocess.run(
-        [*prefix, sys.executable, HERE, mode, target, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env or launch.client_env(target),
-    )
-    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
-    said = "\n".join(line for line in out.stderr.splitlines() if line.strip())
-    assert out.returncode == 0 and lines, f"client {mode} failed (rc {out.returncode}):\n{said[-3000:]}"
-    return json.loads(lines[-1])
+    return proxy_clients.run_client(HERE, target, mode, target, *args, timeout=timeout, env=env, prefix=prefix)
 
 
 @pytest.fixture

@@ -8,10 +8,10 @@ compiled, as Pathways keeps its own compilation cache.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import numpy as np
+import proxy_clients
 
 from pathways_kernel.server import launch
 
@@ -37,18 +37,9 @@ def client_compile_twice(target: str) -> dict:
 def test_a_program_compiled_again_is_the_one_the_server_compiled_before():
     server = launch.start(2, 4)
     try:
-        out = subprocess.run(
-            [sys.executable, HERE, server.target],
-            capture_output=True,
-            text=True,
-            timeout=240,
-            env=launch.client_env(server.target),
-        )
+        got = proxy_clients.run_client(HERE, server.target, server.target)
     finally:
         server.stop()
-    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
-    assert out.returncode == 0 and lines, out.stderr[-3000:]
-    got = json.loads(lines[-1])
 
     x = np.arange(64.0, dtype=np.float32).reshape(8, 8)
     for result in got["results"]:

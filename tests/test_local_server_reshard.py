@@ -13,10 +13,10 @@ is the server's ``copy_arrays``, pathwaysutils' split and concatenate its ``rema
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import numpy as np
+import proxy_clients
 import pytest
 
 from pathways_kernel.server import launch
@@ -100,16 +100,7 @@ def client_reshard(target: str) -> dict:
 
 
 def test_resharding_after_a_loss_moves_the_bytes_on_the_server_not_through_the_client(server):
-    out = subprocess.run(
-        [sys.executable, HERE, server.target],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=launch.client_env(server.target),
-    )
-    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
-    assert out.returncode == 0 and lines, out.stderr[-3000:]
-    got = json.loads(lines[-1])
+    got = proxy_clients.run_client(HERE, server.target, server.target)
 
     for case in ("split", "concatenated", "after_loss", "scale_up", "same_shape"):
         assert all(got[case]["equal"]), (case, got[case])
