@@ -38,7 +38,7 @@ $(VENV)/.installed: $(VENV)/.build-tools $(LAB_BUNDLE) $(PY_SOURCES)
 /usr/bin/chromium:
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 
-# Debian's Slurm and munge for the Slurm tests (tests/slurm.py runs its own munged, slurmctld and slurmd).
+# Debian's Slurm and munge for the Slurm tests (tests/support/slurm.py runs its own munged, slurmctld and slurmd).
 /usr/sbin/slurmctld:
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null
 
@@ -73,7 +73,7 @@ test: lint docs test-ts test-py
 # client (its protos come from the installed jaxlib), against every jax/jaxlib 0.10.x
 # (from 0.10.1) the package index serves, each in its own venv: that venv holds only jax
 # and jaxlib, and reaches the project and every other dependency through .venv.
-COMPAT_TESTS := tests/test_faults.py tests/test_elastic.py tests/test_snapshots.py tests/test_local_server.py
+COMPAT_TESTS := tests/emulator/test_faults.py tests/training/test_elastic.py tests/state/test_snapshots.py tests/server/test_local_server.py
 test-compat: $(VENV)/.installed
 	@versions=$$($(PY) -m pip index versions jax 2>/dev/null | sed -n 's/^Available versions: //p' | tr ',' '\n' | tr -d ' ' \
 	  | grep -E '^0\.10\.[0-9]+$$' | awk -F. '$$3 >= 1' | sort -t. -k3 -n); \
@@ -95,7 +95,7 @@ test-compat: $(VENV)/.installed
 # outputs, so it reads well before anyone runs it (cells tagged needs-cluster are skipped;
 # slurm.ipynb's rehearsal runs on a real Slurm). `make test` checks they are saved so.
 notebooks: $(VENV)/.installed /usr/sbin/slurmctld
-	$(PY) tests/notebooks.py
+	$(PY) tests/support/notebooks.py
 
 bench: $(VENV)/.installed
 	@for script in bench/*.py; do echo "== $$script"; $(PY) $$script; done

@@ -4,7 +4,7 @@ Fills the kernel's real ``History`` with a full 15 minutes at 2 Hz of synthetic
 frames (1,800 per-slice points, 300 per-chip points), then times, per
 subscribe, the path ``comm.Connection`` takes (``history_message`` ->
 ``protocol.encode_history``) and the frontend's decode and validation
-(tests/monitor_frontend.py, the panel's rules in Python), and one slice's
+(tests/support/monitor_frontend.py, the panel's rules in Python), and one slice's
 ``chip_history`` reply. Prints the bytes sent and, last, the share of the
 250 ms budget the history takes before the websocket (kernel + decode).
 
@@ -27,7 +27,7 @@ from pathways_kernel.core.backend import Placement
 from pathways_kernel.core.slices import Topology
 from pathways_kernel.monitoring import comm, history, protocol, telemetry
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 import monitor_frontend  # noqa: E402  (the panel's decoding, in Python)
 
 BUDGET_S = 0.250

@@ -24,7 +24,7 @@ from pathways_kernel.core.backend import Placement
 from pathways_kernel.core.slices import Topology
 from pathways_kernel.monitoring import comm, protocol, telemetry
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 import monitor_frontend  # noqa: E402  (the panel's decoding, in Python)
 
 

@@ -1,6 +1,6 @@
 """Latency from Slurm marking a node DOWN to the kernel's ``slice_down`` event.
 
-A real Slurm on this machine (tests/slurm.py: munged, slurmctld, two slurmd),
+A real Slurm on this machine (tests/support/slurm.py: munged, slurmctld, two slurmd),
 a two-node ``--no-kill`` job, and ``local:2x2`` bound to it
 (``pw.connect_slurm(job, local=...)``: slice 0 = tpu-0, slice 1 = tpu-1).
 Each cycle submits such a job and binds it (the same session: the slices the
@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 
 import slurm as slurm_cluster  # noqa: E402
 

@@ -1,4 +1,5 @@
 import os
+from pathlib import Path
 
 import pytest
 
@@ -7,6 +8,10 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # This process's JAX runs on cpu: its own session can only be the embedded backend
 # (test kernels choose theirs explicitly, kernels.Kernel).
 os.environ.setdefault("PATHWAYS_BACKEND", "embedded:2x4")
+# Test modules run as scripts in processes of their own (JAX proxy clients, crash probes)
+# import the helpers of tests/support as pytest's `pythonpath` lets the tests do.
+SUPPORT = str(Path(__file__).resolve().parent / "support")
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (SUPPORT, os.environ.get("PYTHONPATH")) if p)
 
 from gcs import gcs_server  # noqa: E402,F401  (one fake-gcs-server for the whole run)
 from kernels import EMBEDDED, Kernel  # noqa: E402

@@ -1,7 +1,7 @@
 """Monitor protocol v1: encode, decode and validate ``pathways.monitor`` messages.
 
 The contract is docs/protocol.md; field names and limits here are the
-TypeScript side's (``labextension/src/protocol.ts``; tests/test_protocol.py and
+TypeScript side's (``labextension/src/protocol.ts``; tests/monitoring/test_protocol.py and
 labextension/test/crosslang.test.ts check that the three agree). A message is
 ``(data, buffers)``: ``data`` the comm's JSON object, ``buffers`` its binary
 frames (little-endian arrays in topology chip order). Pure functions, no
@@ -9,7 +9,7 @@ Jupyter or JAX imports, so both the comm and the benchmarks use exactly this
 path. Per-slice aggregates are the telemetry hub's ``SliceMetrics``, field for
 field. This module holds what the kernel does: encode kernel messages, decode
 requests; the frontend's decoders live in TypeScript (and, for tests, in
-tests/monitor_frontend.py).
+tests/support/monitor_frontend.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The stand-in Pathways proxy of tests/test_proxy.py as a program: ``python stand_in_proxy.py PORT``.
+"""The stand-in Pathways proxy of tests/backends/test_proxy.py as a program: ``python stand_in_proxy.py PORT``.
 
 It answers the IFRT proxy's version check (so pre-flight passes) but opens no
 session, so JAX's real proxy client connects and fails: the furthest a test

@@ -2,7 +2,7 @@
 ``%%pathways sidecar`` and ``pw.loader`` run in the server's process,
 ``%%pathways profile`` captures the server's device side, and checkpoints and
 snapshots reach Cloud Storage (fake-gcs-server) and come back. One kernel, one server
-for the module. (Sidecars on the embedded backend: ``tests/test_sidecar.py``.)
+for the module. (Sidecars on the embedded backend: ``tests/colocated/test_sidecar.py``.)
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Topology of real TPU slices, from the attributes their devices carry.
 
 No TPU exists here: ``tpu_devices`` builds stand-in objects with the
-attributes JAX's TPU devices have (see tests/tpu_devices.py), for multi-slice
+attributes JAX's TPU devices have (see tests/support/tpu_devices.py), for multi-slice
 v5e, v5p, v6e (Trillium) and TPU7x (Ironwood) shapes. The proxy backend's
 placements and the shared topology code must draw them as a user expects.
 """

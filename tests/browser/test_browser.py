@@ -17,7 +17,7 @@ pytestmark = [
     pytest.mark.skipif(labtools.missing() is not None, reason=labtools.missing() or ""),
 ]
 
-ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 PANEL = "#pathways-monitor"
 
 

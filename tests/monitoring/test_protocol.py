@@ -338,7 +338,7 @@ def test_the_contract_states_the_limits_the_code_enforces():
 
     from pathways_kernel.monitoring import comm
 
-    doc = (Path(__file__).resolve().parent.parent / "docs" / "protocol.md").read_text()
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text()
     assert f"comm target `{p.TARGET}`" in doc and f"protocol version, always `{p.VERSION}`" in doc
     for kind in p.KERNEL_TYPES:
         assert f"### `{kind}`" in doc, kind
@@ -369,7 +369,7 @@ def test_every_refused_request_reads_the_same_way(kernel):
     `PathwaysError: ` prefix where requests refused while decoding carry none."""
     import re
 
-    from test_monitor_kernel import Frontend
+    from comm_frontend import Frontend
 
     frontend = Frontend(kernel)
     comm = frontend.open()
@@ -417,7 +417,7 @@ def test_goodput_intervals_are_json_columns_named_as_the_contract_says():
         "compile": [0.4, 0.05],
     }
     assert data["step_time"]["slowest"] == [{"step": 3, "seconds": 0.07}]
-    doc = (Path(__file__).resolve().parent.parent / "docs" / "protocol.md").read_text()
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text()
     section = doc.split("### `goodput_intervals`")[1].split("\n### ")[0]
     for field in set(data) - {"v", "type"}:
         assert f"`{field}`" in section, field

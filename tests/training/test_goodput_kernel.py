@@ -175,7 +175,8 @@ print(get_ipython().execution_count)
 def test_the_monitor_gets_each_finished_runs_intervals_and_a_new_comm_the_newest(kernel):
     import json
 
-    from test_monitor_kernel import Frontend, _is
+    from comm_frontend import Frontend
+    from comm_frontend import is_comm_msg as _is
 
     from pathways_kernel.monitoring import protocol as p
 

@@ -1,6 +1,6 @@
 """Executing the project's notebooks headless on the `pathways` kernel, for tests and `make notebooks`.
 
-    python tests/notebooks.py [NAME.ipynb ...]    # run and save them with their outputs (default: all)
+    python tests/support/notebooks.py [NAME.ipynb ...]    # run and save them with their outputs (default: all)
 
 Cells tagged ``needs-cluster`` need a real Pathways proxy or job, which cannot
 run here: they are skipped, and saved without outputs.
@@ -17,7 +17,7 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-NOTEBOOKS = Path(__file__).parent.parent / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 #: The tag of cells that need a real cluster.
 NEEDS_CLUSTER = "needs-cluster"
 
@@ -82,7 +82,7 @@ def save_with_outputs(name: str, timeout: int = 600) -> nbformat.NotebookNode:
 @contextlib.contextmanager
 def _environment(name: str) -> Iterator[None]:
     """What a notebook's cluster-free cells need: for slurm.ipynb's rehearsal, a real Slurm
-    (tests/slurm.py) running a two-node ``--no-kill`` job named pw-rehearsal."""
+    (tests/support/slurm.py) running a two-node ``--no-kill`` job named pw-rehearsal."""
     if name != "slurm.ipynb":
         yield
         return

@@ -135,7 +135,7 @@ def test_each_devices_time_is_shown_under_its_slice_and_the_summary_says_what_th
 
 @pytest.mark.kernel
 def test_latest_profile_is_this_kernels_own_capture_or_says_it_has_none(profiled, loop_reply):
-    from test_monitor_kernel import Frontend
+    from comm_frontend import Frontend
 
     k, root = profiled
     other = Kernel("pathways", env={"PATHWAYS_PROFILE_DIR": str(root)})  # another notebook, same profile root

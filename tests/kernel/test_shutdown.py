@@ -12,8 +12,10 @@ import sys
 import textwrap
 import time
 
+from comm_frontend import Frontend
+from comm_frontend import is_comm_close as _closed
+from comm_frontend import is_comm_msg as _is
 from kernels import Kernel
-from test_monitor_kernel import Frontend, _closed, _is
 
 SETUP = "import jax.numpy as jnp\nw = jnp.zeros((64, 64))\nprint('ready')"
 ELASTIC = "%%pathways elastic --steps 20 --state w --snapshot-every 5\nw = w + 1"
@@ -78,5 +80,5 @@ def test_a_kernel_after_an_elastic_cell_and_a_monitor_subscription_exits_on_shut
     assert closed is not None and closed["content"]["data"]["reason"] == "shutdown", closed
     assert code == 0, f"exit code {code} {took:.1f} s after shutdown_request"
     # 1-3 s here with a load average of 10-20; jupyter_client ends a kernel with SIGTERM after its
-    # grace period (5 s by default, 20 s in tests/kernels.py).
+    # grace period (5 s by default, 20 s in tests/support/kernels.py).
     assert took < 10, f"the kernel took {took:.1f} s to exit"

@@ -1,4 +1,4 @@
-"""notebooks/slurm.ipynb: valid, and its cluster-free steps run against the real Slurm of tests/slurm.py.
+"""notebooks/slurm.ipynb: valid, and its cluster-free steps run against the real Slurm of tests/support/slurm.py.
 
 Cells tagged ``needs-cluster`` need a real Pathways job (no Pathways image
 runs here); they are dropped before execution. The rehearsal cells run for

@@ -1,6 +1,6 @@
 """The Slurm job's id and time left in the Pathways panel's header, in a real JupyterLab and Chromium.
 
-A real Slurm (tests/slurm.py) runs a two-node job; the notebook binds
+A real Slurm (tests/support/slurm.py) runs a two-node job; the notebook binds
 ``local:2x4`` to it, and the header's target follows what Slurm says.
 """
 

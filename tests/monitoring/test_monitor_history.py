@@ -1,6 +1,6 @@
 """Monitor history through a real `pathways` kernel: a view that comes back sees the past at once.
 
-Acts as the panel (tests/test_monitor_kernel.py's Frontend): one comm watches a
+Acts as the panel (tests/monitoring/test_monitor_kernel.py's Frontend): one comm watches a
 slice fill with data and go down, closes (the user switches notebook tabs),
 and a comm opened later gets the kernel's history right after the topology,
 then asks for per-chip series on demand.
@@ -12,7 +12,8 @@ import time
 
 import monitor_frontend
 import numpy as np
-from test_monitor_kernel import Frontend, _is
+from comm_frontend import Frontend
+from comm_frontend import is_comm_msg as _is
 
 
 def _first_after(frontend: Frontend, comm: str, kind: str, timeout: float = 30) -> dict:

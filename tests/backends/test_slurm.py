@@ -1,8 +1,8 @@
-"""Pathways on Slurm, against a real Slurm cluster on this machine (tests/slurm.py).
+"""Pathways on Slurm, against a real Slurm cluster on this machine (tests/support/slurm.py).
 
 Two ``slurmd`` nodes (tpu-0, tpu-1) under one ``slurmctld`` and ``munged``.
 No Pathways server image exists here, so a job's "Pathways proxy" is the
-stand-in of tests/test_proxy.py (``stand_in_proxy.py``) run inside the job by
+stand-in of tests/backends/test_proxy.py (``stand_in_proxy.py``) run inside the job by
 the shipped template: connecting gets through pre-flight, and JAX's real
 proxy client then fails. Everything after that is tested on the embedded
 backend bound to a job (``local:2x4 --slurm JOB``).
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.kernel
 # slices bound to a job are the server's.
 KERNEL_BACKEND = SERVER
 
-STAND_IN = Path(__file__).with_name("stand_in_proxy.py")
+STAND_IN = Path(__file__).resolve().parents[1] / "support" / "stand_in_proxy.py"
 TEMPLATE = "pathways-job"
 SLEEP = "#!/bin/bash\nsleep 300\n"
 
@@ -485,8 +485,9 @@ def test_a_submitted_job_is_cancelled_at_kernel_shutdown_and_others_are_not(slur
 
 
 def monitor(kernel):
-    """A monitor comm opened as the panel does (tests/test_monitor_kernel.py), and its first topology's target."""
-    from test_monitor_kernel import Frontend, _is
+    """A monitor comm opened as the panel does (tests/monitoring/test_monitor_kernel.py), and its first topology's target."""
+    from comm_frontend import Frontend
+    from comm_frontend import is_comm_msg as _is
 
     frontend = Frontend(kernel)
     comm = frontend.open()
@@ -542,7 +543,7 @@ def test_a_job_preempted_by_a_higher_tier_partition_loses_every_slice_and_gets_t
         "x = jax.device_put(jnp.arange(16.0), NamedSharding(pw.mesh(), P('data')))"
     )
     assert reply.status == "ok", reply.error
-    # Same nodes, partition `urgent` (PriorityTier 10 over 1, PreemptMode=REQUEUE in tests/slurm.py).
+    # Same nodes, partition `urgent` (PriorityTier 10 over 1, PreemptMode=REQUEUE in tests/support/slurm.py).
     urgent = slurm.submit(SLEEP, "--nodes=2", "--time=5", "--partition=urgent", "--job-name=pw-urgent")
     cancel.append(urgent)
     gone = kernel.run("while len(pw.topology().down_slices) < 2: time.sleep(0.05)", timeout=20)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from test_monitor_kernel import Frontend, _is
+from comm_frontend import Frontend
+from comm_frontend import is_comm_msg as _is
 
 from pathways_kernel.monitoring import protocol as p
 
