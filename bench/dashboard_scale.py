@@ -49,8 +49,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 
-import lab as labtools  # noqa: E402
-import panel_scale as base  # noqa: E402
+import lab as labtools
+import panel_scale as base
 
 CHIPS = base.CHIPS
 

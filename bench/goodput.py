@@ -315,7 +315,7 @@ def main() -> None:
         )
         try:
             field = f"{account.field()['goodput']:.1f}%"
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:
             field = f"n/a ({type(error).__name__})"
         print(
             f"{label:<34} goodput {account.goodput:.3f}  {account.steps} steps kept, {account.steps_redone} redone, "

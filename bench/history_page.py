@@ -23,8 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 
-import lab as labtools  # noqa: E402
-from panel_scale import CHIPS, SETUP, kernel_client, run, start_kernel  # noqa: E402
+import lab as labtools
+from panel_scale import CHIPS, SETUP, kernel_client, run, start_kernel
 
 FILL = """
 import dataclasses

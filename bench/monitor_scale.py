@@ -25,7 +25,7 @@ from pathways_kernel.core.slices import Topology
 from pathways_kernel.monitoring import comm, protocol, telemetry
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
-import monitor_frontend  # noqa: E402  (the panel's decoding, in Python)
+import monitor_frontend  # the panel's decoding, in Python
 
 
 def main() -> None:

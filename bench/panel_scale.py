@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 
-import lab as labtools  # noqa: E402
+import lab as labtools
 
 SLICES, CHIPS_PER_SLICE = 64, 1024
 CHIPS = SLICES * CHIPS_PER_SLICE

@@ -29,7 +29,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 
-from gcs import GcsServer  # noqa: E402
+from gcs import GcsServer
 
 MIB = 1 << 20
 

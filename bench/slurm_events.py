@@ -35,7 +35,7 @@ from pathlib import Path
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 
-import slurm as slurm_cluster  # noqa: E402
+import slurm as slurm_cluster
 
 
 def main() -> None:

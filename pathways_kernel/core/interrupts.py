@@ -7,7 +7,7 @@ import threading
 from typing import Any
 
 
-class deferred_interrupts:  # noqa: N801  (used like a function: ``with deferred_interrupts():``)
+class deferred_interrupts:  # used like a function: ``with deferred_interrupts():``
     """Within the block, SIGINT (Jupyter's interrupt) is held back and delivered at its end.
 
     For steps whose halves make no sense apart (a slice marked down but its

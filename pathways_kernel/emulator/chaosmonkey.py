@@ -219,7 +219,7 @@ class Chaos:
                 else:
                     injector.repair(event.slice_index, detail=f"chaos (seed {seed})")
                 self.applied.append(event)
-        except Exception as exc:  # noqa: BLE001  (a dying timer thread must say why)
+        except Exception as exc:  # a dying timer thread must say why
             self.error = f"{type(exc).__name__}: {exc}"
 
 

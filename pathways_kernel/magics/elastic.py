@@ -117,7 +117,7 @@ def elastic(shell: Any, args: Any, cell: str | None):
     def body(state: dict[str, Any], step: int, mesh: Any) -> dict[str, Any]:
         ns.update(state)
         ns["step"], ns["mesh"] = step, mesh
-        exec(code, ns)  # noqa: S102  (the user's own cell)
+        exec(code, ns)  # the user's own cell
         if deleted := [n for n in names if n not in ns]:
             ns.update({n: state[n] for n in deleted})  # what the step began with: nothing is lost
             raise NamespaceError(

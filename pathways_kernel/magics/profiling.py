@@ -43,8 +43,8 @@ def profile(shell: Any, args: Any, cell: str | None):
     body = compile(tree, "<%%pathways profile>", "exec")
     tail = compile(ast.Expression(last.value), "<%%pathways profile>", "eval") if last else None
     with capture.profile(args.name, args.logdir, args.host_tracer_level, args.python_tracer) as taken:
-        exec(body, shell.user_ns)  # noqa: S102  (the user's own cell)
-        value = eval(tail, shell.user_ns) if tail else None  # noqa: S307
+        exec(body, shell.user_ns)  # the user's own cell
+        value = eval(tail, shell.user_ns) if tail else None
     if value is not None and not quiet:
         display(value)
     return taken

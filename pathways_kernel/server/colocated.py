@@ -67,7 +67,7 @@ class ColocatedProgram:
             result = self.function(*call_args, **call_kwargs)
         except ServerError:
             raise
-        except Exception as error:  # noqa: BLE001 - the function's own error is the user's answer
+        except Exception as error:  # the function's own error is the user's answer
             raise ServerError(INVALID_ARGUMENT, f"{type(error).__name__}: {error}") from error
         leaves, treedef = tree_util.tree_flatten(result)
         if treedef != self.out_treedef or len(leaves) != len(self.out_specs):
@@ -102,7 +102,7 @@ def compile_colocated(data: bytes) -> ColocatedProgram:
         )
     try:
         function, in_treedef, in_specs, out_treedef, out_specs, _devices = _deserialize(proto.serialized_program_text)
-    except Exception as error:  # noqa: BLE001 - e.g. a module the server's environment lacks
+    except Exception as error:  # e.g. a module the server's environment lacks
         raise ServerError(
             INVALID_ARGUMENT,
             f"colocated Python {proto.name}: cannot unpickle the function in the server: "

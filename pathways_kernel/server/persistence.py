@@ -77,7 +77,7 @@ def _store(location: str, name: str, *, create: dict | None = None):
             return ts.open(spec, open=True, read=True).result()
         spec["metadata"] = create
         return ts.open(spec, create=True, delete_existing=True, write=True).result()
-    except Exception as error:  # noqa: BLE001 - tensorstore's reason is the user's answer
+    except Exception as error:  # tensorstore's reason is the user's answer
         code = NOT_FOUND if create is None and "NOT_FOUND" in str(error) else INVALID_ARGUMENT
         said = " ".join(str(error).split())
         raise ServerError(code, f"{'write' if create else 'read'} {location}/{name}: {said}") from error

@@ -70,7 +70,7 @@ class ProfileProgram:
                 options.host_tracer_level = self.host_trace_level
             try:
                 jax.profiler.start_trace(self.trace_location, profiler_options=options)
-            except Exception as error:  # noqa: BLE001 - the profiler's reason is the user's answer
+            except Exception as error:  # the profiler's reason is the user's answer
                 raise ServerError(
                     INVALID_ARGUMENT,
                     f"profileRequest: cannot trace into {self.trace_location}: {' '.join(str(error).split())}",

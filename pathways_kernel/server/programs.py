@@ -149,7 +149,7 @@ def compile_program(request, topology: Topology) -> Program | ProfileProgram | C
         text, shapes, dtypes = _module_and_outputs(request.program.data)
     except ServerError:
         raise
-    except Exception as error:  # noqa: BLE001 - the client's bytes, its problem
+    except Exception as error:  # the client's bytes, its problem
         raise ServerError(INVALID_ARGUMENT, f"cannot read the program: {error}") from error
     options = xc.CompileOptions.ParseFromString(options_proto.SerializeToString())
     devices = jax.devices()
@@ -157,7 +157,7 @@ def compile_program(request, topology: Topology) -> Program | ProfileProgram | C
     try:
         with _compile_lock:
             executable = backend.compile_and_load(text, xc.DeviceList(tuple(devices[i] for i in ids)), options)
-    except Exception as error:  # noqa: BLE001 - XLA's message is what the user needs
+    except Exception as error:  # XLA's message is what the user needs
         raise ServerError(
             INVALID_ARGUMENT, f"the CPU compiler rejected the program: {' '.join(str(error).split())}"
         ) from error

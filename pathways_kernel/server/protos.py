@@ -59,7 +59,7 @@ def _embedded_files(data: bytes) -> dict[str, descriptor_pb2.FileDescriptorProto
         proto = descriptor_pb2.FileDescriptorProto()
         try:
             proto.ParseFromString(data[match.start() : _end_of_message(data, match.start())])
-        except Exception:  # noqa: BLE001 - a false match of the path pattern
+        except Exception:  # a false match of the path pattern
             continue
         if proto.name and proto.name not in found and (proto.message_type or proto.enum_type or proto.service):
             found[proto.name] = proto

@@ -268,7 +268,7 @@ class Session:
                     UNIMPLEMENTED, f"the local Pathways server does not serve {kind or 'an empty request'}"
                 )
             deferred = handler(getattr(request, kind), response)
-        except Exception as error:  # noqa: BLE001 - a bug here must reach the user, not hang the client
+        except Exception as error:  # a bug here must reach the user, not hang the client
             if not isinstance(error, ServerError):
                 log.exception("%s failed", kind)
                 error = ServerError(INTERNAL, f"{kind}: {error}")
@@ -288,7 +288,7 @@ class Session:
                 respond(response)
             except ServerError as error:
                 respond(_error_response(op_id, error))
-            except Exception as error:  # noqa: BLE001
+            except Exception as error:
                 log.exception("%s failed", kind)
                 respond(_error_response(op_id, ServerError(INTERNAL, f"{kind}: {error}")))
 
@@ -364,7 +364,7 @@ class Session:
                 self.topology.check_up(program.device_ids)
                 for handle, output in zip(handles, outputs, strict=True):
                     self.arrays.put(handle, output)
-            except Exception as failure:  # noqa: BLE001 - it goes to the client as the outputs' error
+            except Exception as failure:  # it goes to the client as the outputs' error
                 if not isinstance(failure, ServerError):
                     log.exception("%s failed", program.name)
                     failure = ServerError(INTERNAL, f"{program.name}: {failure}")

@@ -94,7 +94,7 @@ class AutoSnapshot:
                     continue
             try:
                 taken.append(store.snap(value, name))
-            except Exception as error:  # noqa: BLE001
+            except Exception as error:
                 # A value we cannot read (lost slice, deleted buffer) has nothing to snapshot.
                 if not isinstance(error, (jax.errors.JaxRuntimeError, RuntimeError, PathwaysError)):
                     raise

@@ -365,7 +365,7 @@ class Elastic:
                     # cached under: compile under the one the loss will leave.
                     with jax.default_device(default) if default is not None else contextlib.nullcontext():
                         self.prepare(fallback)
-                except Exception as error:  # noqa: BLE001  (a failed warm-up only costs a compile later)
+                except Exception as error:  # a failed warm-up only costs a compile later
                     s.events.emit(
                         "compile", detail=f"'{self.name}' prepare for losing slice {lost} failed: {_reason(error)}"
                     )
@@ -464,7 +464,7 @@ class Elastic:
             # Nothing of the state lived on a lost slice: move it, lose nothing.
             try:
                 state, resumed, how = _reshard(state, new_mesh), step, "live state"
-            except Exception as error:  # noqa: BLE001  (classified below)
+            except Exception as error:  # classified below
                 if not _is_slice_loss(error):
                     raise
                 state = None
@@ -545,7 +545,7 @@ def _wait_quietly(snap: snapshots.Snapshot, events: RunEvents) -> bool:
     try:
         with events.snapshot_wait():
             snap.wait()
-    except Exception as error:  # noqa: BLE001
+    except Exception as error:
         if not _is_slice_loss(error):
             raise
         return False

@@ -531,7 +531,7 @@ def _is_ready(tree: Any) -> bool:
 
     try:
         return all(leaf.is_ready() for leaf in jax.tree.leaves(tree) if isinstance(leaf, jax.Array))
-    except Exception:  # noqa: BLE001  (an array on a lost slice: nothing left to compute)
+    except Exception:  # an array on a lost slice: nothing left to compute
         return True
 
 

@@ -73,7 +73,7 @@ class CloudLogging:
             job_name = f"{job}-{_safe(name)}-{next(self._runs)}"
         try:
             return job_name, factory(job_name, LOG_PREFIX + job)
-        except Exception:  # noqa: BLE001  (the run goes on; pw.goodput() still has it)
+        except Exception:  # the run goes on; pw.goodput() still has it
             return None
 
 

@@ -187,7 +187,7 @@ class MetricLog:
             for listener in listeners:
                 try:
                     listener(points)
-                except Exception:  # noqa: BLE001  (a listener must not stop the reading)
+                except Exception:  # a listener must not stop the reading
                     import logging
 
                     logging.getLogger(__name__).exception("metric listener failed")
@@ -266,7 +266,7 @@ def _copy_to_host(value: Any) -> None:
     try:
         if getattr(value, "size", None) == 1 and hasattr(value, "copy_to_host_async") and not value.is_deleted():
             value.copy_to_host_async()
-    except Exception:  # noqa: BLE001  (lost or donated: _read drops it)
+    except Exception:  # lost or donated: _read drops it
         pass
 
 
@@ -284,7 +284,7 @@ def _read(value: Any, wait: bool) -> Any:
             if not wait and not value.is_ready():
                 return _NOT_YET
         return float(value)
-    except Exception:  # noqa: BLE001  (on a lost slice, or donated: nothing to show)
+    except Exception:  # on a lost slice, or donated: nothing to show
         return None
 
 

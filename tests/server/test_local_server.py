@@ -396,7 +396,7 @@ def client_plugins(target: str, trace_dir: str, local_dir: str, bucket_url: str)
         try:
             fn()
             return "ok"
-        except Exception as error:  # noqa: BLE001 - what the user reads is the result
+        except Exception as error:  # what the user reads is the result
             return str(error).splitlines()[0]
 
     options = jax.profiler.ProfileOptions()

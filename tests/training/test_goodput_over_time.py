@@ -204,7 +204,7 @@ def test_asking_for_intervals_while_a_run_goes_on_in_another_thread_leaves_the_r
         try:
             for x in pw.steps([jnp.ones((8, 64))] * 400, name="asked-during"):
                 matmul(w, x).block_until_ready()
-        except BaseException as error:  # noqa: BLE001  (the test reports it)
+        except BaseException as error:  # the test reports it
             errors.append(error)
 
     runner = threading.Thread(target=train)
