@@ -58,7 +58,7 @@ import numbers
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pathways_kernel.core import meshes
 from pathways_kernel.core.errors import PathwaysError, one_line
@@ -69,6 +69,12 @@ from pathways_kernel.training import accounting
 from pathways_kernel.training.elastic_run import Rollback, RunReport, check_count, check_steps, restore_hooks
 from pathways_kernel.training.metric_log import LossFollower, metric_log
 from pathways_kernel.training.run_events import RunEvents
+
+if TYPE_CHECKING:
+    import jax
+    from jax.sharding import Mesh, PartitionSpec, Sharding
+
+    from pathways_kernel.core.eventlog import Event
 
 #: Consecutive failures (without a new good snapshot in between) before giving up.
 DEFAULT_MAX_RETRIES = 10
@@ -101,7 +107,7 @@ class _SliceWatch:
         self.lost: set[int] = set()
         self._unsubscribe = s.events.subscribe(self._on_event)
 
-    def _on_event(self, event: Any) -> None:
+    def _on_event(self, event: Event) -> None:
         if event.kind == "slice_down":
             self.lost.update(set(event.slices_before or ()) - set(event.slices_after or ()))
             self.down.set()
@@ -118,7 +124,7 @@ class _SliceLost(Exception):
     """Internal: the health state says a slice of the mesh is down."""
 
 
-def _mesh_slices(s: Session, mesh: Any) -> tuple[int, ...]:
+def _mesh_slices(s: Session, mesh: Mesh) -> tuple[int, ...]:
     ids = {d.id for d in mesh.devices.flat}
     return tuple(sl.index for sl in s.topology.slices if any(c.device.id in ids for c in sl.chips))
 
@@ -133,7 +139,8 @@ def _devices_of(tree: Any) -> set[int]:
     ids: set[int] = set()
     for leaf in jax.tree.leaves(tree):
         if isinstance(leaf, jax.Array):
-            ids.update(d.id for d in leaf.sharding.device_set)
+            # jaxlib ships no stubs, so mypy cannot resolve jax.Device to see its attributes.
+            ids.update(d.id for d in leaf.sharding.device_set)  # type: ignore[attr-defined]
     return ids
 
 
@@ -143,7 +150,7 @@ def _tree_nbytes(tree: Any) -> int:
     return sum(getattr(leaf, "nbytes", 0) for leaf in jax.tree.leaves(tree))
 
 
-def _placed(spec: Any, shape: tuple[int, ...], mesh: Any) -> Any:
+def _placed(spec: PartitionSpec | None, shape: tuple[int, ...], mesh: Mesh) -> Sharding:
     """Where the loop puts a leaf laid out with ``spec`` on ``mesh`` (a reshard,
     a restore, ``abstract``): ``spec`` fitted to ``mesh``, and a leaf that was on
     no mesh (an optimizer's step count, made on one device) replicated on it, as
@@ -151,10 +158,11 @@ def _placed(spec: Any, shape: tuple[int, ...], mesh: Any) -> Any:
     the step runs with, so a step compiled ahead (``prepare``) is the one used."""
     from jax.sharding import PartitionSpec
 
-    return snapshots.sharding_on(PartitionSpec() if spec is None else spec, shape, mesh)
+    placed: Sharding = snapshots.sharding_on(PartitionSpec() if spec is None else spec, shape, mesh)
+    return placed
 
 
-def _default_device_without(s: Session, lost: int) -> Any:
+def _default_device_without(s: Session, lost: int) -> jax.Device | None:
     """JAX's default device once slice ``lost`` is down, if that moves it: off
     a lost slice to the first live device, as the embedded backend and
     pathwaysutils' ``Manager`` move it; ``None`` if it stays."""
@@ -162,13 +170,14 @@ def _default_device_without(s: Session, lost: int) -> Any:
 
     gone = {d.id for sl in s.topology.slices if sl.index == lost for d in sl.devices}
     devices = s.devices()
-    now = jax.config.jax_default_device or devices[0]
+    # jax.config's options are attributes JAX adds at run time, unseen by mypy.
+    now = jax.config.jax_default_device or devices[0]  # type: ignore[attr-defined]
     if getattr(now, "id", None) not in gone:
         return None
     return next((d for d in devices if d.id not in gone), None)
 
 
-def _reshard(tree: Any, mesh: Any) -> Any:
+def _reshard(tree: Any, mesh: Mesh) -> Any:
     """Move live state onto ``mesh`` keeping each leaf's PartitionSpec, in one reshard
     (on a Pathways server, the server moves it: ``transfers.reshard``)."""
     import jax
@@ -188,13 +197,13 @@ class Elastic:
 
     def __init__(
         self,
-        step_fn: Callable[[Any, int, Any], Any],
+        step_fn: Callable[[Any, int, Mesh], Any],
         snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
         max_retries: int | None = DEFAULT_MAX_RETRIES,
         axes: Sequence[str] | None = None,
         name: str | None = None,
         wait_s: float = DEFAULT_WAIT_S,
-        prepare: Callable[[Any], Any] | None = None,
+        prepare: Callable[[Mesh], object] | None = None,
         state_label: str | None = None,
     ):
         snapshot_every = check_count(snapshot_every, "snapshot_every", 1)
@@ -202,17 +211,17 @@ class Elastic:
             max_retries = check_count(max_retries, "max_retries", 1)
         if isinstance(wait_s, bool) or not isinstance(wait_s, numbers.Real) or not math.isfinite(wait_s) or wait_s < 0:
             raise PathwaysError(f"wait_s must be a number of seconds, at least 0, got {wait_s!r}")
-        self.step_fn = step_fn
-        self.snapshot_every = snapshot_every
-        self.max_retries = max_retries
-        self.axes = tuple(axes) if axes else None
-        self.name = name or getattr(step_fn, "__name__", "elastic")
+        self.step_fn: Callable[[Any, int, Mesh], Any] = step_fn
+        self.snapshot_every: int = snapshot_every
+        self.max_retries: int | None = max_retries
+        self.axes: tuple[str, ...] | None = tuple(axes) if axes else None
+        self.name: str = name or getattr(step_fn, "__name__", "elastic")
         #: What the state is called in messages (the magic's --state variables).
-        self.state_label = state_label or f"the state of '{self.name}'"
-        self.wait_s = wait_s
-        self.prepare = prepare
+        self.state_label: str = state_label or f"the state of '{self.name}'"
+        self.wait_s: float = wait_s
+        self.prepare: Callable[[Mesh], object] | None = prepare
         #: Set once ``prepare`` has run for every fallback mesh of the current run.
-        self.prepared = threading.Event()
+        self.prepared: threading.Event = threading.Event()
         self.last_run: RunReport | None = None
         functools.update_wrapper(self, step_fn)
 
@@ -294,6 +303,7 @@ class Elastic:
                         # progress (errors of asynchronous steps surface late), so
                         # failures reset.
                         if pending is not None and (due or pending.done()):
+                            assert pending.step is not None  # the loop's snapshots carry their step
                             if _wait_quietly(pending, self._events) and pending.step > resumed_at:
                                 failures = 0
                             pending = None
@@ -341,11 +351,12 @@ class Elastic:
             watch.close()
 
     # -- compiling ahead ------------------------------------------------------
-    def _start_prepare(self, s: Session, mesh: Any) -> None:
+    def _start_prepare(self, s: Session, mesh: Mesh) -> None:
         """Run ``prepare(fallback_mesh)`` in the background for each mesh of one
         slice fewer, so a recovery finds its step already compiled."""
         self.prepared.clear()
-        if self.prepare is None:
+        prepare = self.prepare
+        if prepare is None:
             self.prepared.set()
             return
         import jax
@@ -364,7 +375,7 @@ class Elastic:
                     # JAX's default device is part of what a compiled step is
                     # cached under: compile under the one the loss will leave.
                     with jax.default_device(default) if default is not None else contextlib.nullcontext():
-                        self.prepare(fallback)
+                        prepare(fallback)
                 except Exception as error:  # a failed warm-up only costs a compile later
                     s.events.emit(
                         "compile", detail=f"'{self.name}' prepare for losing slice {lost} failed: {_reason(error)}"
@@ -381,7 +392,7 @@ class Elastic:
         threading.Thread(target=work, name=f"pathways-elastic-prepare-{self.name}", daemon=True).start()
 
     # -- boundaries -----------------------------------------------------------
-    def _check_boundary(self, s: Session, watch: _SliceWatch, mesh: Any) -> None:
+    def _check_boundary(self, s: Session, watch: _SliceWatch, mesh: Mesh) -> None:
         if not watch.changed.is_set():
             return
         watch.changed.clear()
@@ -396,7 +407,9 @@ class Elastic:
 
             raise ScaleUpSignalError(f"slices {sorted(up - current)} came back")
 
-    def _scale_up(self, s: Session, watch: _SliceWatch, mesh: Any, state: Any, step: int, report: RunReport):
+    def _scale_up(
+        self, s: Session, watch: _SliceWatch, mesh: Mesh, state: Any, step: int, report: RunReport
+    ) -> tuple[Mesh, Any]:
         before = _mesh_slices(s, mesh)
         start = time.perf_counter()
         new_mesh = s.mesh(self.axes)
@@ -439,13 +452,13 @@ class Elastic:
         self,
         s: Session,
         watch: _SliceWatch,
-        mesh: Any,
+        mesh: Mesh,
         state: Any,
         step: int,
-        store: Any,
+        store: snapshots.SnapshotStore,
         snap_name: str,
         report: RunReport,
-    ):
+    ) -> tuple[Mesh, Any, int]:
         """Go on with the live slices: move the state if none of it was lost,
         else roll back to this run's newest snapshot."""
         start = time.perf_counter()
@@ -474,6 +487,7 @@ class Elastic:
             snap = store.latest(snap_name, run=report.run)
             if snap is None:
                 raise self._nothing_to_restore()
+            assert snap.step is not None  # the loop's snapshots carry their step
             placed = [_placed(leaf.spec, leaf.shape, new_mesh) if leaf.on_device else None for leaf in snap.leaves]
             state = snapshots.restore(snap, new_mesh, shardings=placed)
             resumed, how = snap.step, f"snapshot of step {snap.step}"
@@ -503,7 +517,7 @@ class Elastic:
             watch.up.clear()
 
 
-def abstract(tree: Any, mesh: Any) -> Any:
+def abstract(tree: Any, mesh: Mesh) -> Any:
     """``tree`` as ``jax.ShapeDtypeStruct``s laid out on ``mesh`` with each
     leaf's PartitionSpec (as a reshard or restore places it; a leaf on no mesh
     replicated): for ``prepare``, e.g.
@@ -553,15 +567,15 @@ def _wait_quietly(snap: snapshots.Snapshot, events: RunEvents) -> bool:
 
 
 def elastic(
-    fn: Callable | None = None,
+    fn: Callable[[Any, int, Mesh], Any] | None = None,
     *,
     snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
     max_retries: int | None = DEFAULT_MAX_RETRIES,
     axes: Sequence[str] | None = None,
     name: str | None = None,
     wait_s: float = DEFAULT_WAIT_S,
-    prepare: Callable[[Any], Any] | None = None,
-):
+    prepare: Callable[[Mesh], object] | None = None,
+) -> Elastic | Callable[[Callable[[Any, int, Mesh], Any]], Elastic]:
     """Make ``fn(state, step, mesh) -> state`` an elastic training loop.
 
     Use as ``@pw.elastic`` or ``@pw.elastic(snapshot_every=10)``; call the
@@ -585,7 +599,7 @@ def elastic(
         done.
     """
 
-    def wrap(f: Callable) -> Elastic:
+    def wrap(f: Callable[[Any, int, Mesh], Any]) -> Elastic:
         return Elastic(f, snapshot_every, max_retries, axes, name, wait_s, prepare)
 
     return wrap(fn) if fn is not None else wrap
