@@ -13,9 +13,11 @@ import argparse
 import dataclasses
 import shlex
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
+from IPython.core import magic_arguments as ipython_arguments
 from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import MagicArgumentParser
 
@@ -23,16 +25,47 @@ from pathways_kernel.core import parsing
 from pathways_kernel.core.errors import PathwaysError, one_line
 from pathways_kernel.core.text import shown
 
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from IPython.lib.pretty import RepresentationPrinter
+
+#: A subcommand's function: the shell, its parsed options, the cell body (None as a line magic) -> what to display.
+SubcommandFunc = Callable[[InteractiveShell, argparse.Namespace, str | None], object]
+_F = TypeVar("_F", bound=SubcommandFunc)
+_T = TypeVar("_T")
+
+
+class ParsedSubcommand(Protocol):
+    """A subcommand's function once ``magic_arguments`` has given it its parser."""
+
+    parser: MagicArgumentParser
+
+    def __call__(self, shell: InteractiveShell, args: argparse.Namespace, cell: str | None, /) -> object: ...
+
+
+_P = TypeVar("_P", bound=ParsedSubcommand)
+
+
+def magic_arguments(name: str) -> Callable[[SubcommandFunc], ParsedSubcommand]:
+    """IPython's ``magic_arguments`` (builds the parser from the ``argument``s below it), typed:
+    IPython's decorator classes carry no annotations."""
+    decorate: Callable[[SubcommandFunc], ParsedSubcommand] = ipython_arguments.magic_arguments(name=name)
+    return decorate
+
+
+def argument(*flags: str, **options: object) -> Callable[[_F], _F]:
+    """IPython's ``argument`` (``ArgumentParser.add_argument``'s arguments), typed as ``magic_arguments``."""
+    decorate: Callable[[_F], _F] = ipython_arguments.argument(*flags, **options)
+    return decorate
+
 
 @dataclasses.dataclass(frozen=True)
 class Subcommand:
     name: str
-    func: Callable[..., Any]
+    func: SubcommandFunc
+    parser: MagicArgumentParser
     cell: bool  # whether it is (also) a cell magic
-
-    @property
-    def parser(self) -> MagicArgumentParser:
-        return self.func.parser
 
     @property
     def summary(self) -> str:
@@ -43,7 +76,7 @@ class Subcommand:
 SUBCOMMANDS: dict[str, Subcommand] = {}
 
 
-def subcommand(name: str, cell: bool = False) -> Callable:
+def subcommand(name: str, cell: bool = False) -> Callable[[_P], _P]:
     """Register ``func(shell, args, cell)`` as ``%pathways NAME``.
 
     Apply it outermost, above ``@magic_arguments(name="pathways NAME")`` and
@@ -51,8 +84,8 @@ def subcommand(name: str, cell: bool = False) -> Callable:
     the cell body.
     """
 
-    def decorate(func: Callable) -> Callable:
-        SUBCOMMANDS[name] = Subcommand(name, func, cell)
+    def decorate(func: _P) -> _P:
+        SUBCOMMANDS[name] = Subcommand(name, func, func.parser, cell)
         return func
 
     return decorate
@@ -80,10 +113,10 @@ def top_level_help() -> str:
 MAX_INT = parsing.MAX_INT
 
 
-def _argument_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+def _argument_type(parse: Callable[[str], _T]) -> Callable[[str], _T]:
     """An argparse ``type`` from a ``core.parsing`` function: its ``ValueError`` is the option's one line."""
 
-    def convert(text: str) -> Any:
+    def convert(text: str) -> _T:
         try:
             return parse(text)
         except ValueError as exc:
@@ -158,11 +191,11 @@ class Text(str):
     def __repr__(self) -> str:
         return str(self)
 
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+    def _repr_pretty_(self, p: RepresentationPrinter, cycle: bool) -> None:
         p.text(str(self))
 
 
-def dispatch(shell: Any, line: str, cell: str | None) -> Any:
+def dispatch(shell: InteractiveShell, line: str, cell: str | None) -> object:
     """Run one ``%pathways`` line (and cell); returns what to display."""
     try:
         tokens = shlex.split(line)
@@ -194,17 +227,24 @@ class PathwaysMagics(Magics):
         """Drive a multi-slice JAX session; ``%pathways --help`` lists subcommands."""
         from IPython.display import display
 
+        assert self.shell is not None  # registered with the shell: IPython gives it to every Magics
         result = dispatch(self.shell, line, cell)
         if result is not None:
             display(result)
 
 
-def _show_one_line(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: int | None = None) -> None:
+def _show_one_line(
+    shell: InteractiveShell,
+    etype: type[BaseException],
+    value: BaseException,
+    tb: TracebackType | None,
+    tb_offset: int | None = None,
+) -> None:
     """Custom exception handler: a ``PathwaysError`` is one red line, no traceback."""
     shell._showtraceback(etype, value, [f"\x1b[0;31m{one_line(value)}\x1b[0m"])
 
 
-def _show_error_lines(shell: Any) -> None:
+def _show_error_lines(shell: InteractiveShell) -> None:
     """Show the local server's JAX errors whose own message does not say what to do as one
     red line (``local_server.error_line``: a host callback, every slice down), wherever IPython
     shows them: a cell's error, and a result whose display raised (the proxy client's dispatch
@@ -213,17 +253,19 @@ def _show_error_lines(shell: Any) -> None:
     if getattr(show, "pathways_error_lines", False):
         return
 
-    def showtraceback(etype: type, value: BaseException, stb: Any) -> Any:
+    def showtraceback(etype: type[BaseException], value: BaseException, stb: list[str]) -> object:
         from pathways_kernel.backends.local_server import error_line
 
         line = None if isinstance(value, PathwaysError) else error_line(value)
         return show(etype, value, stb if line is None else [f"\x1b[0;31m{line}\x1b[0m"])
 
+    # A mark on the wrapper, so a second register() does not wrap it again; functions take attributes.
     showtraceback.pathways_error_lines = True  # type: ignore[attr-defined]
-    shell._showtraceback = showtraceback
+    # IPython has no hook for how a traceback is shown: this shell's own method is wrapped.
+    shell._showtraceback = showtraceback  # type: ignore[method-assign, assignment]
 
 
-def register(shell: Any) -> None:
+def register(shell: InteractiveShell) -> None:
     """Install the magics and the one-line handler for ``PathwaysError``."""
     from pathways_kernel.magics import (
         connection,

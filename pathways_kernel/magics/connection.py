@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
-from typing import Any
 
-from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.core.interactiveshell import InteractiveShell
 
 import pathways_kernel.magics.slurm  # noqa: F401  (adds the Slurm options to connect)
 from pathways_kernel import api
 from pathways_kernel.backends import connection
-from pathways_kernel.magics import preflight_seconds, subcommand
+from pathways_kernel.magics import argument, magic_arguments, preflight_seconds, subcommand
 
 
 @subcommand("reconnect")
@@ -21,18 +21,18 @@ from pathways_kernel.magics import preflight_seconds, subcommand
     default=None,
     help="proxy: seconds for the pre-flight check (default: as before)",
 )
-def reconnect(shell: Any, args: Any, cell: str | None):
+def reconnect(shell: InteractiveShell, args: argparse.Namespace, cell: str | None) -> object:
     """Clear JAX's backends and caches and connect again to the same backend (after a disconnect)."""
     connection.reconnect(timeout=args.timeout)
     return api.status()
 
 
-def _show_notice(*_: Any) -> None:
+def _show_notice(*_: object) -> None:
     if notice := connection.NOTICE.take():
         print(notice, file=sys.stderr)
 
 
-def install(shell: Any) -> None:
+def install(shell: InteractiveShell) -> None:
     """Show the disconnect notice before the next cell runs (once per disconnect)."""
     if _show_notice not in shell.events.callbacks["pre_run_cell"]:
         shell.events.register("pre_run_cell", _show_notice)

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any
+import argparse
 
-from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.core.interactiveshell import InteractiveShell
 
 from pathways_kernel import api
 from pathways_kernel.backends import connection
 from pathways_kernel.core import meshes
 from pathways_kernel.core.slices import DeviceTable
-from pathways_kernel.magics import Text, integer, name_list, non_empty, preflight_seconds, subcommand
+from pathways_kernel.magics import (
+    Text,
+    argument,
+    integer,
+    magic_arguments,
+    name_list,
+    non_empty,
+    preflight_seconds,
+    subcommand,
+)
 
 #: More slices than any one Pathways cluster runs.
 MAX_SLICES = 4096
@@ -18,21 +27,21 @@ MAX_SLICES = 4096
 
 @subcommand("status")
 @magic_arguments(name="pathways status")
-def status(shell: Any, args: Any, cell: str | None):
+def status(shell: InteractiveShell, args: argparse.Namespace, cell: str | None) -> object:
     """Backend, platform, JAX version, slices up/total, chips and devices."""
     return api.status()
 
 
 @subcommand("topology")
 @magic_arguments(name="pathways topology")
-def topology(shell: Any, args: Any, cell: str | None):
+def topology(shell: InteractiveShell, args: argparse.Namespace, cell: str | None) -> object:
     """Slices and their chips (coordinates, state): HTML in notebooks, text elsewhere."""
     return api.topology()
 
 
 @subcommand("devices")
 @magic_arguments(name="pathways devices")
-def devices(shell: Any, args: Any, cell: str | None):
+def devices(shell: InteractiveShell, args: argparse.Namespace, cell: str | None) -> object:
     """Every device with its slice, chip coordinates, kind and state."""
     return DeviceTable(api.topology())
 
@@ -47,7 +56,7 @@ def devices(shell: Any, args: Any, cell: str | None):
 @argument("--name", type=non_empty, default="mesh", help="bind the mesh to this name in the namespace (default: mesh)")
 @argument("--no-bind", action="store_true", help="do not bind the mesh into the namespace")
 @argument("--overwrite", action="store_true", help="let --name replace a value of another type")
-def mesh(shell: Any, args: Any, cell: str | None):
+def mesh(shell: InteractiveShell, args: argparse.Namespace, cell: str | None) -> object:
     """Build a multi-slice mesh over the live slices: a DCN axis across slices, ICI axes within."""
     m = api.mesh(
         args.axes,
@@ -90,7 +99,7 @@ def mesh(shell: Any, args: Any, cell: str | None):
 @argument("--count", type=integer(1, MAX_SLICES), default=1, help="sps: number of slices (default 1)")
 @argument("--bucket", default="", help="sps: gs:// scratch location for the proxy")
 @argument("--proxy-image", default=None, help="sps: proxy server image (default: the one the service needs)")
-def connect(shell: Any, args: Any, cell: str | None):
+def connect(shell: InteractiveShell, args: argparse.Namespace, cell: str | None) -> object:
     """Switch the session's backend (before the first computation, or with --force)."""
     if args.spec == "sps":
         connection.connect_shared_service(
@@ -115,6 +124,6 @@ def connect(shell: Any, args: Any, cell: str | None):
 @magic_arguments(name="pathways events")
 @argument("--last", type=integer(1), default=20, help="show the last N events (default 20)")
 @argument("--kind", type=non_empty, default=None, help="only events of this kind, e.g. slice_down")
-def events(shell: Any, args: Any, cell: str | None):
+def events(shell: InteractiveShell, args: argparse.Namespace, cell: str | None) -> object:
     """The session's event log: slice up/down, reshards, snapshots, transfers, ..."""
     return api.events_table(args.last, args.kind)

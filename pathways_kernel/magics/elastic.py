@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any
+import argparse
 
-from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.core.interactiveshell import InteractiveShell
+from jax.sharding import Mesh
 
 from pathways_kernel.core.errors import NamespaceError, PathwaysError
 from pathways_kernel.core.namespace import check_bindable
-from pathways_kernel.magics import Text, integer, name_list, non_empty, subcommand, whole_number
+from pathways_kernel.magics import (
+    Text,
+    argument,
+    integer,
+    magic_arguments,
+    name_list,
+    non_empty,
+    subcommand,
+    whole_number,
+)
 from pathways_kernel.monitoring import cellprogress
 from pathways_kernel.state import snapshots
 from pathways_kernel.state.autosnapshots import autosnapshot as set_autosnapshot
@@ -31,7 +41,7 @@ cellprogress.install()  # runs started in this kernel's cells show their progres
     "--to", type=non_empty, default=None, help="also persist to gs://BUCKET/PREFIX or a directory, in the background"
 )
 @argument("--id", type=non_empty, default=None, help="id of the persisted snapshot (default: NAME or NAME-stepN)")
-def snapshot(shell: Any, args: Any, cell: str | None):
+def snapshot(shell: InteractiveShell, args: argparse.Namespace, cell: str | None) -> object:
     """Copy variables' jax arrays to host memory (async), with their PartitionSpecs."""
     if args.keep is not None:
         snapshots.store().configure(keep=args.keep)
@@ -52,7 +62,7 @@ def snapshot(shell: Any, args: Any, cell: str | None):
     "url", nargs="?", default=None, help="gs://BUCKET/PREFIX or a directory: persisted snapshots instead of host ones"
 )
 @argument("--name", default=None, help="restore: bind to this variable (default: the snapshot's name)")
-def snapshots_(shell: Any, args: Any, cell: str | None):
+def snapshots_(shell: InteractiveShell, args: argparse.Namespace, cell: str | None) -> object:
     """The host snapshots kept in this session, or those persisted under a URL (list/restore)."""
     if args.url or args.action == "restore":
         from pathways_kernel.magics.storage import remote_snapshots
@@ -67,7 +77,7 @@ def snapshots_(shell: Any, args: Any, cell: str | None):
     "state", nargs="?", choices=("on", "off"), help="turn snapshot-after-each-cell on or off (default: show status)"
 )
 @argument("--max-bytes", type=integer(0), default=None, help="host bytes autosnapshots may hold in all")
-def autosnapshot(shell: Any, args: Any, cell: str | None):
+def autosnapshot(shell: InteractiveShell, args: argparse.Namespace, cell: str | None) -> object:
     """After each cell, snapshot the jax variables that changed (for healing after a slice loss)."""
     if args.state is None:
         return for_shell(shell).status()
@@ -90,7 +100,7 @@ def autosnapshot(shell: Any, args: Any, cell: str | None):
 )
 @argument("--axes", type=name_list, default=None, help="mesh axes (default: data,model; data spans slices)")
 @argument("--no-progress", action="store_true", help="no progress display under the cell")
-def elastic(shell: Any, args: Any, cell: str | None):
+def elastic(shell: InteractiveShell, args: argparse.Namespace, cell: str | None) -> object:
     """Run the cell as an elastic training step: survives slice loss, scales back up."""
     if cell is None or not cell.strip():
         raise PathwaysError(
@@ -114,7 +124,7 @@ def elastic(shell: Any, args: Any, cell: str | None):
         )
     code = compile(cell, "<%%pathways elastic>", "exec")
 
-    def body(state: dict[str, Any], step: int, mesh: Any) -> dict[str, Any]:
+    def body(state: dict[str, object], step: int, mesh: Mesh) -> dict[str, object]:
         ns.update(state)
         ns["step"], ns["mesh"] = step, mesh
         exec(code, ns)  # the user's own cell

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+import argparse
 
 from IPython.core.error import UsageError
-from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.core.interactiveshell import InteractiveShell
 
 from pathways_kernel import api
 from pathways_kernel.emulator.chaosmonkey import MAX_SECONDS, MIN_SECONDS
-from pathways_kernel.magics import integer, seconds, subcommand
+from pathways_kernel.magics import argument, integer, magic_arguments, seconds, subcommand
 
 chaos_seconds = seconds(MIN_SECONDS, MAX_SECONDS)
 
@@ -17,7 +17,7 @@ chaos_seconds = seconds(MIN_SECONDS, MAX_SECONDS)
 @subcommand("fail")
 @magic_arguments(name="pathways fail")
 @argument("slice", type=integer(0), help="index of the slice to lose")
-def fail(shell: Any, args: Any, cell: str | None):
+def fail(shell: InteractiveShell, args: argparse.Namespace, cell: str | None) -> object:
     """Lose a slice (local backend): arrays with a shard on it raise DATA_LOSS from now on."""
     return api.fail_slice(args.slice)
 
@@ -25,7 +25,7 @@ def fail(shell: Any, args: Any, cell: str | None):
 @subcommand("repair")
 @magic_arguments(name="pathways repair")
 @argument("slice", type=integer(0), help="index of the slice to bring back")
-def repair(shell: Any, args: Any, cell: str | None):
+def repair(shell: InteractiveShell, args: argparse.Namespace, cell: str | None) -> object:
     """Bring a lost slice back, empty (local backend): lost arrays stay lost."""
     return api.repair_slice(args.slice)
 
@@ -37,7 +37,7 @@ def repair(shell: Any, args: Any, cell: str | None):
 @argument("--seed", type=integer(0), default=0, help="seed of the failure schedule (same seed, same schedule)")
 @argument("--min-up", type=integer(0), default=1, help="slices that always stay up (default 1)")
 @argument("--off", action="store_true", help="stop chaos; slices stay as they are")
-def chaos(shell: Any, args: Any, cell: str | None):
+def chaos(shell: InteractiveShell, args: argparse.Namespace, cell: str | None) -> object:
     """Random slice failures and repairs from a seeded schedule (local backend; off by default)."""
     if args.off:
         return api.chaos_off()
@@ -50,6 +50,6 @@ def chaos(shell: Any, args: Any, cell: str | None):
 
 @subcommand("health")
 @magic_arguments(name="pathways health")
-def health(shell: Any, args: Any, cell: str | None):
+def health(shell: InteractiveShell, args: argparse.Namespace, cell: str | None) -> object:
     """Run the slice health check (a tiny computation per slice): which slices are up."""
     return api.health()

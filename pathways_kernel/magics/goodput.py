@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+import argparse
 
-from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.core.interactiveshell import InteractiveShell
 
-from pathways_kernel.magics import non_empty, subcommand
+from pathways_kernel.magics import argument, magic_arguments, non_empty, subcommand
 from pathways_kernel.training import accounting, goodput_report
 from pathways_kernel.training.goodput_logging import cloud_logging
 
@@ -33,7 +33,7 @@ from pathways_kernel.training.goodput_logging import cloud_logging
     default=None,
     help="Pathways on GKE: new runs also write their goodput log to Cloud Logging as job JOB-<run>-<n>; 'off' stops",
 )
-def goodput(shell: Any, args: Any, cell: str | None):
+def goodput(shell: InteractiveShell, args: argparse.Namespace, cell: str | None) -> object:
     """Goodput and badput by cause, per run and for the session; MFU where the step's FLOPs are known."""
     if args.cloud_logging is not None:
         job = None if args.cloud_logging == "off" else args.cloud_logging
@@ -44,5 +44,5 @@ def goodput(shell: Any, args: Any, cell: str | None):
     return goodput_report.goodput(args.run, field=not args.no_field)
 
 
-def install(shell: Any) -> None:
+def install(shell: InteractiveShell) -> None:
     accounting.install(shell)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+import argparse
 
-from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.core.interactiveshell import InteractiveShell
 
-from pathways_kernel.magics import number, subcommand, whole_number
+from pathways_kernel.magics import argument, magic_arguments, number, subcommand, whole_number
 from pathways_kernel.monitoring.widget import monitor as show_monitor
 
 
@@ -15,6 +15,6 @@ from pathways_kernel.monitoring.widget import monitor as show_monitor
 @argument("--rate", type=number, default=None, help="updates per second (default 2)")
 @argument("--events", type=whole_number, default=8, help="how many recent events to list (default 8)")
 @argument("--sample-hz", type=number, default=None, help="telemetry sampling rate in Hz (default 4)")
-def monitor(shell: Any, args: Any, cell: str | None):
+def monitor(shell: InteractiveShell, args: argparse.Namespace, cell: str | None) -> object:
     """Live dashboard: per-slice utilization and memory, slice states, last events; updates while cells run."""
     return show_monitor(rate=args.rate, events=args.events, sample_hz=args.sample_hz)

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import ast
-from typing import Any
 
 from IPython.core.displayhook import DisplayHook
-from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.core.interactiveshell import InteractiveShell
 from IPython.display import display
 
 from pathways_kernel.core.errors import PathwaysError
-from pathways_kernel.magics import non_empty, subcommand, whole_number
+from pathways_kernel.magics import argument, magic_arguments, non_empty, subcommand, whole_number
 from pathways_kernel.profiling import capture
 
 
@@ -30,7 +30,7 @@ from pathways_kernel.profiling import capture
     help="0 off, 1 user annotations and XLA ops (default), 2 also the runtime's events, 3 verbose",
 )
 @argument("--python-tracer", action="store_true", help="also trace Python calls (slower)")
-def profile(shell: Any, args: Any, cell: str | None):
+def profile(shell: InteractiveShell, args: argparse.Namespace, cell: str | None) -> object:
     """Capture a JAX profiler trace of the cell; show wall, device busy per slice, top ops, compile and host gaps."""
     if cell is None or not cell.strip():
         raise PathwaysError("%%pathways profile needs a cell body: the code to profile")
@@ -52,6 +52,6 @@ def profile(shell: Any, args: Any, cell: str | None):
 
 @subcommand("profiles")
 @magic_arguments(name="pathways profiles")
-def profiles(shell: Any, args: Any, cell: str | None):
+def profiles(shell: InteractiveShell, args: argparse.Namespace, cell: str | None) -> object:
     """The captures of this session: name, when, size, where (and Open in XProf)."""
     return capture.profiles()

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+import argparse
 
-from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.core.interactiveshell import InteractiveShell
 
 from pathways_kernel.colocated.sidecars import ActivityTable, define, stats
-from pathways_kernel.magics import Text, number, slice_list, subcommand
+from pathways_kernel.magics import Text, argument, magic_arguments, number, slice_list, subcommand
 
 
 @subcommand("sidecar", cell=True)
@@ -19,7 +19,7 @@ from pathways_kernel.magics import Text, number, slice_list, subcommand
     help="slices the cell's @pw.sidecar functions run on: all (default) or e.g. 0,1",
 )
 @argument("--timeout", type=number, default=None, help="seconds before a sidecar call is reported hung (default 60)")
-def sidecar(shell: Any, args: Any, cell: str | None):
+def sidecar(shell: InteractiveShell, args: argparse.Namespace, cell: str | None) -> object:
     """Cell: its @pw.sidecar functions run colocated with --slices; line: sidecar calls, bytes, time, queue depth."""
     if cell is None:
         return ActivityTable(stats())

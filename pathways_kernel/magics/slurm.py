@@ -8,7 +8,8 @@ They join the ``connect`` subcommand's own parser, so ``%pathways connect
 from __future__ import annotations
 
 import argparse
-from typing import Any
+
+from IPython.core.interactiveshell import InteractiveShell
 
 from pathways_kernel import api
 from pathways_kernel.backends import slurm as slurm_lib
@@ -51,7 +52,7 @@ _parser.add_argument(
 )
 
 
-def connect(shell: Any, args: Any, cell: str | None):
+def connect(shell: InteractiveShell, args: argparse.Namespace, cell: str | None) -> object:
     """``connect`` with the Slurm options handled; otherwise the plain ``connect``."""
     slurm_spec = args.spec.startswith("slurm:") or args.spec == "slurm"
     if not (slurm_spec or args.slurm or args.submit):
@@ -78,5 +79,4 @@ def connect(shell: Any, args: Any, cell: str | None):
     return api.status()
 
 
-connect.parser = _parser  # type: ignore[attr-defined]
-SUBCOMMANDS["connect"] = Subcommand("connect", connect, SUBCOMMANDS["connect"].cell)
+SUBCOMMANDS["connect"] = Subcommand("connect", connect, _parser, SUBCOMMANDS["connect"].cell)

@@ -7,16 +7,17 @@ URL`` live with the other snapshot subcommands (magics/elastic.py) and call
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
-from typing import Any
 
-from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.core.interactiveshell import InteractiveShell
 
 from pathways_kernel.core import locations
 from pathways_kernel.core.errors import NamespaceError, PathwaysError
 from pathways_kernel.core.namespace import bind, check_bindable, user_namespace
-from pathways_kernel.magics import MAX_INT, Text, integer, name_list, seconds, subcommand
+from pathways_kernel.magics import MAX_INT, Text, argument, integer, magic_arguments, name_list, seconds, subcommand
 from pathways_kernel.state import checkpoints, compile_cache, progress, snapshots, storage
+from pathways_kernel.state.manifest import SnapshotList
 
 progress.install()
 
@@ -35,7 +36,7 @@ def persist_taken(taken: Sequence[snapshots.Snapshot], url: str, snapshot_id: st
     return Text("\n".join(lines))
 
 
-def remote_snapshots(action: str, url: str | None, name: str | None) -> Any:
+def remote_snapshots(action: str, url: str | None, name: str | None) -> SnapshotList | Text:
     """``%pathways snapshots list URL`` and ``%pathways snapshots restore URL [--name VAR]``."""
     if not url:
         raise PathwaysError(f"%pathways snapshots {action} needs a URL: gs://BUCKET/PREFIX or a local directory")
@@ -73,7 +74,7 @@ def remote_snapshots(action: str, url: str | None, name: str | None) -> Any:
     help="checkpoints kept in the directory (default 3)",
 )
 @argument("--wait", action="store_true", help="block until the save is committed")
-def checkpoint(shell: Any, args: Any, cell: str | None):
+def checkpoint(shell: InteractiveShell, args: argparse.Namespace, cell: str | None) -> object:
     """Orbax checkpoints of notebook variables: async save, restore onto the live slices, list."""
     if args.action == "list":
         return checkpoints.listing(args.url)
@@ -123,6 +124,6 @@ def checkpoint(shell: Any, args: Any, cell: str | None):
     default=compile_cache.DEFAULT_MIN_COMPILE_S,
     help="cache only programs that take at least this long to compile (default 0.2)",
 )
-def cache(shell: Any, args: Any, cell: str | None):
+def cache(shell: InteractiveShell, args: argparse.Namespace, cell: str | None) -> object:
     """JAX's persistent compilation cache in Cloud Storage or a directory; hits and misses become events."""
     return compile_cache.cache(args.location, args.min_compile_s)
