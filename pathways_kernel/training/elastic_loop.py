@@ -58,7 +58,7 @@ import numbers
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias, overload
 
 from pathways_kernel.core import meshes
 from pathways_kernel.core.errors import PathwaysError, one_line
@@ -75,6 +75,9 @@ if TYPE_CHECKING:
     from jax.sharding import Mesh, PartitionSpec, Sharding
 
     from pathways_kernel.core.eventlog import Event
+
+    #: ``fn(state, step, mesh) -> state``: one step of the loop.
+    StepFn: TypeAlias = Callable[[Any, int, Mesh], Any]
 
 #: Consecutive failures (without a new good snapshot in between) before giving up.
 DEFAULT_MAX_RETRIES = 10
@@ -197,7 +200,7 @@ class Elastic:
 
     def __init__(
         self,
-        step_fn: Callable[[Any, int, Mesh], Any],
+        step_fn: StepFn,
         snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
         max_retries: int | None = DEFAULT_MAX_RETRIES,
         axes: Sequence[str] | None = None,
@@ -211,7 +214,7 @@ class Elastic:
             max_retries = check_count(max_retries, "max_retries", 1)
         if isinstance(wait_s, bool) or not isinstance(wait_s, numbers.Real) or not math.isfinite(wait_s) or wait_s < 0:
             raise PathwaysError(f"wait_s must be a number of seconds, at least 0, got {wait_s!r}")
-        self.step_fn: Callable[[Any, int, Mesh], Any] = step_fn
+        self.step_fn: StepFn = step_fn
         self.snapshot_every: int = snapshot_every
         self.max_retries: int | None = max_retries
         self.axes: tuple[str, ...] | None = tuple(axes) if axes else None
@@ -566,8 +569,30 @@ def _wait_quietly(snap: snapshots.Snapshot, events: RunEvents) -> bool:
     return True
 
 
+@overload
 def elastic(
-    fn: Callable[[Any, int, Mesh], Any] | None = None,
+    fn: StepFn,
+    *,
+    snapshot_every: int = ...,
+    max_retries: int | None = ...,
+    axes: Sequence[str] | None = ...,
+    name: str | None = ...,
+    wait_s: float = ...,
+    prepare: Callable[[Mesh], object] | None = ...,
+) -> Elastic: ...
+@overload
+def elastic(
+    fn: None = None,
+    *,
+    snapshot_every: int = ...,
+    max_retries: int | None = ...,
+    axes: Sequence[str] | None = ...,
+    name: str | None = ...,
+    wait_s: float = ...,
+    prepare: Callable[[Mesh], object] | None = ...,
+) -> Callable[[StepFn], Elastic]: ...
+def elastic(
+    fn: StepFn | None = None,
     *,
     snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
     max_retries: int | None = DEFAULT_MAX_RETRIES,
@@ -575,7 +600,7 @@ def elastic(
     name: str | None = None,
     wait_s: float = DEFAULT_WAIT_S,
     prepare: Callable[[Mesh], object] | None = None,
-) -> Elastic | Callable[[Callable[[Any, int, Mesh], Any]], Elastic]:
+) -> Elastic | Callable[[StepFn], Elastic]:
     """Make ``fn(state, step, mesh) -> state`` an elastic training loop.
 
     Use as ``@pw.elastic`` or ``@pw.elastic(snapshot_every=10)``; call the
@@ -599,7 +624,7 @@ def elastic(
         done.
     """
 
-    def wrap(f: Callable[[Any, int, Mesh], Any]) -> Elastic:
+    def wrap(f: StepFn) -> Elastic:
         return Elastic(f, snapshot_every, max_retries, axes, name, wait_s, prepare)
 
     return wrap(fn) if fn is not None else wrap
