@@ -12,9 +12,10 @@ from __future__ import annotations
 from pathways_kernel import backends
 from pathways_kernel.backends.proxy import ProxyBackend, clear_jax
 from pathways_kernel.backends.shared_service import ServiceRequest, SharedServiceBackend
+from pathways_kernel.core import sessions
 from pathways_kernel.core.errors import BackendError
-from pathways_kernel.core.eventlog import Event, EventLog, format_bytes
-from pathways_kernel.core.sessions import EVENTS, Session, install, live_array_summary, session
+from pathways_kernel.core.eventlog import EventLog, format_bytes
+from pathways_kernel.core.sessions import Session, install, live_array_summary, session
 
 
 def reconnect(timeout: float | None = None) -> Session:
@@ -98,31 +99,36 @@ def connect_shared_service(
 class ConnectionNotice:
     """One pending notice about the connection, shown before the next cell.
 
-    Posted on a ``disconnect`` event (cleared by a later ``connect``), or by
-    the kernel when its backend could not be reached at start.
+    Posted on a ``disconnect`` event in the current session's log (a session
+    that replaces it clears it), or by the kernel when its backend could not
+    be reached at start. Read from the log when taken, so it subscribes to
+    no session and nothing of it outlives one.
     """
 
-    def __init__(self, events: EventLog):
+    def __init__(self) -> None:
         self.pending: str | None = None
-        self.unsubscribe = events.subscribe(self._on_event)
-
-    def _on_event(self, event: Event) -> None:
-        if event.kind == "disconnect":
-            self.post(
-                f"Pathways connection lost ({event.detail}). Device arrays and compiled functions of that "
-                "connection are gone. Run `%pathways reconnect` (pw.reconnect()), then rebuild the mesh and "
-                "restore state from a snapshot or checkpoint."
-            )
-        elif event.kind == "connect":
-            self.pending = None
+        self._log: EventLog | None = None
+        self._seen = 0
 
     def post(self, text: str) -> None:
         self.pending = text
 
     def take(self) -> str | None:
         """The notice, once, if one was posted since the last call."""
+        current = sessions.current()
+        if current is not None:
+            if current.events is not self._log:
+                self._log, self._seen, self.pending = current.events, 0, None
+            for event in self._log.since(self._seen):
+                self._seen = event.seq
+                if event.kind == "disconnect":
+                    self.post(
+                        f"Pathways connection lost ({event.detail}). Device arrays and compiled functions of that "
+                        "connection are gone. Run `%pathways reconnect` (pw.reconnect()), then rebuild the mesh and "
+                        "restore state from a snapshot or checkpoint."
+                    )
         text, self.pending = self.pending, None
         return text
 
 
-NOTICE = ConnectionNotice(EVENTS)
+NOTICE = ConnectionNotice()

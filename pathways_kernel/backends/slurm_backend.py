@@ -18,6 +18,7 @@ from pathways_kernel.backends.slurm import DEFAULT_WAIT_S, Job, LiveLine, Slurm,
 from pathways_kernel.backends.slurm_binding import binding
 from pathways_kernel.core import sessions
 from pathways_kernel.core.errors import BackendError, SpecError
+from pathways_kernel.core.eventlog import EventLog
 
 
 def parse_spec(spec: str) -> str:
@@ -53,6 +54,9 @@ class SlurmBackend(ProxyBackend):
             raise SpecError(f"bad --wait {wait}: give the seconds to wait for a pending job, e.g. 600")
         self.nodes_per_slice, self.feature = nodes_per_slice, feature
         self.slurm = slurm or Slurm()
+        # The wait for the job comes before there is a session: it logs here, and the
+        # session this backend starts takes this log as its own.
+        self.events = EventLog()
         self.job: Job | None = None
         self.watch: Any = None
 
@@ -68,9 +72,8 @@ class SlurmBackend(ProxyBackend):
         return f"{self.address.url} ({job.label()})"
 
     def preflight(self) -> preflight_lib.Report:
-        # The session gives a backend its log only once it activates; the wait comes before.
         job_id = self.slurm.resolve(self.job_ref)
-        self.job = wait_running(self.slurm, job_id, self.wait, on_change=LiveLine(self.events or sessions.EVENTS))
+        self.job = wait_running(self.slurm, job_id, self.wait, on_change=LiveLine(self.events))
         address = self.job.proxy_address() or ""
         try:
             self.address = preflight_lib.parse_target(address)
@@ -126,13 +129,16 @@ def connect(
       SpecError, BackendError: one line saying what Slurm or the job lacks.
     """
     slurm = Slurm()
+    submitted = None
     if submit:
         job = submit_job(submit, sbatch, name=job, slurm=slurm)
-        sessions.EVENTS.emit("job_submitted", detail=f"slurm job {job} ({submit}): cancelled when this kernel exits")
+        submitted = f"slurm job {job} ({submit}): cancelled when this kernel exits"
     if local is not None:
         if not job:
             raise SpecError(f"--slurm needs a job: {local} --slurm JOB_ID (or --submit SCRIPT)")
         session = sessions.connect(local, force=force)
+        if submitted is not None:
+            session.events.emit("job_submitted", detail=submitted)
         binding(session).bind(job, nodes_per_slice=nodes_per_slice, feature=feature, wait=wait, slurm=slurm)
         return session
     backend = SlurmBackend(
@@ -144,4 +150,6 @@ def connect(
         feature=feature,
         slurm=slurm,
     )
+    if submitted is not None:
+        backend.events.emit("job_submitted", detail=submitted)
     return sessions.install(backend, force)

@@ -23,9 +23,6 @@ from pathways_kernel.core.slices import SliceState, Topology
 
 T = TypeVar("T")
 
-#: One log for the process, so a backend switch shows in the same timeline.
-EVENTS = EventLog()
-
 
 class BackendFactory(Protocol):
     """Builds, without activating, the backend a spec names (``backends.from_spec``)."""
@@ -96,9 +93,10 @@ class Status(TextDisplay):
 class Session:
     """The single JAX client of this process and what it knows of the cluster."""
 
-    def __init__(self, backend: Backend, events: EventLog = EVENTS):
+    def __init__(self, backend: Backend, events: EventLog | None = None):
         self.backend = backend
-        self.events = events
+        #: This session's own timeline: a session that replaces it starts a new one.
+        self.events = events if events is not None else EventLog()
         self._lock = threading.RLock()
         self._base: Topology | None = None
         self._states: dict[int, SliceState] = {}
@@ -226,6 +224,22 @@ class Session:
 
 _current: Session | None = None
 _current_lock = threading.RLock()
+# Process-wide because the process has one current session: who waits for a session to
+# start (a monitor view opened without a backend) subscribes here and unsubscribes itself.
+_start_listeners: list[Callable[[Session], None]] = []
+
+
+def on_start(listener: Callable[[Session], None]) -> Callable[[], None]:
+    """Call ``listener`` with each session as it starts; returns an unsubscribe function."""
+    with _current_lock:
+        _start_listeners.append(listener)
+
+    def unsubscribe() -> None:
+        with _current_lock:
+            if listener in _start_listeners:
+                _start_listeners.remove(listener)
+
+    return unsubscribe
 
 
 def session() -> Session:
@@ -247,10 +261,16 @@ def current() -> Session | None:
 
 
 def _start(backend: Backend) -> Session:
-    backend.events = EVENTS
+    # A backend that logged before it had a session (a Slurm job's wait) hands its log over.
+    events = backend.events if isinstance(backend.events, EventLog) else EventLog()
+    backend.events = events
     backend.activate()
-    s = Session(backend)
-    EVENTS.emit("connect", detail=f"{backend.spec} ({backend.target})")
+    s = Session(backend, events)
+    events.emit("connect", detail=f"{backend.spec} ({backend.target})")
+    with _current_lock:
+        listeners = list(_start_listeners)
+    for listener in listeners:
+        listener(s)
     return s
 
 

@@ -35,6 +35,7 @@ from typing import Any
 from pathways_kernel.core import sessions
 from pathways_kernel.core.display import TextDisplay
 from pathways_kernel.core.errors import PathwaysError, one_line
+from pathways_kernel.core.eventlog import EventLog
 from pathways_kernel.core.interrupts import deferred_interrupts
 from pathways_kernel.state import snapshots
 
@@ -221,8 +222,11 @@ class Healer:
 
     def __init__(self, shell: Any):
         self.shell = shell
-        self.events = sessions.EVENTS
-        self._seen = self.events.last(1)[0].seq if len(self.events) else 0
+        # The log of the session being watched: a session that replaces it brings its
+        # own, whose every event is news (what the old one lost went with it).
+        running = sessions.current()
+        self._log: EventLog | None = running.events if running is not None else None
+        self._seen = self._log.last(1)[0].seq if self._log is not None and len(self._log) else 0
         # Slices lost whose healing is not done yet (it waits for a slice, or was interrupted).
         self._due: set[int] = set()
         # Unusable variables already reported, with the arrays they held then:
@@ -245,7 +249,12 @@ class Healer:
             return None
 
     def _check(self) -> HealingReport | None:
-        new = self.events.since(self._seen)
+        running = sessions.current()
+        if running is None:
+            return None
+        if running.events is not self._log:
+            self._log, self._seen, self._due = running.events, 0, set()
+        new = self._log.since(self._seen)
         if new:
             self._seen = new[-1].seq
         lost = {
