@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+from IPython.core.interactiveshell import InteractiveShell
+
 from pathways_kernel import backends as _backends
 
 # Session, topology and meshes (api.py), and fault injection on the local backend.
@@ -65,7 +67,7 @@ __version__ = "0.1.0"
 _sessions.use_backends(_backends.from_spec, _backends.default_spec)
 
 
-def load_ipython_extension(ipython) -> None:
+def load_ipython_extension(ipython: InteractiveShell) -> None:
     """``%load_ext pathways_kernel``: the magics and one-line errors."""
     from pathways_kernel.magics import register
     from pathways_kernel.monitoring.comm import register as register_monitor

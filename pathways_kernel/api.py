@@ -6,7 +6,9 @@ Re-exported from ``pathways_kernel``; magics call these and only render.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+
+from jax import Device
+from jax.sharding import Mesh
 
 from pathways_kernel.core import namespace
 from pathways_kernel.core.eventlog import Event, EventTable
@@ -30,7 +32,7 @@ def topology() -> Topology:
     return session().topology
 
 
-def devices() -> list[Any]:
+def devices() -> list[Device]:
     """The session's JAX devices in topology order (slice by slice)."""
     return session().devices()
 
@@ -41,7 +43,7 @@ def mesh(
     ici: Sequence[int] | None = None,
     name: str | None = None,
     overwrite: bool = False,
-):
+) -> Mesh:
     """A multi-slice mesh over the live slices: DCN across slices, ICI within.
 
     Args:
@@ -57,7 +59,7 @@ def mesh(
       MeshError: shapes that do not fit the live devices.
       NamespaceError: ``name`` clashes with an existing value.
     """
-    m = session().mesh(axes, dcn, ici)
+    m: Mesh = session().mesh(axes, dcn, ici)
     if name:
         namespace.bind(name, m, overwrite=overwrite)
     return m

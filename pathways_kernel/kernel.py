@@ -18,13 +18,15 @@ class PathwaysKernel(IPythonKernel):
     implementation_version = __version__
     banner = "Pathways (JAX): one JAX client over every slice. %pathways --help to start."
 
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[no-untyped-call]  # ipykernel's __init__ carries no annotations
         import pathways_kernel
         from pathways_kernel.core.sessions import session
 
-        pathways_kernel.load_ipython_extension(self.shell)
-        self.shell.user_ns.setdefault("pw", pathways_kernel)
+        shell = self.shell
+        assert shell is not None  # IPythonKernel.__init__ made it
+        pathways_kernel.load_ipython_extension(shell)
+        shell.user_ns.setdefault("pw", pathways_kernel)
         # Activate (configure JAX for) the backend now; devices start lazily.
         try:
             session()
@@ -40,7 +42,9 @@ class PathwaysKernel(IPythonKernel):
 
         compile_cache.from_env()  # the kernelspec's --compile-cache, if any
 
-    def do_shutdown(self, restart):
+    # IPythonKernel's do_shutdown is synchronous, its base Kernel's a coroutine (ipykernel awaits
+    # the reply only if it is awaitable): this overrides IPythonKernel's.
+    def do_shutdown(self, restart: bool) -> dict[str, object]:  # type: ignore[override]
         """Stop what runs beside the cells before the interpreter ends.
 
         Open monitor views get ``closed: shutdown``; the session closes (telemetry,
@@ -57,7 +61,9 @@ class PathwaysKernel(IPythonKernel):
                 current.close()
             except Exception:
                 self.log.exception("pathways: closing the session at shutdown failed")
-        return super().do_shutdown(restart)
+        # ipykernel's do_shutdown carries no annotations: its reply is {"status": "ok", "restart": ...}.
+        reply: dict[str, object] = super().do_shutdown(restart)  # type: ignore[no-untyped-call]
+        return reply
 
 
 def main(argv: list[str] | None = None) -> None:

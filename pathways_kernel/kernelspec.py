@@ -18,15 +18,15 @@ from pathways_kernel.core.errors import PathwaysError, one_line
 from pathways_kernel.state.compile_cache import ENV as CACHE_ENV
 
 
-def kernel_json(display_name: str, backend: str | None, compile_cache: str | None = None) -> dict:
-    spec: dict = {
+def kernel_json(display_name: str, backend: str | None, compile_cache: str | None = None) -> dict[str, object]:
+    spec: dict[str, object] = {
         "argv": [sys.executable, "-m", "pathways_kernel", "-f", "{connection_file}"],
         "display_name": display_name,
         "language": "python",
         "metadata": {"debugger": True},
         "kernel_protocol_version": "5.5",
     }
-    env = {}
+    env: dict[str, str] = {}
     if backend:
         env[BACKEND_ENV] = backend
     if compile_cache:
