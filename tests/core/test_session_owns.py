@@ -19,3 +19,17 @@ def test_a_new_session_does_not_see_the_events_of_the_one_it_replaced(local_sess
     assert [e.kind for e in second.events.last()] == ["connect"]
     # The first session's own log still says what happened in it.
     assert "made in the first session" in [e.detail for e in local_session.events.last()]
+
+
+def test_the_libraries_whose_private_api_we_patch_have_an_upper_pin_that_admits_the_installed_one():
+    import tomllib
+    from importlib.metadata import version
+    from pathlib import Path
+
+    from packaging.requirements import Requirement
+
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    pins = {r.name: r.specifier for r in map(Requirement, pyproject["project"]["dependencies"])}
+    for name in ("ipykernel", "pathwaysutils", "jax", "jaxlib"):
+        assert any(s.operator in ("<", "<=", "~=", "==") for s in pins[name]), f"{name} has no upper pin"
+        assert pins[name].contains(version(name)), f"{name} {version(name)} is outside {pins[name]}"
