@@ -100,10 +100,10 @@ print(len(_log.points()), "metric points")
 # In the kernel: when each comm_open is handled, its subscription encoded, its history handed to IOPub.
 KERNEL_TIMES = """
 import time as _time
-from pathways_kernel.monitoring import comm as _comm
+from pathways_kernel.monitoring import connection as _connection
 _kt = {"open": [], "subscribed": [], "history": []}
 # The comm target is registered as a bound method: time from the connection's start, at its end.
-_subscribe, _start = _comm.Connection._subscribe, _comm.Connection.start
+_subscribe, _start = _connection.Connection._subscribe, _connection.Connection.start
 
 def _timed_subscribe(self):
     _subscribe(self)
@@ -122,7 +122,7 @@ def _timed_start(self, context):
     self.comm.send = timed_send
     return _start(self, context)
 
-_comm.Connection._subscribe, _comm.Connection.start = _timed_subscribe, _timed_start
+_connection.Connection._subscribe, _connection.Connection.start = _timed_subscribe, _timed_start
 print("kernel timing installed")
 """
 
@@ -137,7 +137,7 @@ print(json.dumps({"encoded_ms": 1000 * (_kt["subscribed"][-1] - _kt["open"][-1])
 # Side by side in the kernel: the encoding a subscription did before its history went out, then and now.
 ENCODE_SIDE_BY_SIDE = """
 import dataclasses, json, math, time as _time
-from pathways_kernel.monitoring import comm as _comm, protocol as _protocol
+from pathways_kernel.monitoring import encoding as _encoding, protocol as _protocol
 from pathways_kernel.training.metric_log import metric_log as _metric_log
 
 def _best(f, n=5):
@@ -151,13 +151,13 @@ _t = _hub.layout.topology
 
 def _before():
     # Topology encoded for this comm, and the points with dataclasses.asdict, both before the history.
-    _protocol.encode_topology(_comm.topology_message(_t, _hub.topology_seq, _hub.session.backend))
+    _protocol.encode_topology(_encoding.topology_message(_t, _hub.topology_seq, _hub.session.backend))
     _protocol.encode_metric_points([p.to_dict() for p in _points], replay=True)
-    _protocol.encode_history(_comm.history_message(_hub))
+    _protocol.encode_history(_encoding.history_message(_hub))
 
 def _now():
-    _comm.encoded_topology(_t, _hub.topology_seq, _hub.session.backend)
-    _protocol.encode_history(_comm.history_message(_hub))
+    _encoding.encoded_topology(_t, _hub.topology_seq, _hub.session.backend)
+    _protocol.encode_history(_encoding.history_message(_hub))
 
 print(json.dumps({"before_ms": _best(_before), "now_ms": _best(_now), "points": len(_points)}))
 """

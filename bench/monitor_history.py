@@ -2,7 +2,7 @@
 
 Fills the kernel's real ``History`` with a full 15 minutes at 2 Hz of synthetic
 frames (1,800 per-slice points, 300 per-chip points), then times, per
-subscribe, the path ``comm.Connection`` takes (``history_message`` ->
+subscribe, the path ``connection.Connection`` takes (``history_message`` ->
 ``protocol.encode_history``) and the frontend's decode and validation
 (tests/support/monitor_frontend.py, the panel's rules in Python), and one slice's
 ``chip_history`` reply. Prints the bytes sent and, last, the share of the
@@ -25,7 +25,7 @@ import numpy as np
 
 from pathways_kernel.core.backend import Placement
 from pathways_kernel.core.slices import Topology
-from pathways_kernel.monitoring import comm, history, protocol, telemetry
+from pathways_kernel.monitoring import encoding, history, protocol, telemetry
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 import monitor_frontend  # the panel's decoding, in Python
@@ -64,7 +64,7 @@ def main() -> None:
     costs, decodes = [], []
     for _ in range(args.repeats):
         started = time.perf_counter()
-        data, buffers = protocol.encode_history(comm.history_message(hub))
+        data, buffers = protocol.encode_history(encoding.history_message(hub))
         costs.append(time.perf_counter() - started)
         started = time.perf_counter()
         decoded = monitor_frontend.decode_history(data, buffers)
@@ -75,7 +75,7 @@ def main() -> None:
     chip_costs = []
     for _ in range(args.repeats):
         started = time.perf_counter()
-        reply = protocol.encode_chip_history_reply("bench", comm.chip_history(hub, 0, args.chips))
+        reply = protocol.encode_chip_history_reply("bench", encoding.chip_history(hub, 0, args.chips))
         monitor_frontend.decode_chip_history(*reply)
         chip_costs.append(time.perf_counter() - started)
 

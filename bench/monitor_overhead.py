@@ -59,7 +59,8 @@ def main() -> None:
 
     import pathways_kernel as pw
     from pathways_kernel.monitoring import telemetry
-    from pathways_kernel.monitoring.comm import Connection, MonitorServer
+    from pathways_kernel.monitoring.comm import MonitorServer
+    from pathways_kernel.monitoring.connection import Connection
 
     session = pw.connect("local:2x4")
     mesh = session.mesh(("data", "model"))

@@ -22,7 +22,7 @@ import numpy as np
 
 from pathways_kernel.core.backend import Placement
 from pathways_kernel.core.slices import Topology
-from pathways_kernel.monitoring import comm, protocol, telemetry
+from pathways_kernel.monitoring import encoding, protocol, telemetry
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 import monitor_frontend  # the panel's decoding, in Python
@@ -46,7 +46,7 @@ def main() -> None:
     topology = Topology.from_placements(devices, placements, "tpu").with_slice_state(3, "down")
     layout = telemetry.Layout.of(topology)
     backend = types.SimpleNamespace(spec="proxy", target="grpc://synthetic:29000", supports_fault_injection=False)
-    t_data, t_buffers = protocol.encode_topology(comm.topology_message(topology, 1, backend))
+    t_data, t_buffers = protocol.encode_topology(encoding.topology_message(topology, 1, backend))
     topology_s = time.perf_counter() - started
 
     rng = np.random.default_rng(0)
@@ -56,7 +56,7 @@ def main() -> None:
         memory = rng.integers(0, 95 * 2**30, n)
         started = time.perf_counter()
         metrics = telemetry.aggregate(layout, 1, seq, "synthetic", 2.0, utilization, memory, None)
-        data, buffers = protocol.encode_metrics(comm.metrics_message(metrics))
+        data, buffers = protocol.encode_metrics(encoding.metrics_message(metrics))
         costs.append(time.perf_counter() - started)
         sizes.append(sum(len(b) for b in buffers))
     monitor_frontend.decode_metrics(data, buffers)  # what the frontend gets is valid v1

@@ -75,11 +75,11 @@ print("synthetic hub ready", _hub.layout.chips)
 """
 
 MEASURE = """
-from pathways_kernel.monitoring import comm
+from pathways_kernel.monitoring import encoding
 from pathways_kernel.monitoring import protocol
 import json
 _m = _hub.latest()
-_data, _buffers = protocol.encode_metrics(comm.metrics_message(_m))
+_data, _buffers = protocol.encode_metrics(encoding.metrics_message(_m))
 print(json.dumps({"json": len(json.dumps(_data)), "buffers": sum(memoryview(b).nbytes for b in _buffers)}))
 """
 

@@ -31,7 +31,8 @@ SCRIPT = textwrap.dedent(
 
     import pathways_kernel as pw
     from pathways_kernel.monitoring import telemetry
-    from pathways_kernel.monitoring.comm import Connection, MonitorServer
+    from pathways_kernel.monitoring.comm import MonitorServer
+    from pathways_kernel.monitoring.connection import Connection
 
     class Comm:
         def on_msg(self, cb): pass

@@ -336,7 +336,7 @@ def test_the_contract_states_the_limits_the_code_enforces():
     """docs/protocol.md, protocol.py and (via crosslang.test.ts) protocol.ts say the same thing."""
     from pathlib import Path
 
-    from pathways_kernel.monitoring import comm
+    from pathways_kernel.monitoring import comm, connection
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text()
     assert f"comm target `{p.TARGET}`" in doc and f"protocol version, always `{p.VERSION}`" in doc
@@ -352,8 +352,9 @@ def test_the_contract_states_the_limits_the_code_enforces():
     assert f"every {p.PING_INTERVAL_S} s" in doc and f"(default {p.STALE_AFTER_S})" in doc
     assert f"(default {comm.MAX_COMMS})" in doc and comm.STALE_AFTER_S == p.STALE_AFTER_S
     assert " | ".join(f'"{r}"' for r in p.CLOSE_REASONS) in doc
-    assert f"when {comm.MAX_PENDING_REPLIES} replies wait" in doc and f"beyond {comm.MAX_QUEUED_EVENTS}" in doc
-    assert f"the last {comm.REPLAY_EVENTS} events" in doc
+    assert f"when {connection.MAX_PENDING_REPLIES} replies wait" in doc
+    assert f"beyond {connection.MAX_QUEUED_EVENTS}" in doc
+    assert f"the last {connection.REPLAY_EVENTS} events" in doc
     assert f"at most {p.MAX_CHIP_HISTORY} chips" in doc
     for table_row in (
         "| `topology_seq`              | integer >= 1",

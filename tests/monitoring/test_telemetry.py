@@ -13,7 +13,8 @@ import pytest
 import pathways_kernel as pw
 from pathways_kernel.core.sessions import session as current_session
 from pathways_kernel.monitoring import telemetry
-from pathways_kernel.monitoring.comm import Connection, MonitorServer
+from pathways_kernel.monitoring.comm import MonitorServer
+from pathways_kernel.monitoring.connection import Connection
 
 
 @pytest.fixture(scope="module")

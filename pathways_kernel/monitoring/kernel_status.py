@@ -1,0 +1,64 @@
+"""Keep the kernel's status the truth while a cell runs (docs/architecture.md, trap 4).
+
+The one patch of ipykernel's private ``Kernel._publish_status`` (ipykernel 7:
+subshells), kept in a module of its own so that it can move with ipykernel's
+other compat code.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Protocol
+
+
+class MainShell(Protocol):
+    """Where the request the main shell runs is kept (``comm.MonitorServer``)."""
+
+    #: The request the main shell runs, between its busy and its idle; None while it is idle.
+    main_shell_parent: dict[str, Any] | None
+
+
+#: Requests whose status JupyterLab and jupyter_server do not take as the kernel's
+#: (jupyter_server's default ``untracked_message_types`` that reach a kernel).
+_UNTRACKED = frozenset(
+    {"comm_info_request", "kernel_info_request", "debug_request", "shutdown_request", "interrupt_request"}
+)
+#: Orders a re-asserted busy before the running cell's own idle.
+_status_lock = threading.Lock()
+
+
+def keep_the_cell_busy(kernel: Any, main_shell: MainShell) -> None:
+    """After an idle published off the main shell while it runs a cell, publish the cell's busy again.
+
+    Every request keeps its own busy/idle pair. But JupyterLab (services 7.6,
+    ``_handleMessage``) and jupyter_server take every IOPub status as the kernel's,
+    whatever request it answers: the idle of a monitor request handled on its subshell
+    (a click on "fail" while a cell runs), of the control channel creating that subshell
+    (a panel attaching mid-cell) or of a widget's comm would show the kernel Idle while
+    the cell still runs. A busy whose parent is the running request follows such an idle
+    at once, so the last status is the truth again.
+
+    The main shell's own busy and idle say whether it runs a request (and which one):
+    ``main_shell.main_shell_parent``.
+    """
+    if getattr(kernel, "_pathways_status", False):
+        return
+    publish = kernel._publish_status
+
+    def _publish_status(status: str, channel: str, parent: dict[str, Any] | None = None) -> None:
+        parent = parent or kernel.get_parent(channel)
+        on_main = threading.current_thread() is threading.main_thread()
+        with _status_lock:
+            publish(status, channel, parent)
+            if on_main and channel == "shell" and status in ("busy", "idle"):
+                main_shell.main_shell_parent = parent if status == "busy" else None
+            elif (
+                status == "idle"
+                and not on_main
+                and main_shell.main_shell_parent
+                and (parent.get("header") or {}).get("msg_type") not in _UNTRACKED
+            ):
+                publish("busy", "shell", main_shell.main_shell_parent)
+
+    kernel._publish_status = _publish_status
+    kernel._pathways_status = True
