@@ -71,11 +71,11 @@ def _on_event(event: str, **kwargs: Any) -> None:
         _local.outcome = "hit"
 
 
-def _on_duration(event: str, duration: float, **kwargs: Any) -> None:
+def _on_duration(event: str, duration_secs: float, **kwargs: str | int) -> None:
     if event == _RETRIEVAL:
-        _local.retrieval = duration
+        _local.retrieval = duration_secs
     elif event == _SAVED:
-        _local.saved = duration
+        _local.saved = duration_secs
     elif event == _COMPILE_EVENT:
         outcome = getattr(_local, "outcome", None)
         _local.outcome = None
@@ -86,11 +86,11 @@ def _on_duration(event: str, duration: float, **kwargs: Any) -> None:
             _status.hits += 1
             saved = max(0.0, getattr(_local, "saved", 0.0))
             _status.saved_s += saved
-            detail = f"{name}: cache hit (loaded in {getattr(_local, 'retrieval', duration) * 1000:.0f} ms, saved {saved:.2f} s)"
+            detail = f"{name}: cache hit (loaded in {getattr(_local, 'retrieval', duration_secs) * 1000:.0f} ms, saved {saved:.2f} s)"
         else:
             _status.misses += 1
-            detail = f"{name}: cache miss, compiled in {duration:.2f} s"
-        session().events.emit("compile", duration_s=duration, detail=detail)
+            detail = f"{name}: cache miss, compiled in {duration_secs:.2f} s"
+        session().events.emit("compile", duration_s=duration_secs, detail=detail)
 
 
 def _listen() -> None:

@@ -184,12 +184,12 @@ class CompileListener:
         self._registered = True
         session.on_close(self.close)
 
-    def on_duration(self, event: str, seconds: float, **_kwargs: Any) -> None:
+    def on_duration(self, event: str, duration_secs: float, **_kwargs: str | int) -> None:
         if event not in _COMPILE_EVENTS:
             return
         account = running()
         if account is not None and not account.ended and account._session is self.session:
-            account.compiled(seconds)
+            account.compiled(duration_secs)
 
     def close(self) -> None:
         from jax import monitoring

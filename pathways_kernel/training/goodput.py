@@ -103,7 +103,8 @@ class Account:
         self.flops_per_step: float | None = None
         # For progress views: the step numbers the run goes through (stop unknown
         # for an open-ended loop), whether to show it, the latest pw.log values.
-        self.first_step, self.stop_step = 0, None
+        self.first_step = 0
+        self.stop_step: int | None = None
         self.progress = True
         self.metrics: dict[str, Any] = {}
         self.ended = False
@@ -125,7 +126,7 @@ class Account:
         # Goodput over time: the ledger's segments and step starts, appended here and
         # folded only when asked for (goodput_timeline).
         self._log = array("d")  # flat records of four floats (goodput_timeline.fold reads them)
-        self._moves: list[tuple] = []
+        self._moves: list[goodput_timeline.Move] = []
         self._timeline = goodput_timeline.Timeline(CATEGORIES)
         self._open_began = 0.0
         self.attempts = 1
@@ -530,7 +531,8 @@ def _is_ready(tree: Any) -> bool:
     import jax
 
     try:
-        return all(leaf.is_ready() for leaf in jax.tree.leaves(tree) if isinstance(leaf, jax.Array))
+        # is_ready is on JAX's array implementation, not declared on the jax.Array interface.
+        return all(leaf.is_ready() for leaf in jax.tree.leaves(tree) if isinstance(leaf, jax.Array))  # type: ignore[attr-defined]
     except Exception:  # an array on a lost slice: nothing left to compute
         return True
 
@@ -566,7 +568,7 @@ class Ledger:
                 live = self._idle_since is not None and self._session.live_devices()
             except PathwaysError:  # e.g. devices changed behind the session: pw calls say so in one line
                 live = False
-            if live:
+            if live and self._idle_since is not None:
                 self.idle_s += now - self._idle_since
             self._idle_since = None
 

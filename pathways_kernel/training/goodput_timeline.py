@@ -23,11 +23,16 @@ import html
 import math
 import threading
 from array import array
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 
 from pathways_kernel.core.errors import PathwaysError
+
+#: A correction the ledger makes after the fact: ``(source, target, seconds, from_step)``.
+Move: TypeAlias = tuple[str, str, float, int | None]
+#: The ledger's segment still open: ``(t0, t1, category, seconds)``.
+Segment: TypeAlias = tuple[float, float, str, float]
 
 #: Buckets a run's timeline keeps (seconds per category each); a longer run widens them.
 TIMELINE_BUCKETS = 1024
@@ -61,7 +66,7 @@ class Timeline:
         self._lock = threading.Lock()
 
     # -- folding the run's log -------------------------------------------------------
-    def fold(self, log: array, moves: list[tuple], began: float) -> None:
+    def fold(self, log: array[float], moves: list[Move], began: float) -> None:
         """Fold the run's log: records of four floats ``(t0, t1, what, value)`` (perf_counter
         times; ``began`` is the run's time 0): a segment (``what`` its category's index,
         ``value`` its seconds), a step start (``STEP``, the step) or a correction (``MOVE``,
@@ -200,7 +205,7 @@ class Timeline:
         return before
 
     # -- figures -------------------------------------------------------------------
-    def intervals(self, wall_s: float, edges: np.ndarray, open_segment: tuple | None) -> np.ndarray:
+    def intervals(self, wall_s: float, edges: np.ndarray, open_segment: Segment | None) -> np.ndarray:
         """Seconds per category in each ``[edges[i], edges[i+1])``: rows x categories."""
         with self._lock:
             buckets = self.buckets.copy()
