@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from pathways_kernel.core.display import TextDisplay
 from pathways_kernel.core.errors import PathwaysError
@@ -26,6 +26,21 @@ LABELS = {
     "scale_up": "scaling back up",
     OTHER: "loop overhead",
 }
+
+
+class RunFigures(TypedDict):
+    """One run's figures as ``pw.goodput()`` shows them."""
+
+    name: str
+    header: str
+    step_time: dict[str, Any]
+    wall_s: float
+    seconds: dict[str, float]
+    summary: str
+    mfu: float | None
+    peak_how: str
+    #: ml-goodput-measurement's own figure of a finished run (``field=True``).
+    field: NotRequired[str]
 
 
 class Report(TextDisplay):
@@ -98,9 +113,9 @@ class Report(TextDisplay):
         return "\n".join(lines)
 
 
-def _figures(account: Account, with_field: bool) -> dict[str, Any]:
+def _figures(account: Account, with_field: bool) -> RunFigures:
     mfu = account.mfu()
-    figures = {
+    figures: RunFigures = {
         "name": account.name,
         "header": account.header(),
         "step_time": account.step_times(),
