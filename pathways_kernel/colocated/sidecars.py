@@ -42,12 +42,25 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 from pathways_kernel.core import parsing
 from pathways_kernel.core.errors import PathwaysError, one_line, slice_down_error
 from pathways_kernel.core.eventlog import format_bytes
 from pathways_kernel.core.text import count, shown
+
+if TYPE_CHECKING:
+    import jax
+    import numpy as np
+    from IPython.lib.pretty import RepresentationPrinter
+    from jax.sharding import Mesh, Sharding
+
+    from pathways_kernel.core.sessions import Session
+    from pathways_kernel.core.slices import Slice
+
+_T = TypeVar("_T")
+#: What a sidecar function runs on a slice's colocated CPU devices: its argument array in, a pytree of arrays out.
+Colocated = Callable[["jax.Array"], object]
 
 #: Seconds a sidecar call may run before it is reported as hung.
 DEFAULT_TIMEOUT_S = 60.0
@@ -124,7 +137,7 @@ class Activity:
         return {**totals, "slices": slices, "loaders": loaders}
 
 
-def activity(session: Any = None) -> Activity:
+def activity(session: Session | None = None) -> Activity:
     """The session's sidecar ``Activity``."""
     from pathways_kernel.core.sessions import session as current
 
@@ -157,7 +170,7 @@ class ActivityTable:
             lines.append("  loader " + name + ": " + ", ".join(f"{k} {v}" for k, v in state.items()))
         return "\n".join(lines)
 
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+    def _repr_pretty_(self, p: RepresentationPrinter, cycle: bool) -> None:
         p.text(repr(self))
 
 
@@ -188,7 +201,7 @@ def parse_slices(slices: str | int | Sequence[int] | None) -> tuple[int, ...] | 
     return indices
 
 
-def live_slices(chosen: tuple[int, ...] | None, session: Any = None) -> list[Any]:
+def live_slices(chosen: tuple[int, ...] | None, session: Session | None = None) -> list[Slice]:
     """The topology ``Slice``s a sidecar runs on: the chosen ones, all up.
 
     Raises:
@@ -213,7 +226,7 @@ def live_slices(chosen: tuple[int, ...] | None, session: Any = None) -> list[Any
     return picked
 
 
-def colocated_mesh(devices: Any, axis_names: Sequence[str]) -> Any:
+def colocated_mesh(devices: np.ndarray, axis_names: Sequence[str]) -> Mesh:
     """A mesh of the CPU devices colocated with ``devices`` (an ndarray), same shape and axes."""
     import numpy as np
     from jax.experimental.colocated_python import colocated_cpu_devices
@@ -223,7 +236,7 @@ def colocated_mesh(devices: Any, axis_names: Sequence[str]) -> Any:
     return Mesh(np.array(cpu, dtype=object).reshape(devices.shape), tuple(axis_names))
 
 
-def slice_mesh(s: Any) -> Any:
+def slice_mesh(s: Slice) -> Mesh:
     """A 1-D mesh (axis ``chips``) over slice ``s``'s devices."""
     import numpy as np
     from jax.sharding import Mesh
@@ -242,14 +255,17 @@ class Worker:
     """
 
     def __init__(self, name: str):
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        # Jobs of any result type share the queue; ``submit`` types each one's future.
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], object], Future[Any], contextvars.Context] | None] = (
+            queue.SimpleQueue()
+        )
         self._retired = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
         _WORKERS.add(self)
 
-    def submit(self, job: Callable[[], Any]) -> Future:
-        future: Future = Future()
+    def submit(self, job: Callable[[], _T]) -> Future[_T]:
+        future: Future[_T] = Future()
         # The submitter's context: ipykernel routes a job's prints to the cell that submitted it.
         self._jobs.put((job, future, contextvars.copy_context()))
         return future
@@ -261,7 +277,7 @@ class Worker:
     def _loop(self) -> None:
         while True:
             item = self._jobs.get()
-            if self._retired:  # set before retire() queues its None
+            if self._retired or item is None:  # _retired is set before retire() queues its None
                 if item is not None:
                     item[1].cancel()
                 return
@@ -337,7 +353,7 @@ class _Outcome:
         return 0 if self.error is not None else nbytes(self.tree)
 
 
-def _collect(futures: dict[int, Future], timeout: float) -> tuple[dict[int, _Outcome], int | None]:
+def _collect(futures: dict[int, Future[_Outcome]], timeout: float) -> tuple[dict[int, _Outcome], int | None]:
     """Each slice's outcome, in slice order, and the first slice still running at ``timeout`` (or ``None``)."""
     deadline = time.monotonic() + timeout
     outcomes: dict[int, _Outcome] = {}
@@ -358,10 +374,10 @@ def nbytes(tree: Any) -> int:
 # -- the remote side: nested so that cloudpickle ships it by value ----------------
 
 
-def _remote_call(fn: Callable[..., Any], name: str) -> Callable[[Any], Any]:
+def _remote_call(fn: Callable[..., object], name: str) -> Colocated:
     """The function colocated_python runs: unpickle arguments, call ``fn``, place results."""
 
-    def sidecar_call(request):
+    def sidecar_call(request: jax.Array) -> object:
         import pickle
 
         import jax
@@ -372,9 +388,10 @@ def _remote_call(fn: Callable[..., Any], name: str) -> Callable[[Any], Any]:
         size = int.from_bytes(raw[:8].tobytes(), "little")
         args, kwargs = pickle.loads(raw[8 : 8 + size].tobytes())
         result = fn(*args, **kwargs)
-        replicated = NamedSharding(request.sharding.mesh, PartitionSpec())
+        # _request places the arguments with a NamedSharding over the slice's colocated CPUs.
+        replicated = NamedSharding(cast(NamedSharding, request.sharding).mesh, PartitionSpec())
 
-        def place(leaf):
+        def place(leaf: object) -> jax.Array:
             host = np.asarray(leaf)
             if host.dtype == object:
                 raise TypeError(f"sidecar results must be numbers or arrays, got {type(leaf).__name__}")
@@ -386,7 +403,7 @@ def _remote_call(fn: Callable[..., Any], name: str) -> Callable[[Any], Any]:
     return sidecar_call
 
 
-def _request(args: tuple, kwargs: dict, sharding: Any) -> Any:
+def _request(args: tuple[object, ...], kwargs: dict[str, object], sharding: Sharding) -> jax.Array:
     """Arguments as a uint8 array (length-prefixed pickle, padded to a power of two)."""
     import cloudpickle
     import jax
@@ -399,13 +416,14 @@ def _request(args: tuple, kwargs: dict, sharding: Any) -> Any:
     buffer = np.zeros(size, np.uint8)
     buffer[:8] = np.frombuffer(len(payload).to_bytes(8, "little"), np.uint8)
     buffer[8 : 8 + len(payload)] = np.frombuffer(payload, np.uint8)
-    return jax.device_put(buffer, sharding)
+    placed: jax.Array = jax.device_put(buffer, sharding)
+    return placed
 
 
 # -- the user-facing object ----------------------------------------------------
 
 
-class SidecarResults(dict):
+class SidecarResults(dict[int, Any]):
     """``{slice_index: result}``, each result a pytree of arrays on that slice.
 
     ``lost`` maps each slice lost while the call ran to the runtime's error;
@@ -430,7 +448,7 @@ class SidecarResults(dict):
         lines.extend(f"slice {index}: lost while it ran (DATA_LOSS)" for index in sorted(self.lost))
         return "\n".join(lines) if lines else "no slices"
 
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+    def _repr_pretty_(self, p: RepresentationPrinter, cycle: bool) -> None:
         p.text(repr(self))
 
 
@@ -475,7 +493,7 @@ class Sidecar:
         # One colocated function per slice: colocated_python runs the first call of a
         # function synchronously under a lock of its own (to learn the output's shape),
         # which made the slices' first calls wait for one another.
-        self._colocated: dict[int, Any] = {}
+        self._colocated: dict[int, Colocated] = {}
         self._workers: dict[int, Worker] = {}
         self._lock = threading.Lock()
 
@@ -494,7 +512,7 @@ class Sidecar:
         """Run on slice ``slice_index`` only; returns its result."""
         return self._run(live_slices((slice_index,)), args, kwargs)[slice_index]
 
-    def _run(self, slices: list[Any], args: tuple, kwargs: dict) -> SidecarResults:
+    def _run(self, slices: list[Slice], args: tuple[object, ...], kwargs: dict[str, object]) -> SidecarResults:
         from jax.sharding import NamedSharding, PartitionSpec
 
         from pathways_kernel.core.sessions import session
@@ -550,7 +568,7 @@ class Sidecar:
         return SidecarResults(results, lost)
 
     @staticmethod
-    def _job(colocated: Callable[[Any], Any], request: Any, s: Any) -> Callable[[], _Outcome]:
+    def _job(colocated: Colocated, request: jax.Array, s: Slice) -> Callable[[], _Outcome]:
         def job() -> _Outcome:
             import jax
             from jax.sharding import NamedSharding, PartitionSpec
@@ -575,7 +593,7 @@ class Sidecar:
 
         return job
 
-    def _colocated_for(self, index: int) -> Any:
+    def _colocated_for(self, index: int) -> Colocated:
         with self._lock:
             if index not in self._colocated:
                 from jax.experimental.colocated_python import colocated_python
@@ -598,9 +616,21 @@ class Sidecar:
             self._colocated.clear()
 
 
+@overload
 def sidecar(
-    fn: Callable[..., Any] | None = None, *, slices: str | Sequence[int] | None = None, timeout: float | None = None
-):
+    fn: Callable[..., object], *, slices: str | Sequence[int] | None = None, timeout: float | None = None
+) -> Sidecar: ...
+
+
+@overload
+def sidecar(
+    fn: None = None, *, slices: str | Sequence[int] | None = None, timeout: float | None = None
+) -> Callable[[Callable[..., object]], Sidecar]: ...
+
+
+def sidecar(
+    fn: Callable[..., object] | None = None, *, slices: str | Sequence[int] | None = None, timeout: float | None = None
+) -> Sidecar | Callable[[Callable[..., object]], Sidecar]:
     """Bind ``fn`` to run colocated with slices; usable bare (``@pw.sidecar``) or with options.
 
     Args:
