@@ -13,11 +13,14 @@ import dataclasses
 import numbers
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pathways_kernel.core.errors import PathwaysError
 from pathways_kernel.core.sessions import Session, session
 from pathways_kernel.core.text import count
+
+if TYPE_CHECKING:
+    from jax.sharding import Mesh
 
 
 # -- restore callbacks (loaders follow the mesh) -------------------------------
@@ -26,9 +29,9 @@ class _RestoreHooks:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._callbacks: list[Callable[[int, Any], None]] = []
+        self._callbacks: list[Callable[[int, Mesh], None]] = []
 
-    def add(self, callback: Callable[[int, Any], None]) -> Callable[[], None]:
+    def add(self, callback: Callable[[int, Mesh], None]) -> Callable[[], None]:
         with self._lock:
             self._callbacks.append(callback)
 
@@ -39,7 +42,7 @@ class _RestoreHooks:
 
         return unregister
 
-    def notify(self, step: int, mesh: Any) -> None:
+    def notify(self, step: int, mesh: Mesh) -> None:
         with self._lock:
             callbacks = list(self._callbacks)
         for callback in callbacks:
@@ -50,7 +53,7 @@ def restore_hooks(s: Session) -> _RestoreHooks:
     return s.component(_RestoreHooks, lambda _s: _RestoreHooks())
 
 
-def on_restore(callback: Callable[[int, Any], None], session_: Session | None = None) -> Callable[[], None]:
+def on_restore(callback: Callable[[int, Mesh], None], session_: Session | None = None) -> Callable[[], None]:
     """Call ``callback(step, mesh)`` after every reshard or rollback of an
     elastic run in this session (or ``session_``).
 
@@ -71,7 +74,7 @@ def check_count(value: Any, name: str, least: int) -> int:
 def check_steps(steps: Any, start: Any, names: tuple[str, str] = ("steps", "start")) -> tuple[int, int]:
     """Steps ``start..steps-1``, checked: ``steps`` is the step to stop before, not a count."""
     steps = check_count(steps, names[0], 1)
-    if isinstance(start, bool) or not isinstance(start, numbers.Integral) or not 0 <= start < steps:
+    if isinstance(start, bool) or not isinstance(start, numbers.Integral) or not 0 <= int(start) < steps:
         raise PathwaysError(
             f"{names[1]} must be a step from 0 to {steps - 1} ({names[0]} {steps} is the step the run stops before), got {start!r}"
         )
