@@ -32,12 +32,13 @@ import math
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from pathways_kernel.colocated.sidecars import (
     DEFAULT_TIMEOUT_S,
+    Colocated,
     SidecarError,
     SidecarTimeout,
     Worker,
@@ -54,16 +55,45 @@ from pathways_kernel.core.sessions import session
 from pathways_kernel.core.text import count
 from pathways_kernel.training import accounting, elastic_run
 
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    import jax
+    from jax.sharding import Mesh, PartitionSpec
+
+    from pathways_kernel.core.slices import Topology
+
+    #: A ``PartitionSpec``, or what ``_parse_spec`` makes one of: one axis name, or per-dimension entries.
+    SpecLike: TypeAlias = PartitionSpec | str | Sequence[str | tuple[str, ...] | None] | None
+
 #: Seconds between the loader's periodic ``sidecar`` summary events.
 SUMMARY_EVERY_S = 5.0
 
 MakeBatches = Callable[[int, int, int], Any]
+#: One slice's block of a step as a worker hands it over: the pytree on the slice, and seconds busy.
+Block = tuple[Any, float]
+#: A step's global batch, and per slice the bytes of its block and seconds busy.
+Joined = tuple[Any, dict[int, tuple[int, float]]]
+
+
+class _Counters(TypedDict):
+    batches: int
+    waits: int
+    wait_s: float
+    bytes: int
+
+
+class _Summary(TypedDict):
+    time: float
+    batches: int
+    bytes: int
+    busy_s: float
 
 
 class Part:
     """One slice's share of the mesh: its devices and its block of the batch."""
 
-    def __init__(self, slice_index: int, mesh: Any, shard: int, num_shards: int):
+    def __init__(self, slice_index: int, mesh: Mesh, shard: int, num_shards: int):
         self.slice_index = slice_index
         self.mesh = mesh
         self.host_mesh = colocated_mesh(mesh.devices, mesh.axis_names)
@@ -79,7 +109,7 @@ class Layout:
     slices; other dimensions may be split over a slice's own (ICI) axes.
     """
 
-    def __init__(self, mesh: Any, spec: Any, topology: Any):
+    def __init__(self, mesh: Mesh, spec: PartitionSpec, topology: Topology):
         import numpy as np
         from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -140,7 +170,8 @@ class Layout:
         (first, (leaves0, treedef0)), *rest = flat.items()
         for index, (leaves, treedef) in rest:
             shapes0 = [leaf.shape for leaf in leaves0]
-            if treedef != treedef0 or [leaf.shape for leaf in leaves] != shapes0:
+            # jax's PyTreeDef is the compiled module's class, which has no stub: mypy cannot resolve its type.
+            if treedef != treedef0 or [leaf.shape for leaf in leaves] != shapes0:  # type: ignore[operator]
                 raise SidecarError(
                     f"make_batches returned {[leaf.shape for leaf in leaves]} on slice {index} but {shapes0} on "
                     f"slice {first}: every shard of a batch must have the same structure and shapes"
@@ -167,9 +198,9 @@ class Pending:
     lowest-numbered slice that failed (see ``sidecar.failure``).
     """
 
-    def __init__(self, blocks: dict[int, Future], layout: Layout, name: str):
+    def __init__(self, blocks: dict[int, Future[Block]], layout: Layout, name: str):
         self.blocks = blocks
-        self.joined: Future = Future()
+        self.joined: Future[Joined] = Future()
         self._left = len(blocks)
         self._lock = threading.Lock()
         self._layout = layout
@@ -182,7 +213,7 @@ class Pending:
             future.cancel()
         self.joined.cancel()
 
-    def _block_done(self, _future: Future) -> None:
+    def _block_done(self, _future: Future[Block]) -> None:
         with self._lock:
             self._left -= 1
             if self._left:
@@ -192,8 +223,8 @@ class Pending:
             return
         try:
             for index, future in sorted(self.blocks.items()):
-                if future.exception() is not None:
-                    raise failure(self._name, index, future.exception())
+                if (error := future.exception()) is not None:
+                    raise failure(self._name, index, error)
             results = {index: future.result() for index, future in self.blocks.items()}
             batch = self._layout.assemble({index: tree for index, (tree, _busy) in results.items()})
             sizes = {index: (nbytes(tree), busy) for index, (tree, busy) in results.items()}
@@ -218,19 +249,20 @@ def _axes_of(entries: Any) -> list[str]:
     return [a for entry in entries for a in _axes(entry)]
 
 
-def _remote_producer(make_batches: MakeBatches, spec: Any, name: str) -> Callable[[Any], Any]:
+def _remote_producer(make_batches: MakeBatches, spec: PartitionSpec, name: str) -> Colocated:
     """What each slice's sidecar runs: one block of one batch, laid out on the slice."""
 
-    def produce(request):
+    def produce(request: jax.Array) -> object:
         import jax
         import numpy as np
         from jax.sharding import NamedSharding
 
         step, shard, num_shards = (int(v) for v in np.asarray(request.addressable_shards[0].data))
         block = make_batches(step, shard, num_shards)
-        sharding = NamedSharding(request.sharding.mesh, spec)
+        # Loader._job places the request with a NamedSharding over the slice's colocated CPUs.
+        sharding = NamedSharding(cast(NamedSharding, request.sharding).mesh, spec)
 
-        def place(leaf):
+        def place(leaf: object) -> jax.Array:
             host = np.asarray(leaf)
             return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
@@ -240,7 +272,7 @@ def _remote_producer(make_batches: MakeBatches, spec: Any, name: str) -> Callabl
     return produce
 
 
-def _parse_spec(spec: Any, mesh: Any) -> Any:
+def _parse_spec(spec: SpecLike, mesh: Mesh) -> PartitionSpec:
     from jax.sharding import PartitionSpec
 
     if spec is None:
@@ -263,8 +295,8 @@ class Loader:
     def __init__(
         self,
         make_batches: MakeBatches,
-        mesh: Any = None,
-        spec: Any = None,
+        mesh: Mesh | None = None,
+        spec: SpecLike = None,
         prefetch: int = 2,
         start: int = 0,
         timeout: float = DEFAULT_TIMEOUT_S,
@@ -284,7 +316,8 @@ class Loader:
         self._session = session()
         mesh = self._session.mesh() if mesh is None else mesh
         self.spec = _parse_spec(spec, mesh)
-        self.name = name or getattr(make_batches, "__name__", "loader")
+        default_name: str = getattr(make_batches, "__name__", "loader")
+        self.name = name or default_name
         self.prefetch = prefetch
         self.timeout = timeout
         self.step = start
@@ -293,13 +326,15 @@ class Loader:
         # One colocated function per number of shards: colocated_python fixes a function's output
         # shapes by its first call on inputs of the same shapes (on Pathways and the local server;
         # its in-process fallback does not), and a block's rows depend on the number of shards.
-        self._colocated: dict[int, Any] = {}
-        self._make_colocated = lambda: colocated_python(_remote_producer(make_batches, self.spec, self.name))
+        self._colocated: dict[int, Colocated] = {}
+        self._make_colocated: Callable[[], Colocated] = lambda: colocated_python(
+            _remote_producer(make_batches, self.spec, self.name)
+        )
         self._pending: dict[int, Pending] = {}
         self._workers: dict[int, Worker] = {}
         self._closed = True  # until the hooks below exist, there is nothing to close
-        self._counters = {"batches": 0, "waits": 0, "wait_s": 0.0, "bytes": 0}
-        self._summary = {"time": time.monotonic(), "batches": 0, "bytes": 0, "busy_s": 0.0}
+        self._counters: _Counters = {"batches": 0, "waits": 0, "wait_s": 0.0, "bytes": 0}
+        self._summary: _Summary = {"time": time.monotonic(), "batches": 0, "bytes": 0, "busy_s": 0.0}
         # Weak references only: a loader the notebook drops is collected, and closes.
         ref = weakref.ref(self)
         self._unwatch = activity(self._session).watch_queue(self.name, lambda: _state_of(ref))
@@ -315,7 +350,7 @@ class Loader:
 
     # -- consuming ----------------------------------------------------------------
     @property
-    def mesh(self) -> Any:
+    def mesh(self) -> Mesh:
         return self._layout.mesh
 
     def __iter__(self) -> Loader:
@@ -336,7 +371,7 @@ class Loader:
         accounting.loop_step(self)
         return batch
 
-    def batch(self, step: int, mesh: Any = None) -> Any:
+    def batch(self, step: int, mesh: Mesh | None = None) -> Any:
         """The global batch of ``step`` on the loader's mesh; prefetches the next ones.
 
         ``mesh`` (e.g. the one an elastic step function receives) makes the
@@ -399,7 +434,7 @@ class Loader:
             f"and pass its mesh (loader.batch(step, mesh)), which does that for you"
         )
 
-    def reset(self, step: int, mesh: Any = None) -> None:
+    def reset(self, step: int, mesh: Mesh | None = None) -> None:
         """Follow ``mesh`` (default: a mesh over the live slices, same axes) and continue from ``step``."""
         with self._lock:
             before = self._layout.slices
@@ -439,7 +474,7 @@ class Loader:
     def __enter__(self) -> Loader:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def state(self) -> dict[str, Any]:
@@ -476,11 +511,11 @@ class Loader:
                 }
                 self._pending[s] = Pending(blocks, self._layout, self.name)
 
-    def _job(self, step: int, part: Part) -> Callable[[], Any]:
+    def _job(self, step: int, part: Part) -> Callable[[], Block]:
         colocated = self._colocated_for(part.num_shards)
         spec = self.spec
 
-        def job():
+        def job() -> Block:
             import jax
             import numpy as np
             from jax.sharding import NamedSharding, PartitionSpec
@@ -498,7 +533,7 @@ class Loader:
 
         return job
 
-    def _colocated_for(self, num_shards: int) -> Any:
+    def _colocated_for(self, num_shards: int) -> Colocated:
         with self._lock:
             if num_shards not in self._colocated:
                 self._colocated[num_shards] = self._make_colocated()
@@ -514,7 +549,7 @@ class Loader:
             pending.cancel()
         self._pending.clear()
 
-    def _failed(self, futures: dict[int, Future], exc: BaseException) -> None:
+    def _failed(self, futures: dict[int, Future[Block]], exc: BaseException) -> None:
         log = activity(self._session)
         timeout = isinstance(exc, SidecarTimeout)
         for index, future in futures.items():
@@ -537,7 +572,7 @@ class Loader:
         if now - s["time"] < SUMMARY_EVERY_S:
             return
         with self._lock:
-            c = dict(self._counters)
+            c = self._counters.copy()
         depth = self.state()["queue_depth"]
         self._session.events.emit(
             "sidecar",
@@ -558,7 +593,7 @@ def _follow_elastic(loader: Loader) -> Callable[[], None] | None:
     """Register ``loader.reset`` with elastic's restore hooks, weakly (a dropped loader unhooks itself)."""
     ref = weakref.ref(loader)
 
-    def follow(step: int, mesh: Any) -> None:
+    def follow(step: int, mesh: Mesh) -> None:
         target = ref()
         if target is not None and not target._closed:
             target.reset(step, mesh)
@@ -569,8 +604,8 @@ def _follow_elastic(loader: Loader) -> Callable[[], None] | None:
 
 def loader(
     make_batches: MakeBatches,
-    mesh: Any = None,
-    spec: Any = None,
+    mesh: Mesh | None = None,
+    spec: SpecLike = None,
     prefetch: int = 2,
     start: int = 0,
     timeout: float | None = None,
