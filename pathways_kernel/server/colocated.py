@@ -46,7 +46,7 @@ class ColocatedProgram:
     output_shapes: list[tuple[int, ...]] = field(default_factory=list)
     output_dtypes: list[np.dtype] = field(default_factory=list)
     output_shardings: list[Sharding] = field(default_factory=list)
-    executable: object = None
+    executable: None = None  # no XLA executable
     num_replicas: int = 1
     runs_in_background: bool = True
 

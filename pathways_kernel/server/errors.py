@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathways_kernel.server.protos import Proto
+
 INVALID_ARGUMENT = 3
 NOT_FOUND = 5
 UNIMPLEMENTED = 12
@@ -16,6 +18,11 @@ class ServerError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+
+    def to_status(self, status: Proto) -> None:
+        """Writes this error into ``status``, a status message of a response."""
+        status.code = self.code
+        status.message = self.message
 
     @classmethod
     def not_found(cls, message: str) -> ServerError:

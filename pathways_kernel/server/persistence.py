@@ -90,7 +90,7 @@ class PersistenceProgram:
     kind: str
     entries: list[dict]
     name: str = ""
-    executable: object = None
+    executable: None = None  # no XLA executable
     device_ids: tuple[int, ...] = ()
     num_replicas: int = 1
     output_shapes: list[tuple[int, ...]] = field(default_factory=list)

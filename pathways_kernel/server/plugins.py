@@ -46,13 +46,14 @@ class ProfileProgram:
     host_trace_level: int | None = None
     _session_id: str = ""
     name: str = "profileRequest"
-    executable: object = None
+    executable: None = None  # no XLA executable
     device_ids: tuple[int, ...] = ()
     num_replicas: int = 1
     output_shapes: list[tuple[int, ...]] = field(default_factory=list)
     output_dtypes: list[np.dtype] = field(default_factory=list)
     parameter_shardings: list = field(default_factory=list)
     output_shardings: list[Sharding] = field(default_factory=list)
+    runs_in_background: bool = False
 
     def run(self, args: list[ServerArray]) -> list[ServerArray]:
         import jax

@@ -7,8 +7,12 @@ device assignment the client chose, and executes it on arrays it holds.
 
 from __future__ import annotations
 
+import collections
+import hashlib
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import jax
 import ml_dtypes
@@ -26,22 +30,64 @@ from pathways_kernel.server.colocated import ColocatedProgram, compile_colocated
 from pathways_kernel.server.devices import Topology
 from pathways_kernel.server.errors import INVALID_ARGUMENT, UNIMPLEMENTED, ServerError
 from pathways_kernel.server.plugins import ProfileProgram, compile_plugin
+from pathways_kernel.server.protos import Proto
 
 _compile_lock = threading.Lock()
+_COMPILED_KEPT = 64  # executables the server keeps for programs compiled again
+
+
+class Executable(Protocol):
+    """What the server uses of jaxlib's ``LoadedExecutable`` (a C++ class without stubs)."""
+
+    def execute_sharded(self, arguments: Sequence[jax.Array], /) -> Any: ...
+    def get_parameter_layouts(self) -> Sequence[Any]: ...
+    def get_parameter_shardings(self) -> Sequence[Any] | None: ...
+    def get_output_shardings(self) -> Sequence[Any] | None: ...
+    def get_output_memory_kinds(self) -> Sequence[Sequence[str]]: ...
+    def get_compiled_memory_stats(self) -> Any: ...
+    def size_of_generated_code_in_bytes(self) -> int: ...
+    def cost_analysis(self) -> dict[str, float] | None: ...
+
+
+class LoadedProgram(Protocol):
+    """What a session needs of a compiled program, whatever compiled it: XLA (``Program``),
+    a plugin program (``plugins.py``, ``persistence.py``) or colocated Python (``colocated.py``)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def executable(self) -> Executable | None: ...
+    @property
+    def device_ids(self) -> tuple[int, ...]: ...
+    @property
+    def num_replicas(self) -> int: ...
+    @property
+    def output_shapes(self) -> list[tuple[int, ...]]: ...
+    @property
+    def output_dtypes(self) -> list[np.dtype[Any]]: ...
+    @property
+    def output_shardings(self) -> list[Sharding]: ...
+    @property
+    def runs_in_background(self) -> bool: ...
+
+    def run(self, args: list[ServerArray]) -> list[ServerArray]:
+        """Executes on ``args``; returns the outputs (their buffers may still be computing)."""
+        ...
 
 
 @dataclass
 class Program:
     """A loaded executable and what the client needs to know about it."""
 
-    executable: object  # jaxlib LoadedExecutable
+    executable: Executable
     device_ids: tuple[int, ...]
     num_replicas: int
     output_shapes: list[tuple[int, ...]]
-    output_dtypes: list[np.dtype]
-    parameter_shardings: list = field(default_factory=list)  # jax shardings, one per parameter
+    output_dtypes: list[np.dtype[Any]]
+    parameter_shardings: list[jax.sharding.Sharding] = field(default_factory=list)
     output_shardings: list[Sharding] = field(default_factory=list)
     name: str = ""
+    runs_in_background: bool = False
 
     def run(self, args: list[ServerArray]) -> list[ServerArray]:
         """Executes on ``args``; returns the outputs (their buffers may still be computing)."""
@@ -188,3 +234,39 @@ def _output_shardings(executable, ids, replicas, count) -> list[Sharding]:
         return [Sharding(tuple(ids), None)] * count
     ops = executable.get_output_shardings() if replicas == 1 else None
     return [Sharding(tuple(ids), ops[i]) if ops else replicated(ids) for i in range(count)]
+
+
+class CompiledPrograms:
+    """``compile_program``, once per program and options (``_COMPILED_KEPT`` kept): as on
+    Pathways, which has its own compilation cache, a client that compiles a program again
+    (its caches cleared, a mesh it ran on before) gets what the server compiled then."""
+
+    def __init__(self, topology: Topology, count: Callable[[str], None]):
+        self._topology = topology
+        self._count = count  # counts the hits, for the server's status
+        self._lock = threading.Lock()
+        self._compiled: collections.OrderedDict[bytes, LoadedProgram] = collections.OrderedDict()
+
+    def compile(self, request: Proto) -> LoadedProgram:
+        """The program of a CompileRequest, compiled now or before."""
+        if request.program.type_name != "xla::ifrt::XlaProgram":  # plugin programs have state
+            return compile_program(request, self._topology)
+        options = request.compile_options.data
+        if request.compile_options.type_name == "xla::ifrt::XlaCompileOptions":
+            # The client's bytes order its maps differently from one compile to the next.
+            options = protos.ifrt("XlaCompileOptionsProto").FromString(options).SerializeToString(deterministic=True)
+        parts = (request.program.data, request.compile_options.type_name.encode(), options)
+        key = hashlib.sha256(b"\0".join(parts)).digest()
+        with self._lock:
+            program = self._compiled.get(key)
+            if program is not None:
+                self._compiled.move_to_end(key)
+        if program is not None:
+            self._count("compile_cache_hits")
+            return program
+        program = compile_program(request, self._topology)
+        with self._lock:
+            self._compiled[key] = program
+            while len(self._compiled) > _COMPILED_KEPT:
+                self._compiled.popitem(last=False)
+        return program

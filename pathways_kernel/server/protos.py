@@ -11,11 +11,39 @@ from __future__ import annotations
 import functools
 import os
 import re
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.descriptor import Descriptor
 
 from pathways_kernel.core.protowire import read_varint
+
+
+class Proto(Protocol):
+    """A message of a class built at runtime from jaxlib's descriptors (``message``). No stub
+    declares its fields, so they read and write as Any; protobuf's own methods are checked."""
+
+    DESCRIPTOR: Descriptor
+
+    def SerializeToString(self, *, deterministic: bool = ...) -> bytes: ...
+    def ParseFromString(self, serialized: bytes, /) -> int | None: ...
+    def HasField(self, field_name: str, /) -> bool: ...
+    def WhichOneof(self, oneof_group: str, /) -> str | None: ...
+    def SetInParent(self) -> None: ...
+    def __getattr__(self, name: str) -> Any: ...
+    def __setattr__(self, name: str, value: Any) -> None: ...
+
+
+class ProtoClass(Protocol):
+    """A message class built at runtime: ``cls(**fields)``, ``cls.FromString(data)``."""
+
+    DESCRIPTOR: Descriptor
+    SerializeToString: Callable[[Proto], bytes]  # as a function of a message, e.g. a gRPC serializer
+
+    def __call__(self, **fields: Any) -> Proto: ...
+    def FromString(self, serialized: bytes, /) -> Proto: ...
+
 
 _ROOT = "xla/python/ifrt_proxy/common/grpc_ifrt_service.proto"
 _PATH = re.compile(rb"\x0a(.)([a-zA-Z0-9_/]+\.proto)")
@@ -96,21 +124,22 @@ def pool() -> descriptor_pool.DescriptorPool:
 
 
 @functools.cache
-def message(full_name: str) -> Any:
+def message(full_name: str) -> ProtoClass:
     """The class of message ``full_name``, e.g. ``xla.ifrt.proxy.IfrtRequest``."""
-    return message_factory.GetMessageClass(pool().FindMessageTypeByName(full_name))
+    cls: ProtoClass = message_factory.GetMessageClass(pool().FindMessageTypeByName(full_name))
+    return cls
 
 
-def proxy(name: str) -> Any:
+def proxy(name: str) -> ProtoClass:
     """A message of the proxy package, e.g. ``proxy("IfrtResponse")``."""
     return message(f"xla.ifrt.proxy.{name}")
 
 
-def ifrt(name: str) -> Any:
+def ifrt(name: str) -> ProtoClass:
     """A message of the IFRT package, e.g. ``ifrt("ShardingProto")``."""
     return message(f"xla.ifrt.{name}")
 
 
-def xla(name: str) -> Any:
+def xla(name: str) -> ProtoClass:
     """A message of the XLA package, e.g. ``xla("OpSharding")``."""
     return message(f"xla.{name}")

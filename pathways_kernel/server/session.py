@@ -1,0 +1,364 @@
+"""One client's ``IfrtSession``: its arrays, executables, futures and host buffers, and the
+stream its requests come in on.
+
+Requests are taken in the order they come (a request may name arrays the previous one
+made), but anything that waits (compilation, a value becoming ready, a copy to the host)
+is answered from the server's worker pool when it completes, so responses go back out of
+order, matched by ``op_id``, and a slow copy does not hold up the session. A request that
+names arrays still being made in the background (a colocated Python function running)
+waits for them while the requests that do not go on being served.
+
+Each request goes to its handler (``service.REQUESTS``: array, program and device
+requests), which fills the response, or returns the work to finish in the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping
+from typing import Any, Protocol
+
+from pathways_kernel.server import protos
+from pathways_kernel.server.arrays import ArrayStore, ServerArray
+from pathways_kernel.server.devices import Topology
+from pathways_kernel.server.errors import INTERNAL, UNIMPLEMENTED, ServerError
+from pathways_kernel.server.host_buffers import HostBufferStore
+from pathways_kernel.server.programs import LoadedProgram
+from pathways_kernel.server.protos import Proto
+
+log = logging.getLogger("pathways_kernel.server")
+
+Future = concurrent.futures.Future[Any]
+# What a handler leaves to finish in the pool (waiting for it is why it was left); the
+# response goes back once it returns.
+Deferred = Callable[[], object]
+# A request's handler: (session, the request's own message, the IfrtResponse to fill).
+Handler = Callable[["Session", Proto, Proto], Deferred | None]
+Respond = Callable[[Proto], None]
+
+
+class Shared(Protocol):
+    """What a session uses of the server that holds it (``service.Server``)."""
+
+    topology: Topology
+    pool: concurrent.futures.ThreadPoolExecutor
+
+    def count(self, key: str, amount: int = 1) -> None: ...
+    def compile(self, request: Proto) -> LoadedProgram: ...
+    def close_session(self, session: Session) -> None: ...
+
+
+def failed(error: ServerError) -> Future:
+    future: Future = concurrent.futures.Future()
+    future.set_exception(error)
+    return future
+
+
+def done() -> Future:
+    future: Future = concurrent.futures.Future()
+    future.set_result(None)
+    return future
+
+
+def wait_ready(arrays: list[ServerArray]) -> None:
+    for array in arrays:
+        for shard in array.shards:
+            shard.block_until_ready()
+
+
+class Session:
+    """One client's IfrtSession: its arrays, executables, futures and host buffers."""
+
+    def __init__(self, server: Shared, session_id: int, version: Proto | None, requests: Mapping[str, Handler]):
+        self.server = server
+        self.id = session_id
+        self.version = version
+        self.arrays = ArrayStore(server.topology.check_up)
+        self.host_buffers = HostBufferStore()
+        self.programs: dict[int, LoadedProgram] = {}
+        self.futures: dict[int, Future] = {}
+        # Array handles whose arrays are still being made in the background (a colocated
+        # Python function running), each with the future that settles when they exist.
+        self.pending: dict[int, Future] = {}
+        self.background: set[Future] = set()  # gates of colocated functions running
+        self._requests = requests
+        self._lock = threading.Lock()
+
+    @property
+    def topology(self) -> Topology:
+        return self.server.topology
+
+    # ---- what handlers keep in the session ----------------------------------
+
+    def add_program(self, handle: int, program: LoadedProgram) -> None:
+        with self._lock:
+            self.programs[handle] = program
+
+    def program(self, handle: int) -> LoadedProgram:
+        with self._lock:
+            program = self.programs.get(handle)
+        if program is None:
+            raise ServerError.not_found(f"Unknown loaded executable handle: {handle}")
+        return program
+
+    def drop_program(self, handle: int) -> None:
+        with self._lock:
+            program = self.programs.pop(handle, None)
+        if program is None:
+            raise ServerError.not_found(f"Unknown loaded executable handle: {handle}")
+
+    def add_future(self, handle: int, future: Future) -> None:
+        with self._lock:
+            self.futures[handle] = future
+
+    def take_future(self, handle: int) -> Future:
+        with self._lock:
+            future = self.futures.pop(handle, None)
+        if future is None:
+            raise ServerError.not_found(f"Unknown future handle: {handle}")
+        return future
+
+    # ---- the stream -------------------------------------------------------
+
+    async def serve(self, requests: AsyncIterable[Proto]) -> AsyncIterator[Proto]:
+        """Yields responses for ``requests`` as they complete. Requests are taken in order.
+        Most are handled right here on the event loop as they arrive (a thread hand-off
+        each way cost most of a tiny op's round trip); one that must wait for a host
+        buffer still being uploaded goes to the session's own thread, and the requests
+        after it follow it there until that thread has caught up."""
+        loop = asyncio.get_running_loop()
+        loop_thread = threading.get_ident()
+        out: asyncio.Queue[Proto | None] = asyncio.Queue()
+        in_order: queue.SimpleQueue[Proto | None] = queue.SimpleQueue()
+        pending = 0
+        handed_off = 0  # requests given to the session's thread and not yet taken; loop only
+        reading = True
+
+        def respond(response: Proto) -> None:
+            if threading.get_ident() == loop_thread:
+                out.put_nowait(response)
+            else:
+                loop.call_soon_threadsafe(out.put_nowait, response)
+
+        def taken() -> None:
+            nonlocal handed_off
+            handed_off -= 1
+
+        def work() -> None:
+            while (request := in_order.get()) is not None:
+                self._process(request, respond)
+                loop.call_soon_threadsafe(taken)
+
+        async def read() -> None:
+            nonlocal pending, reading, handed_off
+            try:
+                async for request in requests:
+                    pending += 1
+                    if handed_off or self._may_wait(request):
+                        handed_off += 1
+                        in_order.put(request)
+                    else:
+                        self._process(request, respond)
+            finally:
+                reading = False
+                in_order.put(None)
+                out.put_nowait(None)
+
+        threading.Thread(target=work, name=f"pathways-local-session-{self.id}", daemon=True).start()
+        reader = asyncio.create_task(read())
+        try:
+            while reading or pending:
+                response = await out.get()
+                if response is not None:
+                    pending -= 1
+                    yield response
+        finally:
+            reader.cancel()
+            self.server.close_session(self)
+
+    def _may_wait(self, request: Proto) -> bool:
+        """Whether ``request`` names a host buffer that has not arrived yet."""
+        kind = request.WhichOneof("request")
+        if kind == "make_array_from_host_buffer_request":
+            handles = [request.make_array_from_host_buffer_request.host_buffer_handle]
+        elif kind == "make_arrays_from_host_buffer_shards_request":
+            specs = request.make_arrays_from_host_buffer_shards_request.specs
+            handles = [buffer.host_buffer_handle for spec in specs for buffer in spec.host_buffers]
+        else:
+            return False
+        return not all(self.host_buffers.has(handle) for handle in handles)
+
+    def _process(self, request: Proto, respond: Respond, own: Future | None = None) -> None:
+        if self.pending and self._after_pending(request, respond, own):
+            return
+        kind = request.WhichOneof("request")
+        op_id = request.request_metadata.op_id
+        log.debug("session %s op %s: %s", self.id, op_id, kind)
+        self.server.count(f"requests.{kind}")
+        response = protos.proxy("IfrtResponse")()
+        response.response_metadata.op_id = op_id
+        handler = self._requests.get(kind) if kind else None
+        try:
+            if handler is None:
+                raise ServerError(
+                    UNIMPLEMENTED, f"the local Pathways server does not serve {kind or 'an empty request'}"
+                )
+            deferred = handler(self, getattr(request, kind), response)
+        except Exception as error:  # a bug here must reach the user, not hang the client
+            if not isinstance(error, ServerError):
+                log.exception("%s failed", kind)
+                error = ServerError(INTERNAL, f"{kind}: {error}")
+            # Handles the client named for this request's results now hold the error, so
+            # later uses (and the client's destruct of them) find them; handlers need not
+            # (handles the server made for them are never told to the client).
+            self.arrays.poison(_result_handles(getattr(request, kind)) if kind else [], error)
+            respond(error_response(op_id, error))
+            return
+        if deferred is None:
+            respond(response)
+            return
+
+        def finish() -> None:
+            try:
+                deferred()
+                respond(response)
+            except ServerError as error:
+                respond(error_response(op_id, error))
+            except Exception as error:
+                log.exception("%s failed", kind)
+                respond(error_response(op_id, ServerError(INTERNAL, f"{kind}: {error}")))
+
+        self.server.pool.submit(finish)
+
+    def _after_pending(self, request: Proto, respond: Respond, own: Future | None) -> bool:
+        """Defers ``request`` if it names arrays still being made in the background, until
+        they exist. Every handle it names or makes is pending meanwhile, so the requests
+        after it that name one wait for it, as they would have in order (a destruct of one
+        of its inputs must not overtake it). Other requests go on being served: a colocated
+        function that runs for minutes (or hangs) holds up only what depends on it. ``own`` is
+        the gate of a deferred request about to run: it still waits for arrays being made in
+        the background since (a deferred execution's outputs), not for requests after it."""
+        kind = request.WhichOneof("request")
+        if not kind:
+            return False
+        inner = getattr(request, kind)
+        with self._lock:
+            named = _named_handles(inner)
+            gates = [self.pending.get(h) for h in named]
+            waits = {g for g in gates if g is not None and (own is None or (g is not own and g in self.background))}
+            if not waits:
+                return False
+            gate: Future = concurrent.futures.Future()
+            touched = named + _result_handles(inner)
+            for handle in touched:
+                self.pending[handle] = gate
+        left = [len(waits)]
+        counter = threading.Lock()
+
+        def run() -> None:
+            try:
+                self._process(request, respond, gate)
+            finally:
+                self._settle(touched, gate, None)
+
+        def settled(_future: Future) -> None:
+            with counter:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                self.server.pool.submit(run)
+
+        for wait in waits:
+            wait.add_done_callback(settled)
+        return True
+
+    def _settle(self, handles: list[int], gate: Future, error: ServerError | None) -> None:
+        with self._lock:
+            self.background.discard(gate)
+            for handle in handles:
+                if self.pending.get(handle) is gate:
+                    del self.pending[handle]
+        if error is None:
+            gate.set_result(None)
+        else:
+            gate.set_exception(error)
+
+    def run_in_background(self, program: LoadedProgram, args: list[ServerArray], handles: list[int]) -> Future:
+        """Runs ``program`` (colocated Python) on a thread of its own; its outputs are
+        pending until it returns. A slice lost while it ran loses its outputs there."""
+        gate: Future = concurrent.futures.Future()
+        with self._lock:
+            self.background.add(gate)
+            for handle in handles:
+                self.pending[handle] = gate
+
+        def run() -> None:
+            error = None
+            try:
+                outputs = program.run(args)
+                wait_ready(outputs)
+                self.topology.check_up(program.device_ids)
+                for handle, output in zip(handles, outputs, strict=True):
+                    self.arrays.put(handle, output)
+            except Exception as failure:  # it goes to the client as the outputs' error
+                if not isinstance(failure, ServerError):
+                    log.exception("%s failed", program.name)
+                    failure = ServerError(INTERNAL, f"{program.name}: {failure}")
+                error = failure
+                self.arrays.poison(handles, error)
+            self._settle(handles, gate, error)
+
+        threading.Thread(target=run, name=f"pathways-local-{program.name}", daemon=True).start()
+        return gate
+
+
+def error_response(op_id: int, error: ServerError) -> Proto:
+    response = protos.proxy("IfrtResponse")()
+    response.response_metadata.op_id = op_id
+    error.to_status(response.response_metadata.status)
+    return response
+
+
+# Where each request names the handles of the arrays it makes.
+_RESULT_FIELDS = {
+    "MakeArrayFromHostBufferRequest": "array_handle",
+    "MakeArraysFromHostBufferShardsRequest": "array_handles",
+    "MakeErrorArraysRequest": "array_handles",
+    "AssembleArrayFromSingleDeviceArraysRequest": "result_handle",
+    "RemapArraysRequest": "result_handles",
+    "BitcastArraysRequest": "result_handles",
+    "ReshardArraysRequest": "result_handles",
+    "DisassembleIntoSingleDeviceArraysRequest": "result_handles",
+    "CopyArraysRequest": "result_handles",
+    "FullyReplicatedShardRequest": "result_handle",
+    "LoadedExecutableExecuteRequest": "result_array_handle",
+}
+
+
+# Fields that name arrays a request uses (unless the field is what it makes, above).
+_NAMED_FIELDS = ("args_handles", "array_handle", "array_handles", "single_device_array_handles", "value_handles")
+
+
+def _named_handles(request: Proto) -> list[int]:
+    """The array handles ``request`` uses."""
+    made = _RESULT_FIELDS.get(request.DESCRIPTOR.name)
+    fields = request.DESCRIPTOR.fields_by_name
+    handles: list[int] = []
+    for name in _NAMED_FIELDS:
+        if name != made and name in fields:
+            value = getattr(request, name)
+            handles.extend([value] if isinstance(value, int) else value)
+    return handles
+
+
+def _result_handles(request: Proto) -> list[int]:
+    """The array handles the client chose for what ``request`` makes."""
+    name = _RESULT_FIELDS.get(request.DESCRIPTOR.name)
+    if name is None:
+        return []
+    value = getattr(request, name)
+    return [h for h in ([value] if isinstance(value, int) else value) if h]
