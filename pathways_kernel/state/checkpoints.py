@@ -18,7 +18,7 @@ import logging
 import os
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -36,6 +36,9 @@ from pathways_kernel.state.manifest import (
     valid_spec,
 )
 from pathways_kernel.state.transfers import Transfer
+
+if TYPE_CHECKING:
+    from types import FrameType
 
 DEFAULT_KEEP = 3
 #: orbax names steps by int64.
@@ -159,7 +162,7 @@ class _OrbaxErrors(logging.Filter):
 
 def _logged_by_orbax() -> bool:
     # The record's own pathname is absl's logging module; the caller is further up.
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         if f"{os.sep}orbax{os.sep}" in frame.f_code.co_filename:
             return True
@@ -192,14 +195,14 @@ def _layout(tree: Any) -> dict[str, Any]:
     leaves = []
     for path, value in jax.tree_util.tree_flatten_with_path(tree)[0]:
         sharding = getattr(value, "sharding", None)
-        named = isinstance(sharding, NamedSharding)
+        named = sharding if isinstance(sharding, NamedSharding) else None
         leaves.append(
             {
                 "keys": keys_to_json(path),
                 "shape": list(np.shape(value)),
                 "dtype": np.dtype(value.dtype).name if hasattr(value, "dtype") else np.asarray(value).dtype.name,
-                "spec": spec_to_json(sharding.spec) if named else None,
-                "mesh_axes": [[str(k), int(v)] for k, v in sharding.mesh.shape.items()] if named else [],
+                "spec": spec_to_json(named.spec) if named is not None else None,
+                "mesh_axes": [[str(k), int(v)] for k, v in named.mesh.shape.items()] if named is not None else [],
             }
         )
     return {"format": "pathways-checkpoint-layout/1", "leaves": leaves}
@@ -399,6 +402,7 @@ def restore(url: str, step: int | None = None, mesh: Any = None) -> Any:
         shape = tuple(entry["shape"])
         dtype = np.dtype(jax.numpy.dtype(entry["dtype"]))
         spec = spec_from_json(entry["spec"])
+        sharding: jax.sharding.Sharding
         if spec is None:
             sharding = jax.sharding.SingleDeviceSharding(first)
         else:
@@ -444,7 +448,7 @@ def wait(url: str | None = None) -> None:
         manager.wait_until_finished()
 
 
-class CheckpointList(list):
+class CheckpointList(list[int]):
     """Committed steps under a directory; renders as one line."""
 
     def __init__(self, url: str, found: list[int]):

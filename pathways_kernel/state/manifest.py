@@ -11,7 +11,7 @@ import json
 import re
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 
@@ -19,18 +19,24 @@ from pathways_kernel.core.errors import StorageError
 from pathways_kernel.core.eventlog import format_bytes
 from pathways_kernel.core.locations import Location
 
+if TYPE_CHECKING:
+    from jax.sharding import PartitionSpec
+
+#: A PartitionSpec as JSON: per dimension, no axis, one axis name or a list of them.
+SpecJson: TypeAlias = list[str | list[str] | None]
+
 FORMAT = "pathways-snapshot/1"
 MANIFEST = "manifest.json"
 
 
 # -- manifests ----------------------------------------------------------------
-def spec_to_json(spec: Any) -> list | None:
+def spec_to_json(spec: PartitionSpec | None) -> SpecJson | None:
     if spec is None:
         return None
     return [None if e is None else e if isinstance(e, str) else list(e) for e in tuple(spec)]
 
 
-def spec_from_json(entries: list | None) -> Any:
+def spec_from_json(entries: SpecJson | None) -> PartitionSpec | None:
     from jax.sharding import PartitionSpec
 
     if entries is None:
@@ -122,7 +128,7 @@ class SnapshotInfo:
         return f"{self.id:<24} {format_bytes(self.nbytes):>10}  {self.leaves:>4} arrays  {when}{step}  {self.url}"
 
 
-class SnapshotList(list):
+class SnapshotList(list[SnapshotInfo]):
     """Committed snapshots under a prefix, oldest first; renders as a table."""
 
     def __init__(self, url: str, infos: Sequence[SnapshotInfo]):

@@ -395,9 +395,11 @@ def load(url: str, events: Any = None, memory_limit: int | None = None, like: An
         import jax
 
         treedef = jax.tree_util.tree_structure(like)
-        if treedef.num_leaves != len(manifest["leaves"]):
+        # jaxlib ships no stubs, so mypy cannot see PyTreeDef's attributes.
+        like_leaves = treedef.num_leaves  # type: ignore[attr-defined]
+        if like_leaves != len(manifest["leaves"]):
             raise StorageError(
-                f"snapshot {target.url} has {len(manifest['leaves'])} leaves but `like` has {treedef.num_leaves}"
+                f"snapshot {target.url} has {len(manifest['leaves'])} leaves but `like` has {like_leaves}"
             )
     return transfers.run_sync(
         "restore", f"{target.url}", lambda t: _download(t, objects, target, manifest, treedef), events, total=nbytes
