@@ -35,6 +35,7 @@ from pathways_kernel.backends.slurm_backend import connect as connect_slurm
 from pathways_kernel.colocated.data_loader import Loader, loader
 from pathways_kernel.colocated.sidecars import Sidecar, SidecarError, SidecarTimeout, run_sidecar, sidecar
 from pathways_kernel.core import sessions as _sessions
+from pathways_kernel.core import shellhooks as _shellhooks
 from pathways_kernel.core.errors import PathwaysError
 from pathways_kernel.monitoring.widget import monitor
 
@@ -74,6 +75,11 @@ def load_ipython_extension(ipython: InteractiveShell) -> None:
 
     register(ipython)
     register_monitor(ipython)  # comm target pathways.monitor, when inside a kernel
+
+
+def unload_ipython_extension(ipython: InteractiveShell) -> None:
+    """``%unload_ext pathways_kernel``: remove all the extension installed on the shell (``core/shellhooks.py``)."""
+    _shellhooks.remove(ipython)
 
 
 __all__ = [

@@ -25,7 +25,8 @@ class PathwaysKernel(IPythonKernel):
 
         shell = self.shell
         assert shell is not None  # IPythonKernel.__init__ made it
-        pathways_kernel.load_ipython_extension(shell)
+        # Loaded as `%load_ext` would, so `%unload_ext pathways_kernel` takes it all off again.
+        shell.extension_manager.load_extension("pathways_kernel")
         shell.user_ns.setdefault("pw", pathways_kernel)
         # Activate (configure JAX for) the backend now; devices start lazily.
         try:

@@ -21,7 +21,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import MagicArgumentParser
 
-from pathways_kernel.core import parsing
+from pathways_kernel.core import parsing, sessions, shellhooks
 from pathways_kernel.core.errors import PathwaysError, one_line
 from pathways_kernel.core.text import shown
 
@@ -244,14 +244,13 @@ def _show_one_line(
     shell._showtraceback(etype, value, [f"\x1b[0;31m{one_line(value)}\x1b[0m"])
 
 
-def _show_error_lines(shell: InteractiveShell) -> None:
+def _show_error_lines(shell: InteractiveShell) -> Callable[[], None]:
     """Show the local server's JAX errors whose own message does not say what to do as one
     red line (``local_server.error_line``: a host callback, every slice down), wherever IPython
     shows them: a cell's error, and a result whose display raised (the proxy client's dispatch
     is asynchronous, so a loss often surfaces in the result's repr)."""
     show = shell._showtraceback
-    if getattr(show, "pathways_error_lines", False):
-        return
+    own = "_showtraceback" in vars(shell)  # wrapped already on this shell (by someone else)
 
     def showtraceback(etype: type[BaseException], value: BaseException, stb: list[str]) -> object:
         from pathways_kernel.backends.local_server import error_line
@@ -259,14 +258,28 @@ def _show_error_lines(shell: InteractiveShell) -> None:
         line = None if isinstance(value, PathwaysError) else error_line(value)
         return show(etype, value, stb if line is None else [f"\x1b[0;31m{line}\x1b[0m"])
 
-    # A mark on the wrapper, so a second register() does not wrap it again; functions take attributes.
-    showtraceback.pathways_error_lines = True  # type: ignore[attr-defined]
     # IPython has no hook for how a traceback is shown: this shell's own method is wrapped.
     shell._showtraceback = showtraceback  # type: ignore[method-assign, assignment]
 
+    def undo() -> None:
+        if own:
+            shell._showtraceback = show  # type: ignore[method-assign]
+        else:
+            del shell._showtraceback
+
+    return undo
+
 
 def register(shell: InteractiveShell) -> None:
-    """Install the magics and the one-line handler for ``PathwaysError``."""
+    """Install the magics, the one-line handler for ``PathwaysError`` and the cell hooks (once).
+
+    All of it through the shell's ``ShellHooks``, so ``shellhooks.remove(shell)``
+    (``%unload_ext pathways_kernel``) takes it all off again.
+    """
+    shellhooks.of(shell).component(PathwaysMagics, _install)
+
+
+def _install(hooks: shellhooks.ShellHooks) -> PathwaysMagics:
     from pathways_kernel.magics import (
         connection,
         core,  # noqa: F401  (registers subcommands)
@@ -280,10 +293,61 @@ def register(shell: InteractiveShell) -> None:
     )
     from pathways_kernel.state import healing
 
+    shell = hooks.shell
     PathwaysMagics.pathways.__doc__ = top_level_help()
-    shell.register_magics(PathwaysMagics)
-    shell.set_custom_exc((PathwaysError,), _show_one_line)
-    _show_error_lines(shell)
+    magics = PathwaysMagics(shell)
+    shell.register_magics(magics)
+    hooks.on_close(lambda: _unregister_magics(shell, magics))
+    hooks.on_close(_set_custom_exc(shell))
+    hooks.on_close(_show_error_lines(shell))
     healing.install(shell)  # restore variables lost with a slice, between cells
     connection.install(shell)  # the notice after a disconnect
     goodput.install(shell)  # the notebook's idle time between cells
+    hooks.on_close(_follow_sessions())
+    return magics
+
+
+def _set_custom_exc(shell: InteractiveShell) -> Callable[[], None]:
+    """Show a ``PathwaysError`` as one line; returns the undo (the shell's handler before)."""
+    before = shell.custom_exceptions, shell.CustomTB
+    shell.set_custom_exc((PathwaysError,), _show_one_line)
+
+    def undo() -> None:
+        shell.custom_exceptions, shell.CustomTB = before
+
+    return undo
+
+
+def _unregister_magics(shell: InteractiveShell, magics: PathwaysMagics) -> None:
+    manager = shell.magics_manager
+    if manager.registry.get(type(magics).__name__) is magics:
+        del manager.registry[type(magics).__name__]
+    for kind, table in magics.magics.items():
+        for name in table:
+            manager.magics[kind].pop(name, None)
+
+
+def _follow_sessions() -> Callable[[], None]:
+    """Show the progress of each session's transfers and runs under the cells; returns the undo.
+
+    The subscriptions are the session's own (they go when it closes); the next
+    session is followed from when it starts.
+    """
+    from pathways_kernel.monitoring import cellprogress
+    from pathways_kernel.state import progress
+
+    following: list[Callable[[], None]] = []
+
+    def follow(session: sessions.Session) -> None:
+        following[:] = [progress.follow(session), cellprogress.follow(session)]
+
+    stop = sessions.on_start(follow)
+    if (running := sessions.current()) is not None:
+        follow(running)
+
+    def undo() -> None:
+        stop()
+        for unsubscribe in following:
+            unsubscribe()
+
+    return undo

@@ -10,6 +10,7 @@ from IPython.core.interactiveshell import InteractiveShell
 import pathways_kernel.magics.slurm  # noqa: F401  (adds the Slurm options to connect)
 from pathways_kernel import api
 from pathways_kernel.backends import connection
+from pathways_kernel.core import shellhooks
 from pathways_kernel.magics import argument, magic_arguments, preflight_seconds, subcommand
 
 
@@ -34,5 +35,4 @@ def _show_notice(*_: object) -> None:
 
 def install(shell: InteractiveShell) -> None:
     """Show the disconnect notice before the next cell runs (once per disconnect)."""
-    if _show_notice not in shell.events.callbacks["pre_run_cell"]:
-        shell.events.register("pre_run_cell", _show_notice)
+    shellhooks.of(shell).register("pre_run_cell", _show_notice)

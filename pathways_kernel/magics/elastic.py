@@ -19,7 +19,6 @@ from pathways_kernel.magics import (
     subcommand,
     whole_number,
 )
-from pathways_kernel.monitoring import cellprogress
 from pathways_kernel.state import snapshots
 from pathways_kernel.state.autosnapshots import autosnapshot as set_autosnapshot
 from pathways_kernel.state.autosnapshots import for_shell
@@ -28,8 +27,6 @@ from pathways_kernel.training.elastic_run import check_count, check_steps
 
 #: What the loop binds in the namespace for each step: never training state.
 LOOP_NAMES = ("step", "mesh")
-
-cellprogress.install()  # runs started in this kernel's cells show their progress under the cell
 
 
 @subcommand("snapshot")

@@ -16,10 +16,8 @@ from pathways_kernel.core import locations
 from pathways_kernel.core.errors import NamespaceError, PathwaysError
 from pathways_kernel.core.namespace import bind, check_bindable, user_namespace
 from pathways_kernel.magics import MAX_INT, Text, argument, integer, magic_arguments, name_list, seconds, subcommand
-from pathways_kernel.state import checkpoints, compile_cache, progress, snapshots, storage
+from pathways_kernel.state import checkpoints, compile_cache, snapshots, storage
 from pathways_kernel.state.manifest import SnapshotList
-
-progress.install()
 
 
 def persist_taken(taken: Sequence[snapshots.Snapshot], url: str, snapshot_id: str | None = None) -> Text:

@@ -33,8 +33,10 @@ import contextvars
 import html
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
+from pathways_kernel.core.sessions import Session
 from pathways_kernel.core.text import count
 from pathways_kernel.state.progress import _in_kernel
 from pathways_kernel.training import accounting, goodput
@@ -49,16 +51,12 @@ MAX_PER_CELL = 10
 #: Markers drawn on one bar (the summary counts them all).
 MAX_MARKERS = 50
 
-_installed = False
 _per_cell: dict[int, int] = {}
 
 
-def install() -> None:
-    """Show the progress of runs started inside this IPython kernel."""
-    global _installed
-    if not _installed:
-        accounting.WATCHERS.append(_watch)
-        _installed = True
+def follow(session: Session) -> Callable[[], None]:
+    """Show the progress of ``session``'s runs started inside this IPython kernel; returns the undo."""
+    return session.component(accounting.RunStarts).subscribe(_watch)
 
 
 def _watch(account: goodput.Account) -> None:
@@ -257,4 +255,4 @@ def _duration(seconds: float, seconds_below: float = 60) -> str:
     return f"{hours} h {minutes:02d} min"
 
 
-__all__ = ["INTERVAL_S", "MAX_PER_CELL", "CellProgress", "install"]
+__all__ = ["INTERVAL_S", "MAX_PER_CELL", "CellProgress", "follow"]

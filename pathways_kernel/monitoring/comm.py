@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from pathways_kernel.core import shellhooks
 from pathways_kernel.core.errors import PathwaysError
 from pathways_kernel.monitoring import protocol, telemetry
 from pathways_kernel.monitoring.connection import Comm, Connection, JupyterMessage, Result
@@ -172,21 +173,37 @@ def server() -> MonitorServer:
 
 
 def register(shell: Any) -> bool:
-    """Register ``pathways.monitor`` with the kernel's comm manager; False outside a kernel."""
-    if getattr(shell, "kernel", None) is None:
+    """Register ``pathways.monitor`` with the kernel's comm manager (once); False outside a kernel.
+
+    Through the shell's ``ShellHooks``: ``shellhooks.remove(shell)`` unregisters the
+    target and gives the kernel its own handlers back.
+    """
+    kernel = getattr(shell, "kernel", None)
+    if kernel is None:
         return False
+    shellhooks.of(shell).component(MonitorServer, lambda hooks: _register(hooks, kernel))
+    return True
+
+
+def _register(hooks: shellhooks.ShellHooks, kernel: Any) -> MonitorServer:
     import comm
 
-    comm.get_comm_manager().register_target(protocol.TARGET, server().open)
-    hear_comm_info(shell.kernel)
-    keep_the_cell_busy(shell.kernel, server())
-    return True
+    manager = comm.get_comm_manager()
+    manager.register_target(protocol.TARGET, server().open)
+
+    def unregister() -> None:
+        manager.unregister_target(protocol.TARGET, server().open)
+
+    hooks.on_close(unregister)
+    hooks.on_close(hear_comm_info(kernel))
+    hooks.on_close(keep_the_cell_busy(kernel, server()))
+    return server()
 
 
 # -- liveness ------------------------------------------------------------------------
 
 
-def hear_comm_info(kernel: Any) -> None:
+def hear_comm_info(kernel: Any) -> Callable[[], None]:
     """Count a ``comm_info_request`` for ``pathways.monitor`` as hearing from the sender's comms.
 
     It is how frontends keep their comms (docs/protocol.md, Lifecycle 5): JupyterLab and
@@ -194,8 +211,6 @@ def hear_comm_info(kernel: Any) -> None:
     ``untracked_message_types``), so a liveness message every 15 s shows nothing, keeps its
     own busy/idle pair, and does not count as activity for the server's idle culler.
     """
-    if getattr(kernel, "_pathways_comm_info", False):
-        return
     handler = kernel.shell_handlers["comm_info_request"]
 
     def comm_info_request(stream: Any, ident: Any, parent: dict[str, Any]) -> Any:
@@ -204,4 +219,8 @@ def hear_comm_info(kernel: Any) -> None:
         return handler(stream, ident, parent)
 
     kernel.shell_handlers["comm_info_request"] = comm_info_request
-    kernel._pathways_comm_info = True
+
+    def undo() -> None:
+        kernel.shell_handlers["comm_info_request"] = handler
+
+    return undo

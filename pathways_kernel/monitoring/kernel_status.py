@@ -8,6 +8,7 @@ other compat code.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any, Protocol
 
 
@@ -27,7 +28,7 @@ _UNTRACKED = frozenset(
 _status_lock = threading.Lock()
 
 
-def keep_the_cell_busy(kernel: Any, main_shell: MainShell) -> None:
+def keep_the_cell_busy(kernel: Any, main_shell: MainShell) -> Callable[[], None]:
     """After an idle published off the main shell while it runs a cell, publish the cell's busy again.
 
     Every request keeps its own busy/idle pair. But JupyterLab (services 7.6,
@@ -40,10 +41,11 @@ def keep_the_cell_busy(kernel: Any, main_shell: MainShell) -> None:
 
     The main shell's own busy and idle say whether it runs a request (and which one):
     ``main_shell.main_shell_parent``.
+
+    Returns the undo: the kernel's own ``_publish_status`` back.
     """
-    if getattr(kernel, "_pathways_status", False):
-        return
     publish = kernel._publish_status
+    own = "_publish_status" in vars(kernel)  # already set on this kernel (not ipykernel's method)
 
     def _publish_status(status: str, channel: str, parent: dict[str, Any] | None = None) -> None:
         parent = parent or kernel.get_parent(channel)
@@ -61,4 +63,11 @@ def keep_the_cell_busy(kernel: Any, main_shell: MainShell) -> None:
                 publish("busy", "shell", main_shell.main_shell_parent)
 
     kernel._publish_status = _publish_status
-    kernel._pathways_status = True
+
+    def undo() -> None:
+        if own:
+            kernel._publish_status = publish
+        else:
+            del kernel._publish_status  # ipykernel's method again
+
+    return undo

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from pathways_kernel.core import sessions
+from pathways_kernel.core import sessions, shellhooks
 from pathways_kernel.core.display import TextDisplay
 from pathways_kernel.core.errors import PathwaysError
 from pathways_kernel.core.eventlog import format_bytes
@@ -46,8 +46,9 @@ class AutoStatus(TextDisplay):
 class AutoSnapshot:
     """The post-run-cell hook of one IPython shell."""
 
-    def __init__(self, shell: Any):
-        self.shell = shell
+    def __init__(self, hooks: shellhooks.ShellHooks):
+        self.shell = hooks.shell
+        self._hooks = hooks
         self.max_bytes: int | None = None
         self.on = False
         self._seen: dict[str, tuple[int, ...]] = {}
@@ -58,12 +59,12 @@ class AutoSnapshot:
             raise PathwaysError(f"--max-bytes must be positive, got {max_bytes}")
         self.max_bytes = max_bytes
         if not self.on:
-            self.shell.events.register("post_run_cell", self.after_cell)
+            self._hooks.register("post_run_cell", self.after_cell)
             self.on = True
 
     def disable(self) -> None:
         if self.on:
-            self.shell.events.unregister("post_run_cell", self.after_cell)
+            self._hooks.unregister("post_run_cell", self.after_cell)
             self.on = False
 
     def after_cell(self, result: Any = None) -> None:
@@ -136,9 +137,5 @@ def autosnapshot(on: bool = True, max_bytes: int | None = None) -> AutoStatus:
 
 
 def for_shell(shell: Any) -> AutoSnapshot:
-    """The autosnapshot hook of ``shell`` (created off on first use)."""
-    auto = getattr(shell, "_pathways_autosnapshot", None)
-    if auto is None:
-        auto = AutoSnapshot(shell)
-        shell._pathways_autosnapshot = auto
-    return auto
+    """The autosnapshot hook of ``shell`` (created off on first use; ``shellhooks.remove`` removes it)."""
+    return shellhooks.of(shell).component(AutoSnapshot, AutoSnapshot)

@@ -32,7 +32,7 @@ import html
 import weakref
 from typing import Any
 
-from pathways_kernel.core import sessions
+from pathways_kernel.core import sessions, shellhooks
 from pathways_kernel.core.display import TextDisplay
 from pathways_kernel.core.errors import PathwaysError, one_line
 from pathways_kernel.core.eventlog import EventLog
@@ -294,11 +294,9 @@ class Healer:
 
 
 def install(shell: Any) -> Healer:
-    """Register healing on ``shell``'s ``pre_run_cell`` and ``post_run_cell`` (once)."""
-    healer = getattr(shell, "_pathways_healer", None)
-    if healer is None:
-        healer = Healer(shell)
-        shell.events.register("pre_run_cell", healer.check)
-        shell.events.register("post_run_cell", healer.check)
-        shell._pathways_healer = healer
+    """Register healing on ``shell``'s ``pre_run_cell`` and ``post_run_cell`` (once; ``shellhooks.remove`` undoes it)."""
+    hooks = shellhooks.of(shell)
+    healer = hooks.component(Healer, lambda h: Healer(h.shell))
+    hooks.register("pre_run_cell", healer.check)
+    hooks.register("post_run_cell", healer.check)
     return healer

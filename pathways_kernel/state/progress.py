@@ -14,23 +14,20 @@ import contextvars
 import html
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from pathways_kernel.core.eventlog import format_bytes
+from pathways_kernel.core.sessions import Session
 from pathways_kernel.state import transfers
 
 THRESHOLD_S = 1.0
 INTERVAL_S = 0.25
 
-_installed = False
 
-
-def install() -> None:
-    """Show progress for transfers started inside this IPython kernel."""
-    global _installed
-    if not _installed:
-        transfers.WATCHERS.append(_watch)
-        _installed = True
+def follow(session: Session) -> Callable[[], None]:
+    """Show progress for ``session``'s transfers started inside this IPython kernel; returns the undo."""
+    return session.component(transfers.TransferStarts).subscribe(_watch)
 
 
 def _in_kernel() -> bool:

@@ -16,16 +16,19 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pathways_kernel.core import sessions
 from pathways_kernel.core.errors import StorageError, one_line
 from pathways_kernel.core.eventlog import EventLog, format_bytes
+from pathways_kernel.core.subscribers import Subscribers
 
 # Two workers: a restore can run while a persist is still uploading. The
 # workers mostly wait on tensorstore futures, so more would not be faster.
 _EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="pathways-storage")
 
-#: Called with each transfer as it starts, on the starting thread (the
-#: notebook's progress bars subscribe here).
-WATCHERS: list[Callable[[Transfer], None]] = []
+
+class TransferStarts(Subscribers["Transfer"]):
+    """A session's listeners of its transfers as each starts, on the starting thread
+    (the notebook's progress bars): ``session.component(TransferStarts).subscribe(f)``."""
 
 
 class Transfer:
@@ -62,8 +65,8 @@ class Transfer:
 
     def start(self, job: Callable[[Transfer], Any]) -> Transfer:
         self._future = _EXECUTOR.submit(self._run, job)
-        for watcher in list(WATCHERS):
-            watcher(self)
+        if (running := sessions.current()) is not None:
+            running.component(TransferStarts).notify(self)
         return self
 
     def _run(self, job: Callable[[Transfer], Any]) -> Any:

@@ -17,7 +17,8 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-from pathways_kernel.core import runs, sessions
+from pathways_kernel.core import runs, sessions, shellhooks
+from pathways_kernel.core.subscribers import Subscribers
 from pathways_kernel.training.goodput import Account, ledger
 from pathways_kernel.training.run_events import StepFollower
 
@@ -36,9 +37,9 @@ def running() -> Account | None:
     return current() or (loops[-1] if loops else None)
 
 
-#: Called as ``watch(account)`` on the run's thread as each run starts (views
-#: follow runs from here); ``current()`` is then the run it is nested in, if any.
-WATCHERS: list[Any] = []
+class RunStarts(Subscribers[Account]):
+    """A session's listeners of its runs as each starts, called on the run's thread (views
+    follow runs from here); ``current()`` is then the run it is nested in, if any."""
 
 
 # -- what the thread's run is doing --------------------------------------------
@@ -58,8 +59,7 @@ def begin(
     account._session.component(CompileListener)
     account.first_step, account.stop_step, account.progress = first_step, stop_step, progress
     ledger(account._session).started(account)
-    for watch in WATCHERS:
-        watch(account)
+    account._session.component(RunStarts).notify(account)
     runs.stack().append(account)
     return account
 
@@ -93,8 +93,7 @@ def loop_next(owner: Any, name: str) -> Account | None:
         account._session.component(CompileListener)
         ledger(account._session).started(account)
         _loops[owner] = account
-        for watch in WATCHERS:
-            watch(account)
+        account._session.component(RunStarts).notify(account)
         _thread_loops().append(account)
     account.step_end()
     return account
@@ -199,23 +198,21 @@ class CompileListener:
             monitoring.unregister_event_duration_listener(self.on_duration)
 
 
+# Never a session of their own: without a backend (unreachable at start)
+# there is no time to account, and starting one would retry it every cell.
+def _cell_started(*args: Any) -> None:
+    if (s := sessions.current()) is not None:
+        ledger(s).cell_started()
+
+
+def _cell_finished(*args: Any) -> None:
+    if (s := sessions.current()) is not None:
+        end_cell_loops()
+        ledger(s).cell_finished()
+
+
 def install(shell: Any) -> None:
-    """Count the notebook's time between cells (idle, slices held) for ``shell``."""
-    hooks = getattr(shell, "_pathways_goodput_hooks", None)
-    if hooks is not None:
-        return
-
-    # Never a session of their own: without a backend (unreachable at start)
-    # there is no time to account, and starting one would retry it every cell.
-    def started(*args: Any) -> None:
-        if (s := sessions.current()) is not None:
-            ledger(s).cell_started()
-
-    def finished(*args: Any) -> None:
-        if (s := sessions.current()) is not None:
-            end_cell_loops()
-            ledger(s).cell_finished()
-
-    shell.events.register("pre_run_cell", started)
-    shell.events.register("post_run_cell", finished)
-    shell._pathways_goodput_hooks = (started, finished)
+    """Count the notebook's time between cells (idle, slices held) for ``shell`` (``shellhooks.remove`` undoes it)."""
+    hooks = shellhooks.of(shell)
+    hooks.register("pre_run_cell", _cell_started)
+    hooks.register("post_run_cell", _cell_finished)
