@@ -100,7 +100,7 @@ class Session:
         self._lock = threading.RLock()
         self._base: Topology | None = None
         self._states: dict[int, SliceState] = {}
-        self._closers: list[Callable[[], None]] = []
+        self._closers: list[Callable[[], object]] = []
         self._components: dict[type, object] = {}
 
     # -- topology -------------------------------------------------------------
@@ -211,7 +211,7 @@ class Session:
                 found = self._components[kind] = make(self)
             return cast(T, found)
 
-    def on_close(self, closer: Callable[[], None]) -> None:
+    def on_close(self, closer: Callable[[], object]) -> None:
         self._closers.append(closer)
 
     def close(self) -> None:
