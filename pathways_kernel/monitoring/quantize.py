@@ -8,15 +8,18 @@ unit of bytes, chosen per frame (or per history) so the largest value fits,
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 MEMORY_SATURATED = 255
-_U8 = np.dtype("<u1")
+_U8 = np.dtype(np.uint8)
 
 
-def quantize_utilization(fraction: np.ndarray) -> np.ndarray:
+def quantize_utilization(fraction: npt.ArrayLike) -> npt.NDArray[np.uint8]:
     """Fractions in [0, 1] (clipped; NaN -> 0) to uint8 ``round(f * 255)``."""
     f = np.nan_to_num(np.asarray(fraction, np.float32), nan=0.0, posinf=1.0, neginf=0.0)
-    return np.rint(np.clip(f, 0.0, 1.0) * 255.0).astype(_U8)
+    # numpy types its ufuncs' (np.rint's) results as Any.
+    quantized: npt.NDArray[np.uint8] = np.rint(np.clip(f, 0.0, 1.0) * 255.0).astype(_U8)
+    return quantized
 
 
 def memory_unit_for(max_bytes: int) -> int:
@@ -27,7 +30,7 @@ def memory_unit_for(max_bytes: int) -> int:
     return unit
 
 
-def quantize_memory(nbytes: np.ndarray, unit: int) -> np.ndarray:
+def quantize_memory(nbytes: npt.ArrayLike, unit: int) -> npt.NDArray[np.uint8]:
     """Bytes to uint8 units of ``unit`` bytes (round to nearest, saturating at 255)."""
     units = np.rint(np.asarray(nbytes, np.float64) / unit)
     return np.clip(units, 0, MEMORY_SATURATED).astype(_U8)

@@ -40,21 +40,31 @@ from __future__ import annotations
 import abc
 import collections
 import dataclasses
+import logging
 import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 
 from pathways_kernel.core.errors import PathwaysError
 from pathways_kernel.core.eventlog import Event
+from pathways_kernel.core.sessions import Session
 from pathways_kernel.core.sessions import session as current
 from pathways_kernel.core.slices import Topology
 from pathways_kernel.core.threads import stopped_at_exit
 from pathways_kernel.monitoring.history import History
 from pathways_kernel.training.step_rate import StepRate
+
+if TYPE_CHECKING:
+    import jax
+    from jax.sharding import Sharding
+
+#: An array's layout key for its per-shard bytes: id of its sharding, its shape, its dtype.
+_ShapeKey = tuple[int, tuple[int, ...], np.dtype[Any]]
 
 DEFAULT_SAMPLE_HZ = 4.0
 DEFAULT_PUBLISH_HZ = 2.0
@@ -93,7 +103,7 @@ class Layout:
     def chips(self) -> int:
         return len(self.position)
 
-    def positions(self, devices: Sequence[Any]) -> np.ndarray:
+    def positions(self, devices: Sequence[jax.Device]) -> np.ndarray:
         """Chip positions of ``devices`` (devices outside the session are skipped)."""
         pos = self.position
         return np.array([pos[d.id] for d in devices if d.id in pos], np.int64)
@@ -133,26 +143,26 @@ class ClientSource(MetricsSource):
 
     name = "client"
 
-    def __init__(self, is_leftover: Callable[[Any], bool] = lambda array: False) -> None:
+    def __init__(self, is_leftover: Callable[[jax.Array], bool] = lambda array: False) -> None:
         #: The backend's ``is_leftover``: arrays that only keep a lost slice's buffers for a reader.
         self._is_leftover = is_leftover
         # id(sharding) -> (sharding, positions, whether a position is on a down slice);
         # the strong ref keeps the id unique. Cleared when the layout changes.
-        self._shardings: dict[int, tuple[Any, np.ndarray, bool]] = {}
+        self._shardings: dict[int, tuple[Sharding, np.ndarray, bool]] = {}
         # Same, keyed by the device-assignment tuple JAX caches per mesh, so a new
         # sharding object over a known mesh costs no per-device work.
-        self._assignments: dict[int, tuple[Any, np.ndarray]] = {}
-        self._shard_bytes: dict[tuple[int, tuple, Any], int] = {}
+        self._assignments: dict[int, tuple[Sequence[jax.Device], np.ndarray]] = {}
+        self._shard_bytes: dict[_ShapeKey, int] = {}
         self._layout_id = -1
-        self._stats_devices: list[Any] | None = None
+        self._stats_devices: list[jax.Device] | None = None
         self._stats: tuple[np.ndarray, np.ndarray | None] | None = None
         self._samples = 0
         # Arrays found lost (error buffers of a lost slice: nothing usable, so no memory in use),
         # and found fine under the current layout; a layout change (slice down/up) checks again.
-        self._lost: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
-        self._fine: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+        self._lost: weakref.WeakValueDictionary[int, jax.Array] = weakref.WeakValueDictionary()
+        self._fine: weakref.WeakValueDictionary[int, jax.Array] = weakref.WeakValueDictionary()
 
-    def _is_lost(self, array: Any) -> bool:
+    def _is_lost(self, array: jax.Array) -> bool:
         """Whether a ready ``array`` holds error buffers; each array is checked once per layout."""
         key = id(array)
         if self._fine.get(key) is array:
@@ -186,7 +196,7 @@ class ClientSource(MetricsSource):
         down = ~layout.up
         busy = np.zeros(n, np.float32)
         memory = np.zeros(n, np.int64)
-        counts: dict[tuple[int, tuple, Any], int] = collections.defaultdict(int)
+        counts: dict[_ShapeKey, int] = collections.defaultdict(int)
         pending: set[int] = set()
         shardings = self._shardings
         for array in jax.live_arrays():
@@ -227,7 +237,7 @@ class ClientSource(MetricsSource):
         self._samples += 1
         return Sample(time.time(), busy, memory, limit)
 
-    def _positions(self, layout: Layout, sharding: Any) -> np.ndarray:
+    def _positions(self, layout: Layout, sharding: Sharding) -> np.ndarray:
         devices = _devices_of(sharding)
         cached = self._assignments.get(id(devices))
         if cached is None or cached[0] is not devices:
@@ -236,13 +246,13 @@ class ClientSource(MetricsSource):
         return cached[1]
 
 
-def _devices_of(sharding: Any) -> Sequence[Any]:
+def _devices_of(sharding: Sharding) -> Sequence[jax.Device]:
     # _device_assignment is ordered and cached by JAX; device_set is the public fallback.
     devices = getattr(sharding, "_device_assignment", None)
     return devices if devices is not None else list(sharding.device_set)
 
 
-def _shard_nbytes(sharding: Any, shape: tuple, dtype: Any) -> int:
+def _shard_nbytes(sharding: Sharding, shape: tuple[int, ...], dtype: npt.DTypeLike) -> int:
     try:
         shard_shape = sharding.shard_shape(shape)
     except Exception:
@@ -250,7 +260,7 @@ def _shard_nbytes(sharding: Any, shape: tuple, dtype: Any) -> int:
     return int(np.prod(shard_shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
 
-def _devices_with_memory_stats(layout: Layout) -> list[Any] | None:
+def _devices_with_memory_stats(layout: Layout) -> list[jax.Device] | None:
     devices = layout.topology.devices
     try:
         stats = devices[0].memory_stats() if devices else None
@@ -259,7 +269,7 @@ def _devices_with_memory_stats(layout: Layout) -> list[Any] | None:
     return devices if stats and "bytes_in_use" in stats else None
 
 
-def _memory_stats(devices: list[Any], n: int) -> tuple[np.ndarray, np.ndarray | None]:
+def _memory_stats(devices: list[jax.Device], n: int) -> tuple[np.ndarray, np.ndarray | None]:
     used = np.zeros(n, np.int64)
     limit = np.zeros(n, np.int64)
     for p, device in enumerate(devices):
@@ -377,7 +387,7 @@ class TelemetryHub:
 
     def __init__(
         self,
-        session: Any,
+        session: Session,
         source: MetricsSource | None = None,
         sample_hz: float = DEFAULT_SAMPLE_HZ,
         publish_hz: float = DEFAULT_PUBLISH_HZ,
@@ -617,7 +627,7 @@ class TelemetryHub:
 _sampling = stopped_at_exit(TelemetryHub.close)
 
 
-def _call(fn: Callable, *args: Any) -> None:
+def _call(fn: Callable[..., object], *args: object) -> None:
     # One consumer's bug must not stop the hub for the others.
     try:
         fn(*args)
@@ -625,23 +635,21 @@ def _call(fn: Callable, *args: Any) -> None:
         _log().exception("telemetry subscriber failed")
 
 
-def _log() -> Any:
-    import logging
-
+def _log() -> logging.Logger:
     return logging.getLogger("pathways_kernel.monitoring.telemetry")
 
 
-def _backend_source(session: Any, layout: Layout) -> MetricsSource | None:
+def _backend_source(session: Session, layout: Layout) -> MetricsSource | None:
     factory = getattr(session.backend, "metrics_source", None)
     return factory(layout) if callable(factory) else None
 
 
-def hub(session: Any = None) -> TelemetryHub:
+def hub(session: Session | None = None) -> TelemetryHub:
     """The session's telemetry hub (created on first use, closed with the session)."""
     if session is None:
         session = current()
 
-    def make(s: Any) -> TelemetryHub:
+    def make(s: Session) -> TelemetryHub:
         h = TelemetryHub(s)
         s.on_close(h.close)
         return h
