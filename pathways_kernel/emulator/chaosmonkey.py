@@ -30,6 +30,7 @@ from typing import Any
 
 from pathways_kernel.core.display import TextDisplay
 from pathways_kernel.core.errors import PathwaysError
+from pathways_kernel.core.sessions import Session
 from pathways_kernel.core.sessions import session as current
 from pathways_kernel.core.text import count
 from pathways_kernel.emulator import faults
@@ -154,7 +155,7 @@ def _stop_all() -> None:
 class Chaos:
     """The session's chaos thread (session extension ``"chaos"``)."""
 
-    def __init__(self, session: Any):
+    def __init__(self, session: Session):
         self.session = session
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -223,7 +224,7 @@ class Chaos:
             self.error = f"{type(exc).__name__}: {exc}"
 
 
-def _chaos(session: Any = None) -> Chaos:
+def _chaos(session: Session | None = None) -> Chaos:
     if session is None:
         session = current()
     return session.component(Chaos)

@@ -108,7 +108,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pathways_kernel.core import jaxcompat, sessions
 from pathways_kernel.core.backend import reads_data_loss
@@ -119,8 +119,15 @@ from pathways_kernel.core.interrupts import deferred_interrupts
 from pathways_kernel.core.text import count
 from pathways_kernel.emulator import jaxprivate
 
+if TYPE_CHECKING:
+    import jax
+
+    from pathways_kernel.core.eventlog import Event
+    from pathways_kernel.core.sessions import Session
+    from pathways_kernel.core.slices import Slice, Topology
+
 #: Devices of slices that are down now; read lock-free by the dispatch hooks.
-_lost_devices: frozenset = frozenset()
+_lost_devices: frozenset[jax.Device] = frozenset()
 #: Device -> slice index, for the messages of the hooks.
 _slice_of_device: dict[Any, int] = {}
 #: While every slice is down: what work placed by default (on JAX's default
@@ -128,7 +135,7 @@ _slice_of_device: dict[Any, int] = {}
 _no_slice_up: str | None = None
 
 
-def require_fault_injection(session: Any, what: str) -> None:
+def require_fault_injection(session: Session, what: str) -> None:
     """Refuse ``what`` unless the session is ``local`` and jax/jaxlib are in the tested range.
 
     Raises:
@@ -398,7 +405,7 @@ def _make_lost_when_unread(arrays: list[Any], message: str, deadline: float) -> 
         _sweep_graveyard()
 
 
-def _arrays_on(devices: frozenset) -> list[Any]:
+def _arrays_on(devices: frozenset[jax.Device]) -> list[jax.Array]:
     """Live arrays with a shard on ``devices`` that are not lost (or being lost) already."""
     import jax
 
@@ -437,12 +444,13 @@ def _skip_fastpath(devices: Iterable[Any]) -> bool:
     return bool(_lost_devices) and _lost_slice_of(devices) is not None
 
 
-def _before_device_put(xs: tuple) -> None:
+def _before_device_put(xs: tuple[Any, ...]) -> None:
     # Even with every slice up again: lost data stays lost. Raise DATA_LOSS
     # now for a ready input holding lost data.
     array_type = jaxprivate.concrete_array_type()
     for x in xs:
-        if isinstance(x, array_type) and not x.is_deleted() and x.is_ready():
+        # is_ready is on JAX's array implementation, not declared on the jax.Array interface.
+        if isinstance(x, array_type) and not x.is_deleted() and x.is_ready():  # type: ignore[attr-defined]
             x.block_until_ready()
 
 
@@ -492,10 +500,10 @@ class FaultReport(TextDisplay):
 class FaultInjector:
     """The session's injected faults (session extension ``"faults"``)."""
 
-    def __init__(self, session: Any):
+    def __init__(self, session: Session):
         self.session = session
         self._lock = threading.RLock()
-        self._down: dict[int, frozenset] = {}
+        self._down: dict[int, frozenset[jax.Device]] = {}
         self._saved_default_device: Any = _UNSET
         # The session's slice states are the truth: a slice marked up or down
         # by anyone (a test fixture, the monitor) moves the hooks along.
@@ -576,20 +584,21 @@ class FaultInjector:
 
         devices = self.session.devices()
         moved = self._saved_default_device is not _UNSET
-        original = self._saved_default_device if moved else jax.config.jax_default_device
+        # jax.config's options are attributes JAX adds at run time, unseen by mypy.
+        original = self._saved_default_device if moved else jax.config.jax_default_device  # type: ignore[attr-defined]
         if (original if original is not None else devices[0]) not in _lost_devices:
             if moved:
                 jax.config.update("jax_default_device", original)
                 self._saved_default_device = _UNSET
             return
-        if moved and jax.config.jax_default_device not in _lost_devices:
+        if moved and jax.config.jax_default_device not in _lost_devices:  # type: ignore[attr-defined]  # as above
             return
         live = [d for d in devices if d not in _lost_devices]
         if live:
             self._saved_default_device = original
             jax.config.update("jax_default_device", live[0])
 
-    def _on_event(self, event: Any) -> None:
+    def _on_event(self, event: Event) -> None:
         if event.kind in ("slice_up", "slice_down"):
             self._sync()
 
@@ -623,24 +632,32 @@ class FaultInjector:
 _UNSET = object()
 
 
-def _server_side(session: Any) -> Any:
+class ServerSideSlices(Protocol):
+    """A backend whose server loses and restores slices itself (``backends/local_server.py``)."""
+
+    def lose_slice(self, index: int) -> tuple[int, int]: ...
+
+    def restore_slice(self, index: int) -> None: ...
+
+
+def _server_side(session: Session) -> ServerSideSlices | None:
     """The session's backend when it loses slices on its server (``backends/local_server.py``), else None."""
     backend = getattr(session, "backend", None)
     return backend if callable(getattr(backend, "lose_slice", None)) else None
 
 
-def _slice(topology: Any, index: int) -> Any:
+def _slice(topology: Topology, index: int) -> Slice:
     try:
         return topology.slice(index)
     except KeyError:
         raise PathwaysError(f"no slice {index}: this session has slices 0..{len(topology.slices) - 1}") from None
 
 
-def _up(topology: Any) -> tuple[int, ...]:
+def _up(topology: Topology) -> tuple[int, ...]:
     return tuple(s.index for s in topology.up_slices)
 
 
-def injector(session: Any = None) -> FaultInjector:
+def injector(session: Session | None = None) -> FaultInjector:
     """The session's ``FaultInjector``."""
     if session is None:
         session = sessions.session()

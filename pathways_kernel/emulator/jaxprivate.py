@@ -23,15 +23,19 @@ import sys
 import threading
 from collections.abc import Callable, Iterable
 from types import FrameType
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    import jax
 
 
 # -- arrays ---------------------------------------------------------------------
-def concrete_array_type() -> type:
+def concrete_array_type() -> type[jax.Array]:
     """The class of arrays backed by buffers (``jaxlib._jax.ArrayImpl``): no tracers."""
     from jaxlib import _jax
 
-    return cast(type, _jax.ArrayImpl)
+    # ArrayImpl is JAX's buffer-backed jax.Array; jaxlib ships no stubs to say so.
+    return cast("type[jax.Array]", _jax.ArrayImpl)
 
 
 def committed(array: Any) -> bool:

@@ -79,7 +79,8 @@ class LocalBackend(InjectedFaults, Backend):
 
         pathwaysutils_compat.install(self.slice_map)
         if jaxcompat.backends_initialized():
-            if jax.config.jax_num_cpu_devices == self.num_devices and _cpu_count() == self.num_devices:
+            # jax.config's options are attributes JAX adds at run time, unseen by mypy.
+            if jax.config.jax_num_cpu_devices == self.num_devices and _cpu_count() == self.num_devices:  # type: ignore[attr-defined]
                 return
             # Safe only because the session refuses to switch once arrays
             # exist; clearing costs ~3 ms.
@@ -113,7 +114,7 @@ class LocalBackend(InjectedFaults, Backend):
                     f"JAX now has {found} CPU devices, not the {self.num_devices} of this session's {self.spec}: "
                     f"jax_num_cpu_devices was changed behind the session's back. {self._fix(found)}"
                 )
-        elif (found := jax.config.jax_num_cpu_devices) != self.num_devices:
+        elif (found := jax.config.jax_num_cpu_devices) != self.num_devices:  # type: ignore[attr-defined]  # as above
             raise BackendError(
                 f"jax_num_cpu_devices is now {found}, not the {self.num_devices} of this session's {self.spec}. "
                 f"{self._fix(found)}"
