@@ -29,17 +29,21 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pathways_kernel.backends.local_server import LocalServerBackend
 from pathways_kernel.backends.proxy import ProxyBackend
 from pathways_kernel.core import jaxcompat, locations, objectstore, storage_errors
+from pathways_kernel.core.backend import Backend
 from pathways_kernel.core.display import TextDisplay
 from pathways_kernel.core.errors import PathwaysError, StorageError
 from pathways_kernel.core.eventlog import format_bytes
 from pathways_kernel.core.sessions import session
 from pathways_kernel.profiling import summary as summary_lib
 from pathways_kernel.server.plugins import SERVER_TRACE
+
+if TYPE_CHECKING:
+    from jax.profiler import ProfileOptions
 
 ROOT_ENV = "PATHWAYS_PROFILE_DIR"
 #: Where jax.profiler and the Pathways workers put one run under a log dir.
@@ -190,7 +194,17 @@ def _this_session_dir() -> str:
 
 
 # -- tracers ------------------------------------------------------------------
-def _options(run_name: str, host_tracer_level: int, python_tracer: bool) -> Any:
+class Tracer(Protocol):
+    """Traces one capture: where the trace is taken and written depends on the backend."""
+
+    def start(self, log_dir: str, options: ProfileOptions) -> None: ...
+
+    def stop(self) -> bytes | None:
+        """The trace as a serialized XSpace, or ``None`` where the profiler wrote it itself."""
+        ...
+
+
+def _options(run_name: str, host_tracer_level: int, python_tracer: bool) -> ProfileOptions:
     import jax
 
     options = jax.profiler.ProfileOptions()
@@ -203,7 +217,7 @@ def _options(run_name: str, host_tracer_level: int, python_tracer: bool) -> Any:
 class _JaxTracer:
     """The embedded backend: jax.profiler into a local directory."""
 
-    def start(self, log_dir: str, options: Any) -> None:
+    def start(self, log_dir: str, options: ProfileOptions) -> None:
         import jax
 
         try:
@@ -235,7 +249,7 @@ class _LocalServerTracer:
     on this machine, so a local directory does (pathwaysutils' own start_trace insists on
     gs://). Both traces are files of the run, and the summary reads them all."""
 
-    def start(self, log_dir: str, options: Any) -> None:
+    def start(self, log_dir: str, options: ProfileOptions) -> None:
         from pathwaysutils import profiling
 
         request = profiling._create_profile_request(log_dir, options)
@@ -301,7 +315,7 @@ class PathwaysTracer:
     Pathways server.
     """
 
-    def start(self, log_dir: str, options: Any) -> None:
+    def start(self, log_dir: str, options: ProfileOptions) -> None:
         from pathwaysutils import profiling
 
         try:
@@ -328,7 +342,7 @@ def summary_line(exc: BaseException) -> str:
     return text[:200] + "..." if len(text) > 200 else text
 
 
-def tracer_for(backend: Any, logdir: str | None) -> tuple[Any, str, str]:
+def tracer_for(backend: Backend, logdir: str | None) -> tuple[Tracer, str, str]:
     """(tracer, XProf log dir, run prefix) for ``backend``, after checking the dir can be written."""
 
     served = isinstance(backend, LocalServerBackend)  # its server writes traces on this machine
