@@ -15,10 +15,10 @@ import { INotebookTracker } from '@jupyterlab/notebook';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
 
-import { DASHBOARD_CHARTS, PathwaysDashboard, asKernelView } from './dashboard';
-import { PathwaysPanel } from './panel';
-import { PathwaysStatus } from './statusitem';
-import { activateXprof } from './xprof';
+import { DASHBOARD_CHARTS, PathwaysDashboard, asKernelView } from './dashboard/dashboard';
+import { PathwaysPanel } from './panel/panel';
+import { PathwaysStatus } from './panel/statusitem';
+import { activateXprof } from './panel/xprof';
 
 const PLUGIN_ID = 'pathways-kernel:plugin';
 const OPEN_COMMAND = 'pathways:open-monitor';

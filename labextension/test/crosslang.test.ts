@@ -9,7 +9,7 @@ import { execFileSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { resolve } from 'node:path';
 
-import * as protocol from '../src/protocol';
+import * as protocol from '../src/protocol/messages';
 import {
   HistoryMessage,
   MetricsMessage,
@@ -20,7 +20,7 @@ import {
   decodeClose,
   decodeMessage,
   encodeRequest
-} from '../src/protocol';
+} from '../src/protocol/messages';
 
 const PYTHON = process.env.PATHWAYS_PYTHON ?? resolve('.venv/bin/python');
 const skip = existsSync(PYTHON) ? false : `no Python at ${PYTHON} (set PATHWAYS_PYTHON)`;

@@ -9,8 +9,13 @@ import {
   isEmulated,
   sliceCapacity,
   stepPoint
-} from '../src/dashboardmodel';
-import { MetricsMessage, MonitorEvent, TopologyMessage, decodeMessage } from '../src/protocol';
+} from '../src/model/dashboardmodel';
+import {
+  MetricsMessage,
+  MonitorEvent,
+  TopologyMessage,
+  decodeMessage
+} from '../src/protocol/messages';
 import { event, metrics, topology } from './fixtures';
 
 const GIB = 1024 ** 3;

@@ -3,7 +3,7 @@
  * JSON `data` plus little-endian buffers handed over as DataViews at an
  * offset, like JupyterLab's deserializer does.
  */
-import { Buffer } from '../src/protocol';
+import { Buffer } from '../src/protocol/messages';
 
 /** Copy `array`'s bytes into a larger buffer at `offset` and view them, as the websocket decoder does. */
 export function frame(array: ArrayBufferView, offset = 3): DataView {

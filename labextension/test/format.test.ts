@@ -1,8 +1,8 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 
-import { parseColor, utilizationRamp, packRGBA } from '../src/colors';
-import { eventDetails, formatBytes, formatClock, statusLabel } from '../src/format';
+import { parseColor, utilizationRamp, packRGBA } from '../src/common/colors';
+import { eventDetails, formatBytes, formatClock, statusLabel } from '../src/common/format';
 
 test('status label reads like "Pathways 2/2 slices · 47%"', () => {
   assert.equal(

@@ -1,8 +1,8 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 
-import { goodputColumns, stepTimeColumns } from '../src/goodputseries';
-import { GoodputIntervalsMessage } from '../src/protocol';
+import { goodputColumns, stepTimeColumns } from '../src/model/goodputseries';
+import { GoodputIntervalsMessage } from '../src/protocol/messages';
 
 function intervals(): GoodputIntervalsMessage {
   return {

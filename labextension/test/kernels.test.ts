@@ -1,7 +1,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 
-import { isPathwaysKernel } from '../src/kernels';
+import { isPathwaysKernel } from '../src/common/kernels';
 
 test('pathways kernelspecs are recognised, others are not', () => {
   assert.equal(isPathwaysKernel('pathways'), true);

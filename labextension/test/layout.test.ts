@@ -1,9 +1,9 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 
-import { hitTest, layoutTopology, sliceGrid } from '../src/layout';
-import { MonitorModel } from '../src/model';
-import { decodeMessage } from '../src/protocol';
+import { hitTest, layoutTopology, sliceGrid } from '../src/model/layout';
+import { MonitorModel } from '../src/model/monitormodel';
+import { decodeMessage } from '../src/protocol/messages';
 import { topology } from './fixtures';
 
 function grids(slices: number, x: number, y: number) {

@@ -1,8 +1,8 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 
-import { MetricSeries, ema } from '../src/metricseries';
-import { MetricPoint, MetricPointsMessage, MonitorEvent } from '../src/protocol';
+import { MetricSeries, ema } from '../src/model/metricseries';
+import { MetricPoint, MetricPointsMessage, MonitorEvent } from '../src/protocol/messages';
 
 let seq = 0;
 function point(run: string, step: number, value: number | null, name = 'loss'): MetricPoint {

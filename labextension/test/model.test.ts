@@ -1,8 +1,8 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 
-import { HISTORY_S, MonitorModel } from '../src/model';
-import { decodeMessage } from '../src/protocol';
+import { HISTORY_S, MonitorModel } from '../src/model/monitormodel';
+import { decodeMessage } from '../src/protocol/messages';
 import { Built, event, history, metrics, topology } from './fixtures';
 
 const feed = (model: MonitorModel, built: Built) =>

@@ -9,7 +9,7 @@ import {
   decodeLatestProfile,
   decodeMessage,
   encodeRequest
-} from '../src/protocol';
+} from '../src/protocol/messages';
 import { event, frame, metrics, topology } from './fixtures';
 
 test('topology decodes with per-chip buffers as typed arrays, aligned or not', () => {

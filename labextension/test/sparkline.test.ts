@@ -1,7 +1,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 
-import { downRuns, sparklinePoints } from '../src/sparkline';
+import { downRuns, sparklinePoints } from '../src/model/sparkline';
 
 test('a sparkline keeps one point per pixel column, the bucket peak, inside the window', () => {
   const times: number[] = [];

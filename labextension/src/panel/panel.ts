@@ -18,12 +18,12 @@ import { Kernel } from '@jupyterlab/services';
 import { ISignal, Signal } from '@lumino/signaling';
 import { Title, Widget } from '@lumino/widgets';
 
-import { MonitorConnection } from './connection';
-import { formatBytes, formatPercent } from './format';
-import { isPathwaysKernel } from './kernels';
-import { UTILIZATION_HELP } from './help';
-import { Change, MonitorModel } from './model';
-import { CloseReason, LatestProfile, decodeLatestProfile } from './protocol';
+import { MonitorConnection } from '../protocol/connection';
+import { formatBytes, formatPercent } from '../common/format';
+import { isPathwaysKernel } from '../common/kernels';
+import { UTILIZATION_HELP } from '../common/help';
+import { Change, MonitorModel } from '../model/monitormodel';
+import { CloseReason, LatestProfile, decodeLatestProfile } from '../protocol/messages';
 import { SliceAction, SliceList } from './slicelist';
 import { Timeline } from './timeline';
 import { TopologyView } from './topologyview';

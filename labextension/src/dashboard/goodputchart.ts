@@ -9,8 +9,8 @@
 import uPlot from 'uplot';
 
 import { CHART_HEIGHT, arrowIndex, chartStyle, themeKey } from './charts';
-import { parseColor } from './colors';
-import { GoodputColumns, StepTimeColumns } from './goodputseries';
+import { parseColor } from '../common/colors';
+import { GoodputColumns, StepTimeColumns } from '../model/goodputseries';
 
 /** Colour per category: productive in the theme's success colour, badput in the others. */
 const CATEGORY_VARS: Record<string, string> = {

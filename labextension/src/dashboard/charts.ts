@@ -12,9 +12,9 @@
 import uPlot from 'uplot';
 import 'uplot/dist/uPlot.min.css';
 
-import { Columns, MARKER_KINDS, clock } from './dashboardmodel';
-import { eventDetails } from './format';
-import { MonitorEvent } from './protocol';
+import { Columns, MARKER_KINDS, clock } from '../model/dashboardmodel';
+import { eventDetails } from '../common/format';
+import { MonitorEvent } from '../protocol/messages';
 
 /** The time range every chart shows: the live window, or a zoomed range the user dragged. */
 export class TimeWindow {

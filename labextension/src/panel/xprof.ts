@@ -19,7 +19,7 @@ import {
 } from '@jupyterlab/apputils';
 import { ServerConnection } from '@jupyterlab/services';
 
-import { LatestProfile } from './protocol';
+import { LatestProfile } from '../protocol/messages';
 
 export const XPROF_COMMAND = 'pathways:open-xprof';
 

@@ -17,16 +17,16 @@ import { Widget } from '@lumino/widgets';
 
 import { CHART_HEIGHT, TimeChart, TimeWindow } from './charts';
 import { ChartTab } from './charttab';
-import { MonitorConnection } from './connection';
-import { CHIP_WINDOW_S, DashboardModel, SLICE_WINDOW_S, isEmulated } from './dashboardmodel';
-import { formatBytes } from './format';
-import { isPathwaysKernel } from './kernels';
+import { MonitorConnection } from '../protocol/connection';
+import { CHIP_WINDOW_S, DashboardModel, SLICE_WINDOW_S, isEmulated } from '../model/dashboardmodel';
+import { formatBytes } from '../common/format';
+import { isPathwaysKernel } from '../common/kernels';
 import { IntervalChart, IntervalData } from './goodputchart';
-import { goodputColumns, stepTimeColumns } from './goodputseries';
-import { Change, MonitorModel } from './model';
+import { goodputColumns, stepTimeColumns } from '../model/goodputseries';
+import { Change, MonitorModel } from '../model/monitormodel';
 import { StepChart } from './metricchart';
-import { DEFAULT_SMOOTHING, MetricSeries, StepColumns, XAxis } from './metricseries';
-import { GoodputIntervalsMessage, MAX_CHIP_HISTORY, MonitorEvent } from './protocol';
+import { DEFAULT_SMOOTHING, MetricSeries, StepColumns, XAxis } from '../model/metricseries';
+import { GoodputIntervalsMessage, MAX_CHIP_HISTORY, MonitorEvent } from '../protocol/messages';
 
 export const DASHBOARD_ID = 'pathways-dashboard';
 /** Longest a new subscription's frames wait for its history (ms). */

@@ -4,7 +4,7 @@
  * started; TensorBoard's smoothing; and where an event falls on that axis.
  * Pure, unit-tested.
  */
-import { MetricPoint, MetricPointsMessage, MonitorEvent } from './protocol';
+import { MetricPoint, MetricPointsMessage, MonitorEvent } from '../protocol/messages';
 
 /** Points kept per run and metric (the oldest drop off); the kernel keeps them all for pw.metrics(). */
 export const MAX_RUN_POINTS = 20_000;

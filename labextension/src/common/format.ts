@@ -2,8 +2,8 @@
  * Text the panel shows: percentages, byte counts, durations, event lines,
  * the status-bar label. Pure, unit-tested; matches events.py's wording.
  */
-import { MonitorEvent } from './protocol';
-import { Summary } from './model';
+import { MonitorEvent } from '../protocol/messages';
+import { Summary } from '../model/monitormodel';
 
 export function formatPercent(fraction: number | null): string {
   return fraction === null ? '–' : `${Math.round(fraction * 100)}%`;

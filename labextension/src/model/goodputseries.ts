@@ -4,7 +4,7 @@
  * the bottom), and the mean step time per interval with its standard
  * deviation as a band. Pure, unit-tested.
  */
-import { GoodputIntervalsMessage } from './protocol';
+import { GoodputIntervalsMessage } from '../protocol/messages';
 
 export interface GoodputColumns {
   /** What the run is (`header`), for the section title. */

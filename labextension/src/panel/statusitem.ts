@@ -4,7 +4,7 @@
  */
 import { Widget } from '@lumino/widgets';
 
-import { statusLabel } from './format';
+import { statusLabel } from '../common/format';
 import { PathwaysPanel } from './panel';
 
 export class PathwaysStatus extends Widget {

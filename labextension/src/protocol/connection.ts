@@ -18,7 +18,7 @@
  */
 import { Kernel, KernelMessage } from '@jupyterlab/services';
 
-import { MonitorModel } from './model';
+import { MonitorModel } from '../model/monitormodel';
 import {
   ChipHistory,
   CloseReason,
@@ -31,7 +31,7 @@ import {
   decodeClose,
   decodeMessage,
   encodeRequest
-} from './protocol';
+} from './messages';
 
 /** What the panel hears from a connection besides the model's messages. */
 export interface ConnectionListener {

@@ -2,7 +2,7 @@
  * Sparkline geometry: a slice's utilization series reduced to at most one
  * point per pixel column over a fixed time window. Pure, unit-tested.
  */
-import { Series } from './model';
+import { Series } from './monitormodel';
 
 /**
  * Points (x, y) in a `width` x `height` box for `series` over the

@@ -7,7 +7,7 @@
  * Fed the same decoded protocol messages as the panel's model; produces
  * uPlot-shaped columns (`[times, ...series]`). Pure: no DOM, unit-tested.
  */
-import { MetricsMessage, MonitorEvent, TopologyMessage, TopologySlice } from './protocol';
+import { MetricsMessage, MonitorEvent, TopologyMessage, TopologySlice } from '../protocol/messages';
 
 /** Seconds of per-slice history shown (what the kernel keeps per slice). */
 export const SLICE_WINDOW_S = 15 * 60;

@@ -21,7 +21,7 @@ import {
   MonitorEvent,
   TopologyMessage,
   TopologySlice
-} from './protocol';
+} from '../protocol/messages';
 
 /** Seconds of per-slice history kept: what the kernel keeps (docs/protocol.md, `history`). */
 export const HISTORY_S = 900;

@@ -4,8 +4,8 @@
  * shows its details in full. A kind filter above it keeps, say, only the
  * reshards among many snapshots.
  */
-import { eventDetails, formatClock } from './format';
-import { MonitorModel } from './model';
+import { eventDetails, formatClock } from '../common/format';
+import { MonitorModel } from '../model/monitormodel';
 
 /** Rows drawn; the model keeps more. */
 const SHOWN = 100;

@@ -8,9 +8,9 @@
 import uPlot from 'uplot';
 
 import { CHART_HEIGHT, SERIES_VARS, arrowIndex, chartStyle, themeKey } from './charts';
-import { MARKER_KINDS, clock } from './dashboardmodel';
-import { MonitorEvent } from './protocol';
-import { StepColumns, XAxis } from './metricseries';
+import { MARKER_KINDS, clock } from '../model/dashboardmodel';
+import { MonitorEvent } from '../protocol/messages';
+import { StepColumns, XAxis } from '../model/metricseries';
 
 /** An event placed on the x-axis (`step`: its position there, a step or seconds since the run started). */
 export interface StepMarker {

@@ -5,12 +5,12 @@
  * slice's loss on) and the fail/repair button when the backend supports
  * fault injection.
  */
-import { toCss } from './colors';
-import { formatBytes, formatPercent } from './format';
-import { MonitorModel } from './model';
-import { UTILIZATION_HELP } from './help';
-import { downRuns, sparklinePoints } from './sparkline';
-import { palette } from './theme';
+import { toCss } from '../common/colors';
+import { formatBytes, formatPercent } from '../common/format';
+import { MonitorModel } from '../model/monitormodel';
+import { UTILIZATION_HELP } from '../common/help';
+import { downRuns, sparklinePoints } from '../model/sparkline';
+import { palette } from '../common/theme';
 
 export type SliceAction = 'fail_slice' | 'repair_slice';
 

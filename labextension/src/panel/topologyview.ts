@@ -12,11 +12,11 @@
  * last chip), drawn with a ring, and a live text readout names it: slice,
  * chip id, slice-local coordinates and the global chip index.
  */
-import { packRGBA, toCss } from './colors';
-import { formatBytes, formatPercent } from './format';
-import { Layout, hitTest, layoutTopology } from './layout';
-import { MonitorModel } from './model';
-import { Palette, palette } from './theme';
+import { packRGBA, toCss } from '../common/colors';
+import { formatBytes, formatPercent } from '../common/format';
+import { Layout, hitTest, layoutTopology } from '../model/layout';
+import { MonitorModel } from '../model/monitormodel';
+import { Palette, palette } from '../common/theme';
 
 export class TopologyView {
   readonly node: HTMLDivElement;
