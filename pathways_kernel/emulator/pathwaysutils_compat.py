@@ -36,14 +36,15 @@ _lock = threading.Lock()
 #: that activation need not start JAX's client.
 _slice_map: Callable[[], Mapping[Any, int]] | None = None
 #: pathwaysutils' own helper, while ours is in its place.
-_original: Callable[..., Any] | None = None
+_original: Callable[[Sequence[Any]], Mapping[int, Sequence[Any]]] | None = None
 
 
 def _grouped(devices: Sequence[Any]) -> Mapping[int, Sequence[Any]]:
-    slice_map = _slice_map
+    slice_map, original = _slice_map, _original
     slice_of = slice_map() if slice_map is not None else {}
     if not devices or not all(d in slice_of for d in devices):
-        return _original(devices)
+        assert original is not None  # ours is in place only while pathwaysutils' own is kept
+        return original(devices)
     slices: dict[int, list[Any]] = collections.defaultdict(list)
     for device in devices:
         slices[slice_of[device]].append(device)
@@ -62,7 +63,8 @@ def _patch(module: Any) -> None:
 def _unpatch() -> None:
     global _original
     with _lock:
-        module = sys.modules.get(_MODULE)
+        # pathwaysutils' module, as loaded: its attributes are not known ahead.
+        module: Any = sys.modules.get(_MODULE)
         if _original is not None and module is not None:
             module.get_slice_to_devices = _original
         _original = None
@@ -83,7 +85,8 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
             exec_module(module)
             _patch(module)
 
-        spec.loader.exec_module = exec_and_patch
+        # The loader was made for this one import: wrapping its method patches the module once executed.
+        spec.loader.exec_module = exec_and_patch  # type: ignore[method-assign]
         return spec
 
 

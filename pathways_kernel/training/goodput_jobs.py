@@ -154,7 +154,8 @@ def _wrap_wait_for_slices(original: Any) -> Any:
 def _patch(manager: Any) -> None:
     if not getattr(manager.Manager.elastic_retry, "_pathways_jobs", False):
         manager.Manager.elastic_retry = _wrap_elastic_retry(manager.Manager.elastic_retry)
-    elastic = sys.modules.get(_ELASTIC)
+    # pathwaysutils' module, as loaded: its attributes are not known ahead.
+    elastic: Any = sys.modules.get(_ELASTIC)
     if elastic is not None and not getattr(elastic.wait_for_slices, "_pathways_jobs", False):
         elastic.wait_for_slices = _wrap_wait_for_slices(elastic.wait_for_slices)
 
