@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from pathways_kernel.core.eventlog import Event
 from pathways_kernel.core.sessions import Session
 from pathways_kernel.core.text import count
 from pathways_kernel.state.progress import _in_kernel
@@ -122,12 +123,12 @@ class CellProgress:
         text, page = self.render(final=True)
         self._handle.update({"text/plain": text, "text/html": page}, raw=True)
 
-    def _on_event(self, event: Any) -> None:
+    def _on_event(self, event: Event) -> None:
         # Called on the emitting thread, inside the run's own emit: never raise, never block.
         with contextlib.suppress(Exception):  # a view must not break the run it shows
             self._record(event)
 
-    def _record(self, event: Any) -> None:
+    def _record(self, event: Event) -> None:
         account = self.account
         if event.kind == "goodput" and account.ended:
             self.finish()

@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Any
+from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from pathways_kernel.monitoring.quantize import memory_unit_for, quantize_memory, quantize_utilization
 
@@ -48,13 +50,13 @@ def bytes_for(slices: int, chips: int, publish_hz: float) -> int:
 class _Ring:
     """Fixed-capacity rows of numpy arrays; ``ordered`` reads them oldest first."""
 
-    def __init__(self, capacity: int, columns: dict[str, tuple[tuple[int, ...], Any]]):
+    def __init__(self, capacity: int, columns: dict[str, tuple[tuple[int, ...], npt.DTypeLike]]):
         self.capacity = capacity
         self.columns = {name: np.zeros((capacity, *shape), dtype) for name, (shape, dtype) in columns.items()}
         self.count = 0
         self._next = 0
 
-    def append(self, **values: Any) -> None:
+    def append(self, **values: npt.ArrayLike) -> None:
         for name, column in self.columns.items():
             column[self._next] = values[name]
         self._next = (self._next + 1) % self.capacity
@@ -73,6 +75,31 @@ class _Ring:
     @property
     def nbytes(self) -> int:
         return sum(c.nbytes for c in self.columns.values())
+
+
+class SliceFrame(Protocol):
+    """One slice of a ``Frame`` (``telemetry.SliceMetrics``)."""
+
+    @property
+    def utilization(self) -> float: ...
+    @property
+    def memory_bytes(self) -> int: ...
+    @property
+    def state(self) -> str: ...
+
+
+class Frame(Protocol):
+    """What ``History.record`` reads of a published ``telemetry.Metrics`` frame
+    (named by its shape: telemetry imports this module)."""
+
+    @property
+    def time(self) -> float: ...
+    @property
+    def utilization(self) -> np.ndarray: ...
+    @property
+    def memory(self) -> np.ndarray: ...
+    @property
+    def slices(self) -> Sequence[SliceFrame]: ...
 
 
 class History:
@@ -103,7 +130,7 @@ class History:
         self.memory_unit = memory_unit_for(memory_hint)
         self._last_chip_time = -math.inf
 
-    def record(self, metrics: Any) -> None:
+    def record(self, metrics: Frame) -> None:
         """Add one published ``Metrics`` frame (called on the hub thread)."""
         if len(metrics.slices) != self.slices or len(metrics.utilization) != self.chips:
             return  # a frame of another layout: the hub starts a new history
