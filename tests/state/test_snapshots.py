@@ -16,7 +16,7 @@ from kernels import SERVER
 
 import pathways_kernel as pw
 from pathways_kernel.emulator import faults
-from pathways_kernel.state import snapshots
+from pathways_kernel.state import host_buffers, snapshots
 
 # Kernels run on the product default, a local Pathways server (conftest._backend).
 KERNEL_BACKEND = SERVER
@@ -204,7 +204,7 @@ def test_autosnapshot_snapshots_changed_variables_after_each_cell(kernel):
 
 
 def test_host_buffers_of_dead_snapshots_are_reused_only_when_nobody_holds_them(mesh):
-    snapshots._BUFFERS.clear()
+    host_buffers.BUFFERS.clear()
     x = sharded(mesh, (64, 64), P("data", "model"))
     held = snapshots.take(x).wait()
     kept = held.leaves[0].host
@@ -222,7 +222,7 @@ def test_host_buffers_of_dead_snapshots_are_reused_only_when_nobody_holds_them(m
 
 def test_a_host_buffer_anyone_still_reaches_is_never_overwritten(mesh):
     """Ownership, not reference counts: held leaves, handed-out buffers and restored arrays keep their bytes."""
-    snapshots._BUFFERS.clear()
+    host_buffers.BUFFERS.clear()
     x = sharded(mesh, (64, 64), P("data", "model"))
     expected = np.asarray(x).copy()
     held_leaf = snapshots.take(x).wait().leaves[0]  # the snapshot dies, its leaf is still held
@@ -235,7 +235,7 @@ def test_a_host_buffer_anyone_still_reaches_is_never_overwritten(mesh):
     np.testing.assert_array_equal(held_leaf.host, expected)
     np.testing.assert_array_equal(handed_out, expected)
     np.testing.assert_array_equal(np.asarray(restored[0] if isinstance(restored, list) else restored), expected)
-    assert snapshots._BUFFERS.nbytes <= 64 * 64 * 4  # the dropped ones were recycled, within the bound
+    assert host_buffers.BUFFERS.nbytes <= 64 * 64 * 4  # the dropped ones were recycled, within the bound
 
 
 def test_a_failed_copy_does_not_keep_the_lost_arrays_alive(mesh):

@@ -16,7 +16,7 @@ from kernels import SERVER
 
 import pathways_kernel as pw
 from pathways_kernel.emulator import chaosmonkey, faults
-from pathways_kernel.state import snapshots
+from pathways_kernel.state import host_copy, snapshots
 
 # Kernels run on the product default, a local Pathways server (conftest._backend).
 KERNEL_BACKEND = SERVER
@@ -523,8 +523,8 @@ def test_an_elastic_cell_whose_state_was_lost_never_resumes_an_earlier_cells_sna
 def hold_copier(release: threading.Event) -> None:
     """Occupy every thread of the snapshot copier until ``release``: copies queue
     behind, as a copy slower than the steps would. Released after 10 s at most."""
-    for _ in range(snapshots._COPIER._max_workers):
-        snapshots._COPIER.submit(release.wait, 10.0)
+    for _ in range(host_copy._COPIER._max_workers):
+        host_copy._COPIER.submit(release.wait, 10.0)
 
 
 def test_steps_run_while_the_newest_snapshot_copies_and_the_loop_waits_for_it_only_when_the_next_is_due():

@@ -74,12 +74,12 @@ def test_goodput_cloud_logging_from_the_magic_is_refused_on_the_embedded_backend
 
 FIRST_RUN = """
 import threading
-from pathways_kernel.state import snapshots
+from pathways_kernel.state import host_copy
 
 def hold_copier(seconds):  # a run's first copy queues behind, as a large state's copy takes a while
     release = threading.Event()
     for _ in range(2):
-        snapshots._COPIER.submit(release.wait, 10.0)
+        host_copy._COPIER.submit(release.wait, 10.0)
     threading.Timer(seconds, release.set).start()
 
 def timed_run(name):
