@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from pathways_kernel.core.errors import NamespaceError
 from pathways_kernel.core.namespace import user_namespace
 from pathways_kernel.core.sessions import is_lost, session
-from pathways_kernel.state.host_copy import DEFAULT_NAME, Leaf, Snapshot, take
+from pathways_kernel.state.host_copy import DEFAULT_NAME, Snapshot, take
 from pathways_kernel.state.placement import fit_spec, is_device_array, sharding_on, spec_of
 from pathways_kernel.state.snapshot_store import DEFAULT_KEEP, Origin, SnapshotStore, store
 
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_KEEP",
     "DEFAULT_NAME",
-    "Leaf",
     "Origin",
     "Snapshot",
     "SnapshotStore",
