@@ -34,7 +34,6 @@ starts a new server and a new client in the same kernel.
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import os
 import signal
@@ -49,6 +48,7 @@ from pathways_kernel.backends import preflight as preflight_lib
 from pathways_kernel.backends.proxy import ProxyBackend, device_slice
 from pathways_kernel.core import jaxcompat
 from pathways_kernel.core.errors import BackendError
+from pathways_kernel.core.threads import ExitStop
 from pathways_kernel.emulator.faults import InjectedFaults
 from pathways_kernel.monitoring import telemetry
 
@@ -84,6 +84,8 @@ class LocalServerBackend(InjectedFaults, ProxyBackend):
         self._closing = False
         #: Set while the slices are bound to a Slurm job (``slurm_binding``): the job's id and time left.
         self.job_label: Callable[[], str] | None = None
+        # The server is stopped at interpreter exit while it runs, if its session was not closed.
+        self._exit_stop = ExitStop(self, _stop_at_exit)
 
     @property
     def spec(self) -> str:
@@ -130,7 +132,7 @@ class LocalServerBackend(InjectedFaults, ProxyBackend):
         self.server = launch.start(
             self.num_slices, self.chips_per_slice, env={PARENT_ENV: str(os.getpid()), "JAX_PLATFORMS": "cpu"}
         )
-        _RUNNING.add(self)
+        self._exit_stop.arm()
         self.address = SocketTarget(self.server.target)  # type: ignore[assignment]
         try:
             self._check_server()
@@ -164,7 +166,7 @@ class LocalServerBackend(InjectedFaults, ProxyBackend):
         if server is not None:
             self._closing = True
             server.stop()
-        _RUNNING.discard(self)
+        self._exit_stop.disarm()
 
     def _watch(self, server: Any) -> None:
         """Report the server's death (one ``disconnect`` event), unless the session stopped it."""
@@ -318,17 +320,11 @@ def _died(pid: int, code: int | None) -> str:
     return f"server pid {pid} {how}"
 
 
-#: Backends whose server is running, stopped at interpreter exit if their session was not closed.
-_RUNNING: weakref.WeakSet = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_all() -> None:
+def _stop_at_exit(backend: LocalServerBackend) -> None:
     from pathways_kernel.backends.proxy import _EXIT_GUARD
 
-    for backend in list(_RUNNING):
-        # The client first, then its server: a client whose server dies calls back into
-        # Python, which aborts the process if it is finalizing by then.
-        backend.close()
-        _EXIT_GUARD.touch()
+    # The client first, then its server: a client whose server dies calls back into
+    # Python, which aborts the process if it is finalizing by then.
+    backend.close()
+    _EXIT_GUARD.touch()
     _EXIT_GUARD.wait()

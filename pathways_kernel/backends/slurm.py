@@ -385,7 +385,6 @@ def submitted_jobs() -> tuple[str, ...]:
     return tuple(_submitted)
 
 
-@atexit.register
 def cancel_submitted() -> None:
     """Cancel every job this kernel submitted, saying so (at kernel exit)."""
     while _submitted:
@@ -415,6 +414,10 @@ def submit_job(script: str, options: Sequence[str] = (), name: str = "", slurm: 
             file=sys.stderr,
         )
     job_id = slurm.submit(script, options, name)
+    if not _submitted:
+        # The kernel's promise, not a session's: jobs it submitted end with the process.
+        atexit.unregister(cancel_submitted)
+        atexit.register(cancel_submitted)
     _submitted[job_id] = slurm
     return job_id
 

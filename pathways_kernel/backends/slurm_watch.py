@@ -39,17 +39,16 @@ fault path of ``pw.fail_slice``.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import re
 import threading
-import weakref
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 from pathways_kernel.backends.slurm import Job, Node, Slurm, format_duration
 from pathways_kernel.core import sessions
 from pathways_kernel.core.errors import PathwaysError, SpecError
+from pathways_kernel.core.threads import ExitStop
 
 #: Seconds between polls of the job and its nodes.
 POLL_S = 0.5
@@ -108,16 +107,6 @@ def _natural(text: str) -> list[Any]:
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text)]
 
 
-_running: weakref.WeakSet = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_all() -> None:
-    """Stop polling before the interpreter ends: a slice lost while it finalizes would abort it."""
-    for watch in list(_running):
-        watch.stop()
-
-
 class JobWatch:
     """Polls one job and its nodes on a daemon thread; see the module docstring."""
 
@@ -146,6 +135,8 @@ class JobWatch:
         self._last_error = ""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"pathways-slurm-{job.id}", daemon=True)
+        # Polling stops before the interpreter ends: a slice lost while it finalizes would abort it.
+        self._exit_stop = ExitStop(self, JobWatch.stop)
 
     def label(self) -> str:
         return self.job.label()
@@ -165,13 +156,14 @@ class JobWatch:
         if self.down:
             # Slices left down by an earlier job come back before bind() returns, not a poll later.
             self._follow(self.job, self.slurm.nodes(self._group_nodes()), "")
-        _running.add(self)
+        self._exit_stop.arm()
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
+        self._exit_stop.disarm()
 
     def _run(self) -> None:
         while not self._stop.wait(self.period):

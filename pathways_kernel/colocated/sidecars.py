@@ -30,7 +30,6 @@ the slice; one that does not finish within its timeout raises
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import contextvars
 import dataclasses
@@ -39,7 +38,6 @@ import queue
 import sys
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
@@ -48,6 +46,7 @@ from pathways_kernel.core import parsing
 from pathways_kernel.core.errors import PathwaysError, one_line, slice_down_error
 from pathways_kernel.core.eventlog import format_bytes
 from pathways_kernel.core.text import count, shown
+from pathways_kernel.core.threads import ExitStop
 
 if TYPE_CHECKING:
     import jax
@@ -261,8 +260,9 @@ class Worker:
         )
         self._retired = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._exit_stop = ExitStop(self, Worker._stop_at_exit)
+        self._exit_stop.arm()
         self._thread.start()
-        _WORKERS.add(self)
 
     def submit(self, job: Callable[[], _T]) -> Future[_T]:
         future: Future[_T] = Future()
@@ -274,12 +274,23 @@ class Worker:
         self._retired = True
         self._jobs.put(None)
 
+    def _stop_at_exit(self) -> None:
+        """Let the worker finish its current job before the interpreter exits.
+
+        A daemon thread that is still inside XLA when the interpreter finalizes
+        is torn down mid-C++ and aborts the process; a hung sidecar is still
+        left behind after ``EXIT_GRACE_S``.
+        """
+        self.retire()
+        self._thread.join(EXIT_GRACE_S)
+
     def _loop(self) -> None:
         while True:
             item = self._jobs.get()
             if self._retired or item is None:  # _retired is set before retire() queues its None
                 if item is not None:
                     item[1].cancel()
+                self._exit_stop.disarm()
                 return
             job, future, context = item
             if not future.set_running_or_notify_cancel():
@@ -290,26 +301,8 @@ class Worker:
                 future.set_exception(exc)
 
 
-_WORKERS: weakref.WeakSet[Worker] = weakref.WeakSet()
-
-#: Seconds the interpreter waits at exit for workers to finish the job in hand.
+#: Seconds the interpreter waits at exit for a worker to finish the job in hand.
 EXIT_GRACE_S = 5.0
-
-
-@atexit.register
-def _stop_workers() -> None:
-    """Let each worker finish its current job before the interpreter exits.
-
-    A daemon thread that is still inside XLA when the interpreter finalizes
-    is torn down mid-C++ and aborts the process; a hung sidecar is still
-    left behind after ``EXIT_GRACE_S``.
-    """
-    workers = list(_WORKERS)
-    for worker in workers:
-        worker.retire()
-    deadline = time.monotonic() + EXIT_GRACE_S
-    for worker in workers:
-        worker._thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def failure(name: str, slice_index: int, exc: BaseException) -> BaseException:

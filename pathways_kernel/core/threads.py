@@ -3,26 +3,51 @@
 from __future__ import annotations
 
 import atexit
+import threading
 import weakref
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
 
-def stopped_at_exit(stop: Callable[[T], object]) -> weakref.WeakSet[T]:
-    """A set whose members get ``stop(member)`` at interpreter exit; add an object once its
-    thread is started.
+class ExitStop(Generic[T]):
+    """Calls ``stop(owner)`` at interpreter exit while ``owner`` runs: ``arm()`` as it starts,
+    ``disarm()`` once it stopped.
 
     A daemon thread still inside jaxlib when the interpreter stops its threads aborts the
-    process ("FATAL: exception not rethrown"). The exit hook is registered by this call, so
-    hooks run in the reverse of the order the modules made their sets (atexit's order).
+    process ("FATAL: exception not rethrown"), so whatever runs one stops it at exit. Each
+    running thing has its own ``atexit`` entry, removed when it stops, so a closed session
+    leaves none. Entries run in reverse order of arming: what armed last stops first (a
+    monitor sender re-arms after each subscribe, so it stops before the hub it reads).
+    The entry holds ``owner`` weakly.
     """
-    members: weakref.WeakSet[T] = weakref.WeakSet()
 
-    def stop_all() -> None:
-        for member in list(members):
-            stop(member)
+    def __init__(self, owner: T, stop: Callable[[T], object]) -> None:
+        ref = weakref.ref(owner)
 
-    atexit.register(stop_all)
-    return members
+        def at_exit() -> None:
+            if (alive := ref()) is not None:
+                stop(alive)
+
+        self._at_exit = at_exit
+        self._lock = threading.Lock()
+        self._armed = False
+
+    def arm(self) -> None:
+        """Register the stop at exit, or move it after every entry armed so far."""
+        with self._lock:
+            if self._armed:
+                atexit.unregister(self._at_exit)
+            atexit.register(self._at_exit)
+            self._armed = True
+
+    def disarm(self) -> None:
+        with self._lock:
+            if self._armed:
+                atexit.unregister(self._at_exit)
+                self._armed = False
+
+    @property
+    def armed(self) -> bool:
+        return self._armed

@@ -16,7 +16,6 @@ the slices as they are.
 
 from __future__ import annotations
 
-import atexit
 import collections
 import dataclasses
 import math
@@ -24,7 +23,6 @@ import numbers
 import random
 import threading
 import time
-import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -33,6 +31,7 @@ from pathways_kernel.core.errors import PathwaysError
 from pathways_kernel.core.sessions import Session
 from pathways_kernel.core.sessions import session as current
 from pathways_kernel.core.text import count
+from pathways_kernel.core.threads import ExitStop
 from pathways_kernel.emulator import faults
 
 
@@ -141,17 +140,6 @@ class ChaosStatus(TextDisplay):
         return f"chaos off{done}{error}{down}"
 
 
-#: Running chaos threads, stopped before the interpreter ends: a daemon thread
-#: caught inside jaxlib during finalization aborts the process.
-_running: weakref.WeakSet[Chaos] = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_all() -> None:
-    for runner in list(_running):
-        runner.stop()
-
-
 class Chaos:
     """The session's chaos thread (session extension ``"chaos"``)."""
 
@@ -165,6 +153,9 @@ class Chaos:
         self.applied: collections.deque[ChaosEvent] = collections.deque(maxlen=1000)
         self.error = ""
         session.on_close(self.stop)
+        # Stopped before the interpreter ends while it runs: a daemon thread caught inside
+        # jaxlib during finalization aborts the process.
+        self._exit_stop = ExitStop(self, Chaos.stop)
 
     def start(self, mtbf: float, mttr: float, seed: int, min_up: int = 1) -> ChaosStatus:
         faults.require_fault_injection(self.session, "chaos")
@@ -186,15 +177,15 @@ class Chaos:
             self._thread = threading.Thread(
                 target=self._run, args=(events, self._stop, seed), name="pathways-chaos", daemon=True
             )
+            self._exit_stop.arm()
             self._thread.start()
-            _running.add(self)
         return self.status()
 
     def stop(self) -> ChaosStatus:
         with self._lock:
             thread, self._thread = self._thread, None
             self._stop.set()
-            _running.discard(self)
+            self._exit_stop.disarm()
         if thread is not None and thread is not threading.current_thread():
             thread.join()
         return self.status()

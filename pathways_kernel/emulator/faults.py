@@ -236,6 +236,7 @@ def _bury(array: Any, positions: dict[int, tuple[int, int, int]]) -> _Grave:
     keeper = jaxcompat.make_error_like(array, "DATA_LOSS: buffers kept for readers in flight")
     jaxcompat.replace_buffers(keeper, array)  # the keeper now shares array's buffers
     grave = _Grave(keeper, positions, time.monotonic() if keeper.is_ready() else None)
+    _empty_at_exit()
     with _graveyard_lock:
         _graveyard.append(grave)
         _kept.add(id(keeper))
@@ -317,6 +318,7 @@ _NO_SWITCH_S = 10.0
 def _defer(pending: list[tuple[Any, Any]]) -> None:
     """Swap ``pending`` once their reads are done, on a thread of its own."""
     global _deferrer
+    _empty_at_exit()
     with _deferred_lock:
         _deferred.extend(pending)
         _deferred_ids.update(id(array) for array, _ in pending)
@@ -338,7 +340,23 @@ def _swap_deferred() -> None:
         _deferrer_stop.wait(0.005)
 
 
-@atexit.register
+_exit_registered = False
+_exit_lock = threading.Lock()
+
+
+def _empty_at_exit() -> None:
+    """Empty the graveyard at exit, from the first loss on (registered then, not at import).
+
+    Process-wide, not the session's: the buffers are JAX's, kept for readers of arrays a
+    user may still hold after the session that lost them was replaced.
+    """
+    global _exit_registered
+    with _exit_lock:
+        if not _exit_registered:
+            _exit_registered = True
+            atexit.register(_empty_graveyard)
+
+
 def _empty_graveyard() -> None:
     """Release buried buffers on the main thread before the interpreter ends:
     a daemon thread freeing them during finalization aborts the process."""

@@ -26,13 +26,11 @@ requests is ``monitoring/comm.py``.
 
 from __future__ import annotations
 
-import atexit
 import collections
 import contextvars
 import logging
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -40,6 +38,7 @@ from pathways_kernel.core.errors import PathwaysError, one_line
 from pathways_kernel.core.eventlog import Event
 from pathways_kernel.core.sessions import Session
 from pathways_kernel.core.slices import Topology
+from pathways_kernel.core.threads import ExitStop
 from pathways_kernel.monitoring import protocol, telemetry
 from pathways_kernel.monitoring.encoding import encoded_metrics, encoded_topology, history_message
 from pathways_kernel.training import goodput_report
@@ -131,6 +130,7 @@ class Connection:
         self._sub: telemetry.Subscription | None = None
         self._close_reason: str | None = None
         self._thread: threading.Thread | None = None
+        self._exit_stop = ExitStop(self, _close_at_exit)
 
     @property
     def comm_id(self) -> str | None:
@@ -143,8 +143,8 @@ class Connection:
         self._thread = threading.Thread(
             target=context.run, args=(self._send_loop,), name="pathways-monitor-send", daemon=True
         )
+        self._exit_stop.arm()
         self._thread.start()
-        _sending.add(self)
 
     # -- hub callbacks (hub thread; never block) --------------------------------
     def _on_metrics(self, m: telemetry.Metrics) -> None:
@@ -221,6 +221,8 @@ class Connection:
             self._topology = encoded_topology(topology, hub.topology_seq, hub.session.backend)
             self._history = history
             self._events.extendleft(reversed(replay))
+        # Armed again after the hub's (it may have just started): at exit the sender stops first.
+        self._exit_stop.arm()
 
     def _wait_for_backend(self, reason: str) -> None:
         """Say why there is no backend, then answer requests until one connects (or the comm ends)."""
@@ -313,6 +315,7 @@ class Connection:
             self.close("shutdown")
         finally:
             self._flush_close()
+            self._exit_stop.disarm()
 
     def _excuse_busy_main_shell(self) -> None:
         # Requests on a main-shell comm wait for the running cell: a long cell is not a dead page.
@@ -426,18 +429,9 @@ def _goodput_intervals(session: Session) -> protocol.Message | None:
     return message
 
 
-#: Connections whose sender thread was started (any target's), closed at exit.
-_sending: weakref.WeakSet[Connection] = weakref.WeakSet()
-
-
-@atexit.register
-def _close_at_exit() -> None:
-    # Registered after telemetry's, so it runs before the hubs close: a sender must not
-    # resubscribe to a closing hub, nor be inside the process's native code when the
-    # interpreter stops its daemon threads (jaxlib then aborts: "exception not rethrown").
-    conns = list(_sending)
-    for conn in conns:
-        conn.close("shutdown")
-    deadline = time.monotonic() + 5.0
-    for conn in conns:
-        conn.join(max(0.0, deadline - time.monotonic()))
+def _close_at_exit(conn: Connection) -> None:
+    # Before the hub it reads closes (ExitStop's order): a sender must not resubscribe to a
+    # closing hub, nor be inside the process's native code when the interpreter stops its
+    # daemon threads (jaxlib then aborts: "exception not rethrown").
+    conn.close("shutdown")
+    conn.join(5.0)

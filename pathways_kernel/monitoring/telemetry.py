@@ -55,7 +55,7 @@ from pathways_kernel.core.eventlog import Event
 from pathways_kernel.core.sessions import Session
 from pathways_kernel.core.sessions import session as current
 from pathways_kernel.core.slices import Topology
-from pathways_kernel.core.threads import stopped_at_exit
+from pathways_kernel.core.threads import ExitStop
 from pathways_kernel.monitoring.history import History
 from pathways_kernel.training.step_rate import StepRate
 
@@ -403,6 +403,8 @@ class TelemetryHub:
         self._events: collections.deque[Event] = collections.deque(maxlen=1000)
         self._closed = False
         self._thread: threading.Thread | None = None
+        # A sample reads arrays in jaxlib: the thread is stopped at exit while it runs.
+        self._exit_stop = ExitStop(self, TelemetryHub.close)
         self._topology_seq = 1
         self._layout = Layout.of(session.topology)
         self._target = session.backend.target
@@ -478,7 +480,7 @@ class TelemetryHub:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="pathways-telemetry", daemon=True)
                 self._thread.start()
-                _sampling.add(self)
+                self._exit_stop.arm()
             self._wake.notify_all()
         return sub
 
@@ -508,6 +510,7 @@ class TelemetryHub:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=2)
         self._source.close()
+        self._exit_stop.disarm()
 
     # -- the thread -----------------------------------------------------------
     def _on_event(self, event: Event) -> None:
@@ -621,10 +624,6 @@ class TelemetryHub:
         )
         self._latest = metrics
         return metrics
-
-
-#: Hubs whose thread was started (a sample reads arrays in jaxlib).
-_sampling = stopped_at_exit(TelemetryHub.close)
 
 
 def _call(fn: Callable[..., object], *args: object) -> None:

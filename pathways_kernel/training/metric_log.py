@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from pathways_kernel.core.sessions import session as current_session
-from pathways_kernel.core.threads import stopped_at_exit
+from pathways_kernel.core.threads import ExitStop
 from pathways_kernel.training.run_events import StepFollower
 
 #: Points one session keeps (the oldest drop off).
@@ -81,6 +81,8 @@ class MetricLog:
         self._reading = threading.Lock()  # one reader at a time keeps each run's points in order
         self._work = threading.Event()
         self._thread: threading.Thread | None = None
+        # The reader reads arrays in jaxlib: stopped at exit while it runs.
+        self._exit_stop = ExitStop(self, MetricLog.close)
         self._seq = 0
         self._labels: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         self._runs_named: collections.Counter[str] = collections.Counter()
@@ -126,7 +128,7 @@ class MetricLog:
             with self._lock:
                 if self._thread is None and not self._closed:
                     self._thread = threading.Thread(target=self._run, name="pathways-metrics", daemon=True)
-                    _reading.add(self)
+                    self._exit_stop.arm()
                     self._thread.start()
 
     # -- reading (the reader thread, or a flush) ------------------------------
@@ -136,6 +138,7 @@ class MetricLog:
                 with self._lock:
                     if not self._pending or self._closed:
                         self._thread = None
+                        self._exit_stop.disarm()
                         return
                 continue
             self._read(wait=False)
@@ -153,6 +156,7 @@ class MetricLog:
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5)
+        self._exit_stop.disarm()
 
     def flush(self) -> None:
         """Read every value queued so far, waiting for those still being computed."""
@@ -221,10 +225,6 @@ class MetricLog:
                     self._listeners.remove(listener)
 
         return unsubscribe
-
-
-#: Logs whose reader thread was started.
-_reading = stopped_at_exit(MetricLog.close)
 
 
 class LossFollower(StepFollower):
