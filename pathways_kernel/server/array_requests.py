@@ -8,8 +8,9 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax._src.array import ArrayImpl
 
-from pathways_kernel.server.arrays import ServerArray, Sharding, dtype_from_proto, sharding_from_proto
+from pathways_kernel.server.arrays import ServerArray, Sharding, dtype_from_proto, is_ready, sharding_from_proto
 from pathways_kernel.server.colocated import string_host_buffer
 from pathways_kernel.server.errors import INTERNAL, ServerError
 from pathways_kernel.server.host_buffers import HostBuffer, from_host_bytes, to_host_bytes
@@ -24,7 +25,8 @@ def _byte_strides(proto: Proto) -> list[int] | None:
 
 
 def _device_put(value: Any, sharding: Sharding) -> jax.Array:
-    return jax.device_put(value, sharding.jax_sharding())
+    array: jax.Array = jax.device_put(value, sharding.jax_sharding())
+    return array
 
 
 def _check_devices(session: Session, device_ids: tuple[int, ...]) -> None:
@@ -69,7 +71,7 @@ def _array_from_shards(session: Session, spec: Proto) -> ServerArray:
     session.topology.check_up(sharding.device_ids)
     dtype = dtype_from_proto(spec.array_spec.dtype)
     devices = jax.devices()
-    shards: dict[int, jax.Array] = {}
+    shards: dict[int, ArrayImpl] = {}
     for indices, buffer in zip(spec.addressable_shard_indices, spec.host_buffers, strict=True):
         data = session.host_buffers.take(buffer.host_buffer_handle)
         value = from_host_bytes(data, dtype, buffer.shape.dims, _byte_strides(buffer))
@@ -118,7 +120,7 @@ def copy_to_host_buffer_request(session: Session, request: Proto, response: Prot
 def check_value_ready_request(session: Session, request: Proto, response: Proto) -> Deferred | None:
     arrays = [session.arrays.get(h) for h in request.value_handles]
     response.check_value_ready_response.SetInParent()
-    if all(shard.is_ready() for array in arrays for shard in array.shards):
+    if all(is_ready(shard) for array in arrays for shard in array.shards):
         return None
     return lambda: wait_ready(arrays)
 
@@ -210,7 +212,7 @@ def remap_arrays_request(session: Session, request: Proto, response: Proto) -> N
     for source in sources:
         source.check_live()
     specs = [(spec, sharding_from_proto(spec.sharding)) for spec in plan.output_specs]
-    shards: list[list[jax.Array | None]] = [[None] * len(sharding.device_ids) for _, sharding in specs]
+    shards: list[list[ArrayImpl | None]] = [[None] * len(sharding.device_ids) for _, sharding in specs]
     for mapping in plan.mappings:
         source_shards = sources[mapping.in_array].shards
         intervals = zip(

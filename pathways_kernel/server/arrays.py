@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,11 +22,12 @@ import jax
 import ml_dtypes
 import numpy as np
 from jax._src import array as jax_array
-from jax._src.lib import xla_client as xc
 from jax._src.sharding_impls import GSPMDSharding
+from jaxlib import xla_client as xc
 
 from pathways_kernel.server import protos
 from pathways_kernel.server.errors import INVALID_ARGUMENT, UNIMPLEMENTED, ServerError
+from pathways_kernel.server.protos import Proto
 
 SERVER_HANDLES = 1 << 62
 
@@ -55,14 +56,15 @@ _KINDS = {
 }
 
 
-def dtype_from_proto(proto) -> np.dtype:
+def dtype_from_proto(proto: Proto) -> np.dtype[Any]:
     name = proto.DESCRIPTOR.fields_by_name["kind"].enum_type.values_by_number[proto.kind].name
     if name not in _KINDS:
         raise ServerError(UNIMPLEMENTED, f"dtype {name} is not served by the local Pathways server")
-    return np.dtype(_KINDS[name])
+    dtype: np.dtype[Any] = np.dtype(_KINDS[name])
+    return dtype
 
 
-def dtype_to_proto(dtype: np.dtype, proto) -> None:
+def dtype_to_proto(dtype: np.dtype[Any], proto: Proto) -> None:
     for name, numpy_type in _KINDS.items():
         if np.dtype(numpy_type) == dtype:
             proto.kind = proto.DESCRIPTOR.fields_by_name["kind"].enum_type.values_by_name[name].number
@@ -76,19 +78,19 @@ class Sharding:
     (``op`` is None for a single-device array)."""
 
     device_ids: tuple[int, ...]
-    op: Any  # xla_client.OpSharding | None
+    op: xc.OpSharding | None
     memory_kind: str = ""
 
-    def jax_devices(self) -> tuple:
+    def jax_devices(self) -> tuple[jax.Device, ...]:
         devices = jax.devices()
         return tuple(devices[i] for i in self.device_ids)
 
-    def jax_sharding(self):
+    def jax_sharding(self) -> jax.sharding.Sharding:
         if self.op is None:
             return jax.sharding.SingleDeviceSharding(jax.devices()[self.device_ids[0]])
         return GSPMDSharding(self.jax_devices(), self.op)
 
-    def to_proto(self, proto) -> None:
+    def to_proto(self, proto: Proto) -> None:
         """Writes this sharding into an ``xla.ifrt.ShardingProto``."""
         serialized = proto.serialized_sharding
         if self.op is None:
@@ -104,17 +106,17 @@ class Sharding:
         serialized.type_name = "xla::ifrt::HloSharding"
         serialized.data = hlo.SerializeToString()
 
-    def with_devices(self, device_ids) -> Sharding:
+    def with_devices(self, device_ids: Iterable[int]) -> Sharding:
         return Sharding(tuple(device_ids), self.op, self.memory_kind)
 
 
-def replicated(device_ids) -> Sharding:
+def replicated(device_ids: Iterable[int]) -> Sharding:
     op = xc.OpSharding()
     op.type = xc.OpSharding.Type.REPLICATED
     return Sharding(tuple(device_ids), op)
 
 
-def sharding_from_proto(proto) -> Sharding:
+def sharding_from_proto(proto: Proto) -> Sharding:
     kind, data = proto.serialized_sharding.type_name, proto.serialized_sharding.data
     if kind == "xla::ifrt::SingleDeviceSharding":
         single = protos.ifrt("SingleDeviceShardingProto").FromString(data)
@@ -135,13 +137,13 @@ def sharding_from_proto(proto) -> Sharding:
 class ServerArray:
     """One array: ``shards[i]`` lives on device ``sharding.device_ids[i]``."""
 
-    dtype: np.dtype
+    dtype: np.dtype[Any]
     shape: tuple[int, ...]
     sharding: Sharding
-    shards: list  # single-device jax.Array, one per device
+    shards: list[jax_array.ArrayImpl]  # single-device, one per device
     deleted: bool = False
 
-    def jax_array(self, sharding=None) -> jax.Array:
+    def jax_array(self, sharding: jax.sharding.Sharding | None = None) -> jax.Array:
         """The shards as one JAX array (under ``sharding`` if given: an executable's
         own parameter sharding over the same devices)."""
         self.check_live()
@@ -149,8 +151,7 @@ class ServerArray:
             if self.sharding.op is None:
                 return self.shards[0]
             sharding = self.sharding.jax_sharding()
-        aval = jax.core.ShapedArray(self.shape, self.dtype)
-        return jax_array.ArrayImpl(aval, sharding, list(self.shards), committed=True, _skip_checks=True)
+        return assemble(self.shape, self.dtype, sharding, self.shards)
 
     def check_live(self) -> None:
         if self.deleted:
@@ -162,6 +163,18 @@ class ServerArray:
         return cls(np.dtype(array.dtype), tuple(array.shape), sharding, [by_device[d] for d in sharding.device_ids])
 
 
+def assemble(
+    shape: tuple[int, ...],
+    dtype: np.dtype[Any],
+    sharding: jax.sharding.Sharding,
+    shards: Sequence[jax_array.ArrayImpl],
+) -> jax_array.ArrayImpl:
+    """One JAX array of single-device ``shards`` (in ``sharding``'s device order), unchecked:
+    the server made them for it (``jax.make_array_from_single_device_arrays`` checks each)."""
+    aval = jax.core.ShapedArray(shape, dtype)
+    return jax_array.ArrayImpl(aval, sharding, list(shards), committed=True, _skip_checks=True)
+
+
 class Poisoned:
     """What a handle holds after the work that should have made its array failed."""
 
@@ -169,7 +182,7 @@ class Poisoned:
         self.error = error
 
 
-_released: queue.SimpleQueue = queue.SimpleQueue()
+_released: queue.SimpleQueue[list[ServerArray | Poisoned]] = queue.SimpleQueue()
 _releaser_lock = threading.Lock()
 _releaser: threading.Thread | None = None
 
@@ -179,7 +192,7 @@ def _drop_released() -> None:
         _released.get()  # the last references go here
 
 
-def _release(entries: list) -> None:
+def _release(entries: list[ServerArray | Poisoned]) -> None:
     """Drops ``entries`` on another thread if any of their buffers is still being computed:
     dropping the last reference to one waits for the computation using it, which must not
     hold up the session's requests (those computed are dropped here: waking that thread
@@ -194,8 +207,15 @@ def _release(entries: list) -> None:
     _released.put(entries)
 
 
+def is_ready(shard: jax_array.ArrayImpl) -> bool:
+    """Whether ``shard``'s buffer has been computed."""
+    # A method of jaxlib's C++ ArrayImpl that jax's Python ArrayImpl, its type here, does not declare.
+    ready: bool = shard.is_ready()  # type: ignore[attr-defined]
+    return ready
+
+
 def _computed(entry: ServerArray | Poisoned) -> bool:
-    return not isinstance(entry, ServerArray) or all(shard.is_ready() for shard in entry.shards)
+    return not isinstance(entry, ServerArray) or all(is_ready(shard) for shard in entry.shards)
 
 
 class ArrayStore:
@@ -211,10 +231,10 @@ class ArrayStore:
     def new_handle(self) -> int:
         return next(self._server_handles)
 
-    def handles_for(self, requested, count: int) -> list[int]:
+    def handles_for(self, requested: Iterable[int], count: int) -> list[int]:
         """The client's handles for ``count`` new arrays, or new server handles if it named none."""
-        requested = list(requested)
-        return requested if requested else [self.new_handle() for _ in range(count)]
+        handles = list(requested)
+        return handles if handles else [self.new_handle() for _ in range(count)]
 
     def get(self, handle: int) -> ServerArray:
         with self._lock:
@@ -254,14 +274,15 @@ class ArrayStore:
                 self._entries[handle] = Poisoned(error)
             _release([entry])
 
-    def poison(self, handles, error: ServerError) -> None:
+    def poison(self, handles: Iterable[int], error: ServerError) -> None:
         with self._lock:
             for handle in handles:
                 self._entries[handle] = Poisoned(error)
 
-    def destruct(self, handles) -> list[int]:
+    def destruct(self, handles: Iterable[int]) -> list[int]:
         """Forgets ``handles``; returns those it did not know."""
-        missing, released = [], []
+        missing: list[int] = []
+        released: list[ServerArray | Poisoned] = []
         with self._lock:
             for handle in handles:
                 entry = self._entries.pop(handle, None)

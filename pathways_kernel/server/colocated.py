@@ -19,14 +19,18 @@ on serving other requests meanwhile (see ``Session._process``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pathways_kernel.server import protos
 from pathways_kernel.server.arrays import ServerArray, Sharding, dtype_from_proto, sharding_from_proto
 from pathways_kernel.server.errors import INVALID_ARGUMENT, UNIMPLEMENTED, ServerError
+
+if TYPE_CHECKING:
+    import jax
 
 # What jax.experimental.colocated_python names its programs (its version in the name).
 COLOCATED_PYTHON = "jax_colocated_python_"
@@ -37,21 +41,21 @@ class ColocatedProgram:
     """A colocated Python function, compiled for (bound to) the server's devices."""
 
     name: str
-    function: Any
-    in_treedef: Any
-    in_specs: tuple  # jax.ShapeDtypeStruct leaves, shardings on the server's devices
-    out_treedef: Any
-    out_specs: tuple
+    function: Callable[..., Any]
+    in_treedef: jax.tree_util.PyTreeDef
+    in_specs: tuple[jax.ShapeDtypeStruct, ...]  # leaves, with shardings on the server's devices
+    out_treedef: jax.tree_util.PyTreeDef
+    out_specs: tuple[jax.ShapeDtypeStruct, ...]
     device_ids: tuple[int, ...]
     output_shapes: list[tuple[int, ...]] = field(default_factory=list)
-    output_dtypes: list[np.dtype] = field(default_factory=list)
+    output_dtypes: list[np.dtype[Any]] = field(default_factory=list)
     output_shardings: list[Sharding] = field(default_factory=list)
     executable: None = None  # no XLA executable
     num_replicas: int = 1
     runs_in_background: bool = True
 
     @property
-    def parameter_shardings(self) -> list:
+    def parameter_shardings(self) -> list[jax.sharding.Sharding | None]:
         return [spec.sharding for spec in self.in_specs]
 
     def run(self, args: list[ServerArray]) -> list[ServerArray]:

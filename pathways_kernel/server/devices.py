@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from pathways_kernel.server.errors import DATA_LOSS, ServerError
 
@@ -50,7 +52,7 @@ class Topology:
                 f"device {device_id} does not exist (this server has devices 0..{self.device_count - 1})"
             )
 
-    def check_up(self, device_ids) -> None:
+    def check_up(self, device_ids: Iterable[int]) -> None:
         """Raises DATA_LOSS if any of ``device_ids`` is on a slice that is down."""
         with self._lock:
             down = sorted({self.slice_of(d) for d in device_ids} & self._down)
@@ -73,7 +75,7 @@ class Topology:
                 f"slice {slice_index} does not exist (this server has slices 0..{self.slices - 1})"
             )
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, Any]:
         with self._lock:
             return {
                 "slices": self.slices,

@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from pathways_kernel.core.errors import BackendError
@@ -47,7 +48,7 @@ class LocalServer:
     """A running server: its target (for ``JAX_BACKEND_TARGET``), pid and process."""
 
     target: str
-    process: subprocess.Popen
+    process: subprocess.Popen[str]
     directory: str | None = None
     # The last lines only: a long-lived server (a sidecar that logs) must not grow the kernel's memory;
     # its last words are what a crash report needs.
@@ -105,10 +106,10 @@ def start(
         env={**os.environ, **(env or {})},
         start_new_session=True,  # an interrupt in the parent does not reach the server
     )
-    lines: queue.Queue = queue.Queue()
+    lines: queue.Queue[str] = queue.Queue()
     server = LocalServer("", process, directory)
 
-    def pump(stream, sink) -> None:
+    def pump(stream: Iterable[str], sink: Callable[[str], None]) -> None:
         for line in stream:
             sink(line.rstrip("\n"))
 

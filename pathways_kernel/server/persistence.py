@@ -15,13 +15,21 @@ fills each device's shard from its own slice of the stored array.
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import jax
 import numpy as np
 
 from pathways_kernel.server.arrays import ServerArray, Sharding
 from pathways_kernel.server.errors import INVALID_ARGUMENT, NOT_FOUND, ServerError
+
+if TYPE_CHECKING:
+    import tensorstore as ts
+
+# A persistence request's entry for one array: its JSON object.
+Entry = dict[str, Any]
 
 WRITE, READ = "bulk_persistence_write_request", "bulk_persistence_read_request"
 # pathwaysutils sends the bulk forms; the single ones are Pathways' names for one array.
@@ -42,12 +50,12 @@ _DTYPES = {
 }
 
 
-def _text(entry: dict, key: str) -> str:
+def _text(entry: Entry, key: str) -> str:
     return base64.b64decode(entry[key]).decode()
 
 
-def _sharding(entry: dict, rank: int) -> Sharding:
-    from jax._src.lib import xla_client as xc
+def _sharding(entry: Entry, rank: int) -> Sharding:
+    from jaxlib import xla_client as xc
 
     op = xc.OpSharding()
     op.ParseFromString(base64.b64decode(entry["b64_hlo_sharding_string"]))
@@ -57,7 +65,7 @@ def _sharding(entry: dict, rank: int) -> Sharding:
     return Sharding(device_ids, op)
 
 
-def _store(location: str, name: str, *, create: dict | None = None):
+def _store(location: str, name: str, *, create: dict[str, Any] | None = None) -> ts.TensorStore:
     """The tensorstore zarr array ``location/name`` (created with ``create``'s metadata if given)."""
     import tensorstore as ts
 
@@ -88,15 +96,15 @@ class PersistenceProgram:
     """One bulk write or read request; executions run in the background, like colocated Python."""
 
     kind: str
-    entries: list[dict]
+    entries: list[Entry]
     name: str = ""
     executable: None = None  # no XLA executable
     device_ids: tuple[int, ...] = ()
     num_replicas: int = 1
     output_shapes: list[tuple[int, ...]] = field(default_factory=list)
-    output_dtypes: list[np.dtype] = field(default_factory=list)
+    output_dtypes: list[np.dtype[Any]] = field(default_factory=list)
     output_shardings: list[Sharding] = field(default_factory=list)
-    parameter_shardings: list = field(default_factory=list)
+    parameter_shardings: list[jax.sharding.Sharding] = field(default_factory=list)
     runs_in_background: bool = True
 
     def run(self, args: list[ServerArray]) -> list[ServerArray]:
@@ -119,8 +127,6 @@ class PersistenceProgram:
         return []
 
     def _read(self) -> list[ServerArray]:
-        import jax
-
         outputs = []
         for entry, shape, dtype, sharding in zip(
             self.entries, self.output_shapes, self.output_dtypes, self.output_shardings, strict=True
@@ -131,14 +137,21 @@ class PersistenceProgram:
                     f"read {_text(entry, 'b64_name')}: stored as {stored.dtype.numpy_dtype}{list(stored.shape)}, "
                     f"asked for {dtype}{list(shape)}"
                 )
-            value = jax.make_array_from_callback(
-                shape, sharding.jax_sharding(), lambda index, stored=stored: stored[index].read().result()
-            )
+            value = jax.make_array_from_callback(shape, sharding.jax_sharding(), _reader(stored))
             outputs.append(ServerArray.from_jax(value, sharding))
         return outputs
 
 
-def compile_persistence(kind: str, body: dict) -> PersistenceProgram:
+def _reader(stored: ts.TensorStore) -> Callable[[tuple[slice, ...] | None], np.ndarray[Any, np.dtype[Any]]]:
+    """Reads a shard's slice of ``stored`` (for ``jax.make_array_from_callback``)."""
+
+    def read(index: tuple[slice, ...] | None) -> np.ndarray[Any, np.dtype[Any]]:
+        return stored[index].read().result()
+
+    return read
+
+
+def compile_persistence(kind: str, body: Entry) -> PersistenceProgram:
     """The program of a (bulk) persistence request's JSON body."""
     kind = SINGLE.get(kind, kind)
     if kind == WRITE:

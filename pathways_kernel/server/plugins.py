@@ -21,12 +21,16 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pathways_kernel.server.arrays import ServerArray, Sharding
 from pathways_kernel.server.errors import INVALID_ARGUMENT, UNIMPLEMENTED, ServerError
 from pathways_kernel.server.persistence import READ, SINGLE, WRITE, PersistenceProgram, compile_persistence
+
+if TYPE_CHECKING:
+    import jax
 
 PREFIX = b"__serialized_plugin_program "
 # The server's trace file in a run directory (XProf shows it as host "pathways-local-server").
@@ -50,8 +54,8 @@ class ProfileProgram:
     device_ids: tuple[int, ...] = ()
     num_replicas: int = 1
     output_shapes: list[tuple[int, ...]] = field(default_factory=list)
-    output_dtypes: list[np.dtype] = field(default_factory=list)
-    parameter_shardings: list = field(default_factory=list)
+    output_dtypes: list[np.dtype[Any]] = field(default_factory=list)
+    parameter_shardings: list[jax.sharding.Sharding] = field(default_factory=list)
     output_shardings: list[Sharding] = field(default_factory=list)
     runs_in_background: bool = False
 

@@ -77,13 +77,15 @@ def loaded_executable_cost_analysis_request(session: Session, request: Proto, re
     program = session.program(request.loaded_executable_handle)
     analysis = response.loaded_executable_cost_analysis_response
     analysis.attributes.SetInParent()
-    for key, value in (program.executable.cost_analysis() or {}).items():
+    executable = program.executable  # None for a plugin program: nothing to analyse
+    for key, value in ((executable.cost_analysis() if executable else None) or {}).items():
         analysis.attributes.attributes[key].float_value = float(value)
 
 
 def loaded_executable_human_readable_program_text_request(session: Session, request: Proto, response: Proto) -> None:
     program = session.program(request.loaded_executable_handle)
-    texts = program.executable.get_hlo_text() if hasattr(program.executable, "get_hlo_text") else ""
+    executable = program.executable
+    texts = executable.get_hlo_text() if executable is not None and hasattr(executable, "get_hlo_text") else ""
     response.loaded_executable_human_readable_program_text_response.human_readable_program_text = str(texts)
 
 

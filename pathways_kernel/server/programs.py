@@ -19,17 +19,17 @@ import ml_dtypes
 import numpy as np
 from jax._src import xla_bridge
 from jax._src.interpreters import mlir as jax_mlir
-from jax._src.lib import xla_client as xc
 from jax._src.sharding_impls import GSPMDSharding
+from jaxlib import xla_client as xc
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
 from pathways_kernel.server import protos
-from pathways_kernel.server.arrays import ServerArray, Sharding, replicated
-from pathways_kernel.server.colocated import ColocatedProgram, compile_colocated
+from pathways_kernel.server.arrays import ServerArray, Sharding, assemble, replicated
+from pathways_kernel.server.colocated import compile_colocated
 from pathways_kernel.server.devices import Topology
 from pathways_kernel.server.errors import INVALID_ARGUMENT, UNIMPLEMENTED, ServerError
-from pathways_kernel.server.plugins import ProfileProgram, compile_plugin
+from pathways_kernel.server.plugins import compile_plugin
 from pathways_kernel.server.protos import Proto
 
 _compile_lock = threading.Lock()
@@ -108,7 +108,7 @@ class Program:
         ]
 
 
-def _as_input(arg: ServerArray, sharding, device_ids) -> jax.Array:
+def _as_input(arg: ServerArray, sharding: jax.sharding.Sharding, device_ids: tuple[int, ...]) -> jax.Array:
     arg.check_live()
     if len(device_ids) == 1 and arg.sharding.op is None:
         return arg.shards[0]
@@ -116,10 +116,7 @@ def _as_input(arg: ServerArray, sharding, device_ids) -> jax.Array:
     missing = [d for d in device_ids if d not in by_device]
     if missing:
         raise ServerError.invalid(f"an argument has no shard on device {missing[0]} of the executable")
-    aval = jax.core.ShapedArray(arg.shape, arg.dtype)
-    from jax._src import array as jax_array
-
-    return jax_array.ArrayImpl(aval, sharding, [by_device[d] for d in device_ids], committed=True, _skip_checks=True)
+    return assemble(arg.shape, arg.dtype, sharding, [by_device[d] for d in device_ids])
 
 
 _ELEMENT_TYPES = {
@@ -141,15 +138,16 @@ _ELEMENT_TYPES = {
 }
 
 
-def _module_and_outputs(data: bytes):
+def _module_and_outputs(data: bytes) -> tuple[str, list[tuple[int, ...]], list[np.dtype[Any]]]:
     """The module text of a portable artifact and the shapes and dtypes its ``main`` returns."""
     context = jax_mlir.make_ir_context()
     with context:
         module = stablehlo.deserialize_portable_artifact(context, data)
         # With its locations: XLA takes each op's op_name metadata (the JAX source name
         # the profile summary shows, jit(f)/dot_general) from them; str() drops them.
-        text = module.operation.get_asm(enable_debug_info=True)
-        shapes = None
+        text = str(module.operation.get_asm(enable_debug_info=True))
+        shapes: list[tuple[int, ...]] | None = None
+        dtypes: list[np.dtype[Any]] = []
         for op in module.body.operations:
             if ir.StringAttr(op.attributes["sym_name"]).value == "main":
                 function_type = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
@@ -161,7 +159,7 @@ def _module_and_outputs(data: bytes):
     return text, shapes, dtypes
 
 
-def device_assignment(options_proto) -> tuple[list[int], int, int]:
+def device_assignment(options_proto: Proto) -> tuple[list[int], int, int]:
     """Device ids in the order XLA numbers them (replica-major), replicas, partitions."""
     assignment = options_proto.executable_build_options.device_assignment
     replicas, partitions = assignment.replica_count, assignment.computation_count
@@ -169,7 +167,7 @@ def device_assignment(options_proto) -> tuple[list[int], int, int]:
     return ids, replicas, partitions
 
 
-def compile_program(request, topology: Topology) -> Program | ProfileProgram | ColocatedProgram:
+def compile_program(request: Proto, topology: Topology) -> LoadedProgram:
     """Compiles a CompileRequest for the server's devices; raises ServerError with the
     compiler's message if XLA rejects it."""
     if request.program.type_name == "xla::ifrt::PluginProgram":
@@ -221,15 +219,18 @@ def _name(text: str) -> str:
     return head.split("@", 1)[1].split(" ", 1)[0] if "@" in head else "main"
 
 
-def _parameter_shardings(executable, ids, replicas, count):
+def _parameter_shardings(
+    executable: Executable, ids: list[int], replicas: int, count: int
+) -> list[jax.sharding.Sharding]:
     devices = tuple(jax.devices()[i] for i in ids)
     if len(ids) == 1:
-        return [jax.sharding.SingleDeviceSharding(devices[0])] * count
+        single: jax.sharding.Sharding = jax.sharding.SingleDeviceSharding(devices[0])
+        return [single] * count
     ops = executable.get_parameter_shardings() if replicas == 1 else None
     return [GSPMDSharding(devices, ops[i] if ops else replicated(ids).op) for i in range(count)]
 
 
-def _output_shardings(executable, ids, replicas, count) -> list[Sharding]:
+def _output_shardings(executable: Executable, ids: list[int], replicas: int, count: int) -> list[Sharding]:
     if len(ids) == 1:
         return [Sharding(tuple(ids), None)] * count
     ops = executable.get_output_shardings() if replicas == 1 else None

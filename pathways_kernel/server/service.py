@@ -16,13 +16,13 @@ import concurrent.futures
 import itertools
 import threading
 from collections.abc import AsyncIterable, AsyncIterator, Iterable
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 
 from pathways_kernel.server import array_requests, device_requests, host_buffers, program_requests, protos
 from pathways_kernel.server.devices import Topology
-from pathways_kernel.server.errors import DATA_LOSS, ServerError
+from pathways_kernel.server.errors import DATA_LOSS, ServerError, abort
 from pathways_kernel.server.programs import CompiledPrograms, LoadedProgram
 from pathways_kernel.server.protos import Proto
 from pathways_kernel.server.session import Handler, Session
@@ -139,6 +139,11 @@ class Server:
 # ---- the gRPC service ------------------------------------------------------------
 
 
+async def _abort_async(context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
+    await context.abort(code, message)
+    raise AssertionError("grpc's abort returned")
+
+
 def _metadata(context: grpc.ServicerContext, key: str) -> bytes | None:
     for item in context.invocation_metadata():
         if item.key == key:
@@ -162,7 +167,8 @@ def handlers(server: Server) -> grpc.GenericRpcHandler:
         low = max(request.min_version.protocol_version, PROTOCOL_MIN)
         high = min(request.max_version.protocol_version, PROTOCOL_MAX)
         if low > high:
-            context.abort(
+            abort(
+                context,
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"the client speaks IFRT proxy protocol {request.min_version.protocol_version}.."
                 f"{request.max_version.protocol_version}, the local Pathways server {PROTOCOL_MIN}..{PROTOCOL_MAX}: "
@@ -176,7 +182,8 @@ def handlers(server: Server) -> grpc.GenericRpcHandler:
     async def ifrt_session(requests: AsyncIterable[Proto], context: grpc.aio.ServicerContext) -> AsyncIterator[Proto]:
         raw = _metadata(context, SESSION_METADATA)
         if raw is None:
-            await context.abort(
+            await _abort_async(
+                context,
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"Missing metadata for GrpcIfrtService.IfrtSession: {SESSION_METADATA}",
             )
@@ -187,23 +194,20 @@ def handlers(server: Server) -> grpc.GenericRpcHandler:
 
     codes = {code.value[0]: code for code in grpc.StatusCode}
 
-    def _abort(context: grpc.ServicerContext, error: ServerError) -> None:
-        context.abort(codes[error.code], error.message)
-
     def host_buffer_store(chunks: Iterable[memoryview], context: grpc.ServicerContext) -> Proto:
         raw = _metadata(context, STORE_METADATA)
         if raw is None:
-            context.abort(grpc.StatusCode.INTERNAL, "Missing gRPC metadata for GrpcHostBufferService.Store")
+            abort(context, grpc.StatusCode.INTERNAL, "Missing gRPC metadata for GrpcHostBufferService.Store")
         metadata = protos.proxy("GrpcHostBufferStoreMetadata").FromString(raw)
         # Each chunk is copied once, into an array the devices can adopt as it is.
         data, received = host_buffers.receive(chunks, metadata.buffer_size)
         server.count("host_bytes_from_client", received)
         if received != metadata.buffer_size:
-            context.abort(grpc.StatusCode.DATA_LOSS, f"expected {metadata.buffer_size} bytes but got {received}")
+            abort(context, grpc.StatusCode.DATA_LOSS, f"expected {metadata.buffer_size} bytes but got {received}")
         try:
             server.session(metadata.session_id).host_buffers.store(metadata.handle, data)
         except ServerError as error:
-            _abort(context, error)
+            abort(context, codes[error.code], error.message)
         return store_response()
 
     async def host_buffer_lookup(request: Proto, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
@@ -216,7 +220,7 @@ def handlers(server: Server) -> grpc.GenericRpcHandler:
             if data is None:
                 data = await asyncio.get_running_loop().run_in_executor(None, store.lookup, request.handle)
         except ServerError as error:
-            await context.abort(codes[error.code], error.message)
+            await _abort_async(context, codes[error.code], error.message)
         view = host_buffers.byte_view(data)
         server.count("host_bytes_to_client", len(view))
         for message in host_buffers.data_messages(view):
@@ -226,7 +230,7 @@ def handlers(server: Server) -> grpc.GenericRpcHandler:
         try:
             server.session(request.session_id).host_buffers.delete(request.handle)
         except ServerError as error:
-            _abort(context, error)
+            abort(context, codes[error.code], error.message)
         return delete_response()
 
     return grpc.method_handlers_generic_handler(

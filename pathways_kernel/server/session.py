@@ -203,7 +203,7 @@ class Session:
         response.response_metadata.op_id = op_id
         handler = self._requests.get(kind) if kind else None
         try:
-            if handler is None:
+            if handler is None or kind is None:
                 raise ServerError(
                     UNIMPLEMENTED, f"the local Pathways server does not serve {kind or 'an empty request'}"
                 )
