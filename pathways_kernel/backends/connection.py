@@ -49,7 +49,7 @@ def reconnect(timeout: float | None = None) -> Session:
 
 
 def connect_shared_service(
-    request=None,
+    request: ServiceRequest | None = None,
     *,
     cluster: str = "",
     project: str = "",

@@ -30,7 +30,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TypeAlias, TypeVar
 
 from pathways_kernel.core.errors import BackendError, SpecError
 from pathways_kernel.core.text import shown
@@ -50,6 +50,10 @@ _TARGET = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[^:/\[\]]+):(?P<port>[0-9]{1
 MAX_HOST = 253
 
 T = TypeVar("T")
+#: Makes the ``ConnectError`` of a failed step: ``fail(step, what, fix)``.
+Fail: TypeAlias = Callable[[str, str, str], "ConnectError"]
+#: A socket address as ``getaddrinfo`` gives it (IPv4, IPv6, or IPv6 without IPv6 support).
+SockAddr: TypeAlias = tuple[str, int] | tuple[str, int, int, int] | tuple[int, bytes]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,7 +207,7 @@ def _within(seconds: float, work: Callable[[], T]) -> T:
     return box["value"]  # type: ignore[return-value]
 
 
-def _resolve(target: Target, seconds: float, fail) -> list[tuple]:
+def _resolve(target: Target, seconds: float, fail: Fail) -> list[SockAddr]:
     try:
         infos = _within(seconds, lambda: socket.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM))
     except TimeoutError:
@@ -221,7 +225,7 @@ def _resolve(target: Target, seconds: float, fail) -> list[tuple]:
     return [info[4] for info in infos]
 
 
-def _connect(target: Target, addresses: list[tuple], deadline: float, fail) -> tuple[socket.socket, str]:
+def _connect(target: Target, addresses: list[SockAddr], deadline: float, fail: Fail) -> tuple[socket.socket, str]:
     refused = unreachable = None
     for address in addresses:
         left = deadline - time.monotonic()
@@ -232,7 +236,7 @@ def _connect(target: Target, addresses: list[tuple], deadline: float, fail) -> t
         sock.settimeout(left)
         try:
             sock.connect(address)
-            return sock, f"{address[0]}:{address[1]}"
+            return sock, f"{address[0]}:{address[1]!s}"
         except ConnectionRefusedError:
             refused = address
         except TimeoutError:
@@ -257,7 +261,7 @@ def _connect(target: Target, addresses: list[tuple], deadline: float, fail) -> t
     )
 
 
-def _handshake(target: Target, sock: socket.socket, seconds: float, fail) -> str:
+def _handshake(target: Target, sock: socket.socket, seconds: float, fail: Fail) -> str:
     """Send the HTTP/2 preface; return ``"h2c"``, ``"tls"`` or ``"closed"``."""
     sock.settimeout(max(seconds, 0.01))
     try:
@@ -307,7 +311,7 @@ def _speaks_tls(target: Target, address: str, seconds: float) -> bool:
         return False
 
 
-def _check_grpc(target: Target, left: Callable[[], float], fail) -> None:
+def _check_grpc(target: Target, left: Callable[[], float], fail: Fail) -> None:
     import grpc
 
     channel = grpc.insecure_channel(target.authority, options=[("grpc.enable_retries", 0)])

@@ -101,7 +101,9 @@ class ProxyBackend(Backend):
 
         if self.report is None:
             self.preflight()
-        self._previous = (jax.config.jax_platforms, jax.config.read("jax_backend_target"), os.environ.get(INSECURE_ENV))
+        # jax.config's options are attributes JAX adds at run time, unseen by mypy.
+        platforms = jax.config.jax_platforms  # type: ignore[attr-defined]
+        self._previous = (platforms, jax.config.read("jax_backend_target"), os.environ.get(INSECURE_ENV))
         clear_jax()
         if self.insecure:
             os.environ[INSECURE_ENV] = "true"
@@ -263,7 +265,8 @@ def _register_factory(backend: ProxyBackend) -> None:
     from jax.extend import backend as jax_backend
     from jax.extend.backend import ifrt_proxy
 
-    def make_client():
+    # The IFRT proxy client: JAX names its type only in jax._src (xla_client.Client).
+    def make_client() -> Any:
         options = ifrt_proxy.ClientConnectionOptions()
         if seconds := os.environ.get(CONNECT_TIMEOUT_ENV):
             options.connection_timeout_in_seconds = int(seconds)

@@ -108,7 +108,7 @@ def connect(
     wait: float | None = None,
     nodes_per_slice: int | None = None,
     feature: str | None = None,
-):
+) -> sessions.Session:
     """Connect the session to a Pathways job on Slurm, or bind a local backend to one.
 
     Args:

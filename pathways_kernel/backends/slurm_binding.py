@@ -14,17 +14,30 @@ real cluster manager's failures.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Protocol, cast
 
 from pathways_kernel.backends import slurm as slurm_lib
 from pathways_kernel.backends.slurm_watch import JobWatch
+from pathways_kernel.core.sessions import Session
 from pathways_kernel.emulator.faults import injector
+
+
+class _JobLabelled(Protocol):
+    """A local backend (``embedded:``, ``local:``): its spec names the job it is bound to."""
+
+    job_label: Callable[[], str] | None
+
+
+def _labelled(session: Session) -> _JobLabelled:
+    # Only a local backend binds (bind() requires fault injection), and both local ones carry job_label.
+    return cast(_JobLabelled, session.backend)
 
 
 class InjectorSlices:
     """Sink: a node out of service loses its emulated slice through the fault injector."""
 
-    def __init__(self, session: Any):
+    def __init__(self, session: Session):
         self.session = session
 
     def slice_count(self) -> int:
@@ -43,7 +56,7 @@ class InjectorSlices:
 class SlurmBinding:
     """The session's binding to a Slurm job (a session component)."""
 
-    def __init__(self, session: Any):
+    def __init__(self, session: Session):
         self.session = session
         self.watch: JobWatch | None = None
         session.on_close(self.unbind)
@@ -80,7 +93,7 @@ class SlurmBinding:
         self.session.events.emit(
             "job_bound", detail=f"{self.session.backend.spec} on {running.describe()}: {watch.describe()}"
         )
-        self.session.backend.job_label = watch.label
+        _labelled(self.session).job_label = watch.label
         watch.start()
         return watch
 
@@ -89,8 +102,8 @@ class SlurmBinding:
             watch, self.watch = self.watch, None
             watch.stop()
             if getattr(self.session.backend, "job_label", None) == watch.label:
-                self.session.backend.job_label = None
+                _labelled(self.session).job_label = None
 
 
-def binding(session: Any) -> SlurmBinding:
+def binding(session: Session) -> SlurmBinding:
     return session.component(SlurmBinding)
