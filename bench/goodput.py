@@ -184,7 +184,7 @@ def main() -> None:
         # run, and the time between them badput by cause, through pw.steps alone.
         from pathwaysutils.elastic import manager
 
-        mgr = manager.Manager()  # sees the emulated slices (emulator/pathwaysutils_compat.py)
+        mgr = manager.Manager()  # sees the emulated slices (core/pathwaysutils_compat.py)
         kept = {"step": 0, "host": None}
 
         @mgr.elastic_retry(minimum_slice_count=1, poll_interval=1)

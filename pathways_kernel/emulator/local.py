@@ -16,7 +16,7 @@ Activating the backend also
 - sizes XLA's CPU thread pools so that an unblocked training loop cannot
   deadlock its collectives (``_client_threads``);
 - lets pathwaysutils' elastic tools see these slices
-  (``pathwaysutils_compat``), until the backend is closed.
+  (``core/pathwaysutils_compat.py``), until the backend is closed.
 
 The devices JAX has are checked against the spec on every topology read, so a
 ``jax_num_cpu_devices`` changed behind the session's back is reported in one
@@ -30,10 +30,9 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-from pathways_kernel.core import jaxcompat
+from pathways_kernel.core import jaxcompat, pathwaysutils_compat
 from pathways_kernel.core.backend import Backend, Placement
 from pathways_kernel.core.errors import BackendError
-from pathways_kernel.emulator import pathwaysutils_compat
 from pathways_kernel.emulator.faults import InjectedFaults
 
 #: Read by XLA (``DefaultThreadPoolSize``) when it creates the CPU client.
@@ -59,6 +58,8 @@ class LocalBackend(InjectedFaults, Backend):
         self.chips_per_slice = chips_per_slice
         #: ``(value before,)`` of ``PJRT_NPROC`` while ours is set.
         self._pool_env_before: tuple[str | None] | None = None
+        #: pathwaysutils' elastic tools see these slices while the backend is active.
+        self._slice_groups = pathwaysutils_compat.slice_groups(self.slice_map)
         #: Set while the slices are bound to a Slurm job (``slurm_binding``): the job's id and time left.
         self.job_label: Callable[[], str] | None = None
 
@@ -77,7 +78,7 @@ class LocalBackend(InjectedFaults, Backend):
     def activate(self) -> None:
         import jax
 
-        pathwaysutils_compat.install(self.slice_map)
+        self._slice_groups.start()
         if jaxcompat.backends_initialized():
             # jax.config's options are attributes JAX adds at run time, unseen by mypy.
             if jax.config.jax_num_cpu_devices == self.num_devices and _cpu_count() == self.num_devices:  # type: ignore[attr-defined]
@@ -95,7 +96,7 @@ class LocalBackend(InjectedFaults, Backend):
         jax.config.update("jax_num_cpu_devices", self.num_devices)
 
     def close(self) -> None:
-        pathwaysutils_compat.uninstall()
+        self._slice_groups.stop()
         if self._pool_env_before is not None:
             (before,), self._pool_env_before = self._pool_env_before, None
             if before is None:

@@ -13,26 +13,22 @@ except what pathwaysutils' ``wait_for_slices`` takes (``slice_wait``). The run
 ends when the call returns or raises. Nothing else about ``elastic_retry``
 changes: the same attempts, callbacks and errors.
 
-pathwaysutils is not imported for this: an import hook wraps it when user
-code first imports its manager.
+pathwaysutils is not imported for this: the wraps are patches of
+``core/pathwaysutils_compat.py``, put in when user code first imports it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.abc
-import importlib.machinery
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
+from pathways_kernel.core import pathwaysutils_compat
 from pathways_kernel.training import accounting, goodput
 
-_MANAGER = "pathwaysutils.elastic.manager"
-_ELASTIC = "pathwaysutils.elastic.elastic"
 _local = threading.local()
 
 
@@ -134,7 +130,6 @@ def _wrap_elastic_retry(original: Any) -> Any:
 
         return wrap
 
-    elastic_retry._pathways_jobs = True  # type: ignore[attr-defined]
     return elastic_retry
 
 
@@ -147,44 +142,27 @@ def _wrap_wait_for_slices(original: Any) -> Any:
         with job.waiting_for_slices():
             return original(*args, **kwargs)
 
-    wait_for_slices._pathways_jobs = True  # type: ignore[attr-defined]
     return wait_for_slices
 
 
-def _patch(manager: Any) -> None:
-    if not getattr(manager.Manager.elastic_retry, "_pathways_jobs", False):
-        manager.Manager.elastic_retry = _wrap_elastic_retry(manager.Manager.elastic_retry)
-    # pathwaysutils' module, as loaded: its attributes are not known ahead.
-    elastic: Any = sys.modules.get(_ELASTIC)
-    if elastic is not None and not getattr(elastic.wait_for_slices, "_pathways_jobs", False):
-        elastic.wait_for_slices = _wrap_wait_for_slices(elastic.wait_for_slices)
-
-
-class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Finds pathwaysutils' manager module as usual and wraps it once executed."""
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != _MANAGER:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return spec
-        exec_module = spec.loader.exec_module
-
-        def exec_and_patch(module: Any) -> None:
-            exec_module(module)
-            _patch(module)
-
-        spec.loader.exec_module = exec_and_patch  # type: ignore[method-assign]
-        return spec
-
-
-_FINDER = _PatchOnImport()
+#: The two wraps, in pathwaysutils' modules (now, or when user code imports them).
+_PATCHES = (
+    pathwaysutils_compat.Patch(pathwaysutils_compat.MANAGER, "elastic_retry", _wrap_elastic_retry, cls="Manager"),
+    pathwaysutils_compat.Patch(pathwaysutils_compat.ELASTIC, "wait_for_slices", _wrap_wait_for_slices),
+)
 
 
 def install() -> None:
-    """Make ``elastic_retry`` jobs one run each, now or when pathwaysutils is imported."""
-    if (module := sys.modules.get(_MANAGER)) is not None:
-        _patch(module)
-    elif _FINDER not in sys.meta_path:
-        sys.meta_path.insert(0, _FINDER)
+    """Make ``elastic_retry`` jobs one run each, now or when pathwaysutils is imported.
+
+    Process-wide, as pathwaysutils is: a function decorated under one session may be
+    called under the next. Outside a job the wraps only pass the call on.
+    """
+    for patch in _PATCHES:
+        patch.start()
+
+
+def uninstall() -> None:
+    """pathwaysutils' own ``elastic_retry`` and ``wait_for_slices`` back."""
+    for patch in _PATCHES:
+        patch.stop()

@@ -33,3 +33,23 @@ def test_the_libraries_whose_private_api_we_patch_have_an_upper_pin_that_admits_
     for name in ("ipykernel", "pathwaysutils", "jax", "jaxlib"):
         assert any(s.operator in ("<", "<=", "~=", "==") for s in pins[name]), f"{name} has no upper pin"
         assert pins[name].contains(version(name)), f"{name} {version(name)} is outside {pins[name]}"
+
+
+def test_pathwaysutils_is_patched_only_while_the_embedded_session_runs_and_no_import_hook_outlives_the_import():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, pathways_kernel as pw\n"
+        "from pathways_kernel.core import pathwaysutils_compat as compat\n"
+        "s = pw.session(); s.topology\n"
+        "assert 'pathwaysutils' not in sys.modules and compat._FINDER in sys.meta_path\n"
+        "from pathwaysutils.elastic import elastic, manager\n"
+        "print('hook', compat._FINDER in sys.meta_path)\n"
+        "print('running', hasattr(elastic.get_slice_to_devices, '__wrapped__'))\n"
+        "s.close()\n"
+        "print('closed', hasattr(elastic.get_slice_to_devices, '__wrapped__'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["hook", "False", "running", "True", "closed", "False"], out.stdout
