@@ -14,12 +14,16 @@ import concurrent.futures
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pathways_kernel.core import sessions
 from pathways_kernel.core.errors import StorageError, one_line
 from pathways_kernel.core.eventlog import EventLog, format_bytes
 from pathways_kernel.core.subscribers import Subscribers
+
+if TYPE_CHECKING:
+    import jax
+    from jax.sharding import Sharding
 
 # Two workers: a restore can run while a persist is still uploading. The
 # workers mostly wait on tensorstore futures, so more would not be faster.
@@ -50,7 +54,7 @@ class Transfer:
         self.duration_s: float | None = None
         self.events = events
         self._lock = threading.Lock()
-        self._future: concurrent.futures.Future | None = None
+        self._future: concurrent.futures.Future[Any] | None = None
         self._checked = threading.Event()
         self._running = threading.Event()
 
@@ -156,7 +160,7 @@ class Transfer:
         p.text(self.summary())
 
 
-def reshard(arrays: Sequence[Any], shardings: Sequence[Any]) -> list[Any]:
+def reshard(arrays: Sequence[jax.Array], shardings: Sequence[Sharding]) -> list[jax.Array]:
     """``jax.device_put(arrays, shardings)``, waited for, done by the server where the
     backend can: through JAX's proxy client, ``device_put`` to a sharding of another shape
     (a mesh that lost or gained a slice) reads the array into this process and uploads it
@@ -170,12 +174,14 @@ def reshard(arrays: Sequence[Any], shardings: Sequence[Any]) -> list[Any]:
         from pathwaysutils import reshard as pathways_reshard
 
         try:
-            return jax.block_until_ready(list(pathways_reshard.reshard(arrays, shardings)))
+            moved: list[jax.Array] = jax.block_until_ready(list(pathways_reshard.reshard(arrays, shardings)))
+            return moved
         except jax.errors.JaxRuntimeError as error:
             if "UNIMPLEMENTED" not in str(error):
                 raise
             _RESHARD_UNSERVED.append(one_line(error))
-    return jax.block_until_ready(list(jax.device_put(arrays, shardings)))
+    put: list[jax.Array] = jax.block_until_ready(list(jax.device_put(arrays, shardings)))
+    return put
 
 
 #: Why the backend's server does not reshard (set once it said so).
