@@ -50,7 +50,6 @@ from pathways_kernel.core import jaxcompat
 from pathways_kernel.core.errors import BackendError
 from pathways_kernel.core.threads import ExitStop
 from pathways_kernel.emulator.faults import InjectedFaults
-from pathways_kernel.monitoring import telemetry
 
 SPEC_PREFIX = "local"
 #: Seconds a status call to the server may take when sampling memory.
@@ -73,6 +72,7 @@ class LocalServerBackend(InjectedFaults, ProxyBackend):
 
     name: ClassVar[str] = "local"
     supports_fault_injection: ClassVar[bool] = True
+    reports_device_memory: ClassVar[bool] = True
 
     def __init__(self, num_slices: int, chips_per_slice: int, timeout: float | None = None):
         super().__init__(preflight_lib.Target("localhost", 1), timeout, insecure=True)
@@ -242,40 +242,18 @@ class LocalServerBackend(InjectedFaults, ProxyBackend):
         return bool(down) and any(device_slice(d) in down for d in array.sharding.device_set)
 
     # -- telemetry ------------------------------------------------------------
-    def metrics_source(self, layout: Any) -> telemetry.MetricsSource:
-        return ServerSource(self)
-
-
-class ServerSource(telemetry.ClientSource):
-    """Memory as the server counts it (bytes of live arrays per device); busy from the client.
-
-    The server knows what each device holds (lost arrays hold nothing there);
-    it does not time device work, so utilization stays the client's measure.
-    """
-
-    name = "server"
-
-    def __init__(self, backend: LocalServerBackend):
-        super().__init__()
-        self.backend = backend
-
-    def sample(self, layout: telemetry.Layout) -> telemetry.Sample:
+    def device_memory(self) -> Sequence[int] | None:
+        """The server's bytes of live arrays per device id; None while it does not answer."""
         from pathways_kernel.server import control
 
-        sample = super().sample(layout)
-        server = self.backend.server
+        server = self.server
         if server is None or not server.alive():
-            return sample
+            return None
         try:
-            per_device = control.status(server.target, timeout=_STATUS_TIMEOUT_S)["bytes_per_device"]
+            per_device: list[int] = control.status(server.target, timeout=_STATUS_TIMEOUT_S)["bytes_per_device"]
         except (BackendError, KeyError):
-            return sample
-        memory = sample.memory.copy() if sample.memory is not None else None
-        if memory is not None:
-            for device_id, position in layout.position.items():
-                if 0 <= device_id < len(per_device):
-                    memory[position] = per_device[device_id]
-        return dataclasses.replace(sample, memory=memory)
+            return None
+        return per_device
 
 
 #: What JAX's proxy client says, before asking the server, when a program has a host callback

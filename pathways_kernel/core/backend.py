@@ -63,6 +63,8 @@ class Backend(abc.ABC):
     name: ClassVar[str]
     #: whether ``fail_slice``/``repair_slice`` may be injected (emulators only).
     supports_fault_injection: ClassVar[bool] = False
+    #: whether ``device_memory`` asks a server: telemetry then reports memory as the server counts it.
+    reports_device_memory: ClassVar[bool] = False
     #: the log a backend reports connection lifecycle events to; set by the session.
     events: Any = None
 
@@ -109,6 +111,14 @@ class Backend(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook, deliberately a no-op by default
         """Release what ``activate`` acquired; the default holds nothing."""
+
+    def device_memory(self) -> Sequence[int] | None:
+        """Bytes in use on each device, indexed by device id, as the backend's server counts them.
+
+        None where there is no server to ask, or it did not answer: telemetry then counts
+        the bytes of the client's live arrays (``monitoring/telemetry.py``).
+        """
+        return None
 
     # -- slice loss: what layers above ask instead of reaching into emulator/ --
     def is_lost(self, array: Any, wait: bool = True) -> bool:

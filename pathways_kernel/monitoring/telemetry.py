@@ -19,9 +19,9 @@ backend reports it; CPU devices report nothing); arrays lost with a slice hold
 nothing usable and count for nothing, even after the slice is restored: an
 array with a shard on a down slice counts nowhere from the moment the slice is
 down (its buffers may be swapped a moment later), nor do the buffers a loss
-keeps for readers in flight (the backend's ``is_leftover``). A backend that can ask its
-server instead (the Pathways proxy) plugs in its own source by defining
-``metrics_source(layout) -> MetricsSource``.
+keeps for readers in flight (the backend's ``is_leftover``). A backend whose server
+counts each device's bytes (the local server: ``reports_device_memory``) gets
+``ServerSource``: memory as ``Backend.device_memory()`` says, busy from the client.
 
 Cost: one pass over ``jax.live_arrays()`` per sample (~2 us per array), numpy
 work per distinct sharding, no Python loop over chips, except
@@ -29,10 +29,8 @@ work per distinct sharding, no Python loop over chips, except
 backend has it. If a sample costs more than
 ``MAX_DUTY`` of the sampling period, the hub samples less often.
 
-Over 600 lines: the sources (``MetricsSource``, ``ClientSource``) and the hub
-(``TelemetryHub``: subscriptions, windows, history) are its two seams; the
-sources split off together with the local server's own source, which
-``backends/local_server.py`` still defines (the edge .importlinter ignores).
+Over 600 lines: the sources (``MetricsSource``, ``ClientSource``, ``ServerSource``)
+and the hub (``TelemetryHub``: subscriptions, windows, history) are its two seams.
 """
 
 from __future__ import annotations
@@ -50,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from pathways_kernel.core.backend import Backend
 from pathways_kernel.core.errors import PathwaysError
 from pathways_kernel.core.eventlog import Event
 from pathways_kernel.core.sessions import Session
@@ -246,6 +245,32 @@ class ClientSource(MetricsSource):
         return cached[1]
 
 
+class ServerSource(ClientSource):
+    """Memory as the backend's server counts it (bytes of live arrays per device); busy from the client.
+
+    The server knows what each device holds (lost arrays hold nothing there);
+    it does not time device work, so utilization stays the client's measure.
+    While the server does not answer, memory is the client's measure too.
+    """
+
+    name = "server"
+
+    def __init__(self, backend: Backend) -> None:
+        super().__init__()
+        self._backend = backend
+
+    def sample(self, layout: Layout) -> Sample:
+        sample = super().sample(layout)
+        per_device = self._backend.device_memory()
+        if per_device is None or sample.memory is None:
+            return sample
+        memory = sample.memory.copy()
+        for device_id, position in layout.position.items():
+            if 0 <= device_id < len(per_device):
+                memory[position] = per_device[device_id]
+        return dataclasses.replace(sample, memory=memory)
+
+
 def _devices_of(sharding: Sharding) -> Sequence[jax.Device]:
     # _device_assignment is ordered and cached by JAX; device_set is the public fallback.
     devices = getattr(sharding, "_device_assignment", None)
@@ -408,7 +433,7 @@ class TelemetryHub:
         self._topology_seq = 1
         self._layout = Layout.of(session.topology)
         self._target = session.backend.target
-        self._source = source or _backend_source(session, self._layout) or ClientSource(session.backend.is_leftover)
+        self._source = source or _source_for(session.backend)
         self._seq = 0
         self._latest: Metrics | None = None
         self._history: History | None = None
@@ -638,9 +663,10 @@ def _log() -> logging.Logger:
     return logging.getLogger("pathways_kernel.monitoring.telemetry")
 
 
-def _backend_source(session: Session, layout: Layout) -> MetricsSource | None:
-    factory = getattr(session.backend, "metrics_source", None)
-    return factory(layout) if callable(factory) else None
+def _source_for(backend: Backend) -> MetricsSource:
+    if backend.reports_device_memory:
+        return ServerSource(backend)
+    return ClientSource(backend.is_leftover)
 
 
 def hub(session: Session | None = None) -> TelemetryHub:

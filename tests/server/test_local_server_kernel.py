@@ -79,7 +79,7 @@ def test_the_kernel_runs_jax_s_proxy_client_against_its_own_server(server_kernel
         "from pathways_kernel.monitoring import telemetry\n"
         "from pathways_kernel.server import control\n"
         "layout = telemetry.Layout.of(pw.topology())\n"
-        "source = telemetry._backend_source(pw.session(), layout)\n"
+        "source = telemetry.hub().source\n"
         "sample = source.sample(layout).memory.tolist()\n"
         "print(source.name, sample == control.status(pw.session().backend.server.target)['bytes_per_device'],"
         " sample[0] > sample[1] > 0)"
