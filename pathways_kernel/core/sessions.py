@@ -349,9 +349,12 @@ def install(backend: Backend, force: bool = False) -> Session:
             _current = _start(backend)
         except PathwaysError:
             if old is not None:
-                # Give the user back a working session on the previous backend.
+                # Give the user back a working session on the previous backend, whose log
+                # starts with what the failed attempt logged (the client's connection updates).
                 try:
-                    _current = _start(_backend(old.backend.spec))
+                    previous = _backend(old.backend.spec)
+                    previous.events = backend.events
+                    _current = _start(previous)
                 except PathwaysError:
                     _current = None
             raise
