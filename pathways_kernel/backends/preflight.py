@@ -30,7 +30,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import TypeAlias, TypeVar
+from typing import Protocol, TypeAlias, TypeVar
 
 from pathways_kernel.core.errors import BackendError, SpecError
 from pathways_kernel.core.text import shown
@@ -54,6 +54,17 @@ T = TypeVar("T")
 Fail: TypeAlias = Callable[[str, str, str], "ConnectError"]
 #: A socket address as ``getaddrinfo`` gives it (IPv4, IPv6, or IPv6 without IPv6 support).
 SockAddr: TypeAlias = tuple[str, int] | tuple[str, int, int, int] | tuple[int, bytes]
+
+
+class Address(Protocol):
+    """Where a gRPC server listens, as a report and the gRPC step read it: a ``Target``,
+    or the local server's Unix socket (``backends/local_server.SocketTarget``)."""
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def authority(self) -> str: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +99,7 @@ class ConnectError(BackendError):
 class Report:
     """What a passed pre-flight saw."""
 
-    target: Target
+    target: Address
     address: str
     secure: bool
     server: str  # "pathways-proxy" (checked) or "plaintext-unchecked"/"unknown"
@@ -311,7 +322,7 @@ def _speaks_tls(target: Target, address: str, seconds: float) -> bool:
         return False
 
 
-def _check_grpc(target: Target, left: Callable[[], float], fail: Fail) -> None:
+def _check_grpc(target: Address, left: Callable[[], float], fail: Fail) -> None:
     import grpc
 
     channel = grpc.insecure_channel(target.authority, options=[("grpc.enable_retries", 0)])

@@ -17,11 +17,12 @@ what an interactive session needs around it:
 
 Utilization on this backend is the telemetry hub's client-side measure
 (``telemetry.ClientSource``: live arrays' readiness and shard bytes, plus
-``memory_stats()`` where the proxy's devices report it). The seam for a
-server-side source (Pathways' own per-chip metrics, once the proxy exposes
-them) is a ``metrics_source(layout) -> telemetry.MetricsSource`` method on this
-class: the hub uses it when a backend defines it, and nothing downstream (the
-protocol, the monitor) changes. It is deliberately not defined yet.
+``memory_stats()`` where the proxy's devices report it). The seam for the
+server's own per-device figures (once the proxy exposes them) is
+``Backend.device_memory()`` with ``reports_device_memory`` (the local server
+defines them): the hub then samples through telemetry's ``ServerSource``, and
+nothing downstream (the protocol, the monitor) changes. It is deliberately not
+defined here yet.
 """
 
 from __future__ import annotations
@@ -91,8 +92,9 @@ class ProxyBackend(Backend):
         return self.address.url + (" (insecure)" if self.insecure else "")
 
     # -- connecting -----------------------------------------------------------
-    def preflight(self) -> preflight_lib.Report:
-        """Check the target without touching JAX; raises ``ConnectError``."""
+    def preflight(self) -> preflight_lib.Report | None:
+        """Check the target without touching JAX; raises ``ConnectError``. ``None``: nothing
+        to check yet (the local server's backend, before its server exists)."""
         self.report = preflight_lib.preflight(self.address, self.timeout, secure=not self.insecure)
         return self.report
 

@@ -126,7 +126,7 @@ class SharedServiceBackend(ProxyBackend):
     def target(self) -> str:
         return f"{self.address.url} (shared service {self.request.service} on {self.request.cluster})"
 
-    def preflight(self) -> preflight_lib.Report:
+    def preflight(self) -> preflight_lib.Report | None:
         check_requirements()
         if self._stack is None:
             self._enter()

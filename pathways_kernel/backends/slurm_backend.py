@@ -71,7 +71,7 @@ class SlurmBackend(ProxyBackend):
         job = self.watch.job if self.watch is not None else self.job
         return f"{self.address.url} ({job.label()})"
 
-    def preflight(self) -> preflight_lib.Report:
+    def preflight(self) -> preflight_lib.Report | None:
         job_id = self.slurm.resolve(self.job_ref)
         self.job = wait_running(self.slurm, job_id, self.wait, on_change=LiveLine(self.events))
         address = self.job.proxy_address() or ""
