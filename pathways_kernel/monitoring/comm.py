@@ -12,7 +12,7 @@ from least recently).
 
 Every request keeps its busy/idle pair; an idle published off the main shell
 while it runs a cell is followed by that cell's busy
-(``monitoring/kernel_status.py``: JupyterLab and jupyter_server take every
+(``monitoring/ipykernel_compat.py``: JupyterLab and jupyter_server take every
 IOPub status as the kernel's, whatever request it answers). Frontends keep
 their comms with a ``comm_info_request``, whose status neither takes as the
 kernel's (``hear_comm_info``).
@@ -31,7 +31,7 @@ from pathways_kernel.core.errors import PathwaysError
 from pathways_kernel.monitoring import protocol, telemetry
 from pathways_kernel.monitoring.connection import Comm, Connection, JupyterMessage, Result
 from pathways_kernel.monitoring.encoding import chip_history
-from pathways_kernel.monitoring.kernel_status import keep_the_cell_busy
+from pathways_kernel.monitoring.ipykernel_compat import before_shell_handler, keep_the_cell_busy
 
 MAX_COMMS = 8
 STALE_AFTER_S = float(protocol.STALE_AFTER_S)
@@ -211,16 +211,9 @@ def hear_comm_info(kernel: Any) -> Callable[[], None]:
     ``untracked_message_types``), so a liveness message every 15 s shows nothing, keeps its
     own busy/idle pair, and does not count as activity for the server's idle culler.
     """
-    handler = kernel.shell_handlers["comm_info_request"]
 
-    def comm_info_request(stream: Any, ident: Any, parent: dict[str, Any]) -> Any:
+    def comm_info_request(parent: dict[str, Any]) -> None:
         if (parent.get("content") or {}).get("target_name") == protocol.TARGET:
             server().heard_from((parent.get("header") or {}).get("session"))
-        return handler(stream, ident, parent)
 
-    kernel.shell_handlers["comm_info_request"] = comm_info_request
-
-    def undo() -> None:
-        kernel.shell_handlers["comm_info_request"] = handler
-
-    return undo
+    return before_shell_handler(kernel, "comm_info_request", comm_info_request)

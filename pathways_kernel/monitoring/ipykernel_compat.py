@@ -1,8 +1,14 @@
-"""Keep the kernel's status the truth while a cell runs (docs/architecture.md, trap 4).
+"""Every patch of ipykernel's API, in one place; each returns its undo.
 
-The one patch of ipykernel's private ``Kernel._publish_status`` (ipykernel 7:
-subshells), kept in a module of its own so that it can move with ipykernel's
-other compat code.
+Written for ipykernel >=7.1,<8 (the pin in pyproject.toml: 7 brought subshells):
+
+* ``keep_the_cell_busy``: the private ``Kernel._publish_status``, so the
+  kernel's status stays the truth while a cell runs (docs/architecture.md, trap 4);
+* ``before_shell_handler``: a handler of ``Kernel.shell_handlers`` (the
+  monitor counts a ``comm_info_request`` as hearing from a frontend).
+
+The monitor installs both through the shell's ``ShellHooks``
+(``monitoring/comm.py``), so ``%unload_ext`` gives the kernel its own back.
 """
 
 from __future__ import annotations
@@ -69,5 +75,21 @@ def keep_the_cell_busy(kernel: Any, main_shell: MainShell) -> Callable[[], None]
             kernel._publish_status = publish
         else:
             del kernel._publish_status  # ipykernel's method again
+
+    return undo
+
+
+def before_shell_handler(kernel: Any, msg_type: str, before: Callable[[dict[str, Any]], None]) -> Callable[[], None]:
+    """Call ``before(parent)`` ahead of the kernel's own handler of ``msg_type`` requests."""
+    handler = kernel.shell_handlers[msg_type]
+
+    def handle(stream: Any, ident: Any, parent: dict[str, Any]) -> Any:
+        before(parent)
+        return handler(stream, ident, parent)
+
+    kernel.shell_handlers[msg_type] = handle
+
+    def undo() -> None:
+        kernel.shell_handlers[msg_type] = handler
 
     return undo
