@@ -115,10 +115,10 @@ class LocalServerBackend(InjectedFaults, ProxyBackend):
             return preflight_lib.ConnectError(address.url, step, what, fix, time.monotonic() - start)
 
         # The pre-flight's own gRPC step: the IFRT proxy's GetVersion, on the server's socket.
-        preflight_lib._check_grpc(address, lambda: max(deadline - time.monotonic(), 0.0), fail)  # type: ignore[arg-type]
+        preflight_lib._check_grpc(address, lambda: max(deadline - time.monotonic(), 0.0), fail)
         self.report = preflight_lib.Report(
             address, address.authority, False, "pathways-proxy", time.monotonic() - start
-        )  # type: ignore[arg-type]
+        )
         return self.report
 
     def activate(self) -> None:
