@@ -15,12 +15,15 @@ import contextlib
 import threading
 import weakref
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pathways_kernel.core import runs, sessions, shellhooks
 from pathways_kernel.core.subscribers import Subscribers
 from pathways_kernel.training.goodput import Account, ledger
 from pathways_kernel.training.run_events import StepFollower
+
+if TYPE_CHECKING:
+    from pathways_kernel.core.sessions import Session
 
 _local = threading.local()
 
@@ -46,7 +49,7 @@ class RunStarts(Subscribers[Account]):
 def begin(
     name: str,
     kind: str,
-    session: Any = None,
+    session: Session | None = None,
     first_step: int = 0,
     stop_step: int | None = None,
     progress: bool = True,
@@ -175,7 +178,7 @@ class CompileListener:
     session's first run, unregistered when the session closes (a session component).
     It counts compiles only in runs of its own session."""
 
-    def __init__(self, session: Any):
+    def __init__(self, session: Session):
         from jax import monitoring
 
         self.session = session

@@ -54,7 +54,7 @@ import threading
 import time
 from array import array
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -63,6 +63,10 @@ from pathways_kernel.core.errors import PathwaysError
 from pathways_kernel.training import goodput_timeline
 from pathways_kernel.training.goodput_field import FieldLog
 from pathways_kernel.training.mfu import peak_flops_per_chip
+
+if TYPE_CHECKING:
+    from pathways_kernel.core.eventlog import Event
+    from pathways_kernel.core.sessions import Session
 
 PRODUCTIVE = "productive"
 OTHER = "other"
@@ -93,7 +97,7 @@ _FIELD_CUSTOM = ("data_wait", "snapshot_stall", "checkpoint_save")
 class Account:
     """The wall time of one run, split into productive time and badput."""
 
-    def __init__(self, name: str, kind: str, session: Any, began: float | None = None):
+    def __init__(self, name: str, kind: str, session: Session, began: float | None = None):
         self.name = name
         self.kind = kind
         self.seconds = dict.fromkeys(CATEGORIES, 0.0)
@@ -368,7 +372,7 @@ class Account:
             self._moved[category] = self._moved.get(category, 0.0) + seconds
 
     # -- chips, for MFU -------------------------------------------------------
-    def _on_event(self, event: Any) -> None:
+    def _on_event(self, event: Event) -> None:
         if event.kind in ("slice_down", "slice_up", "connect"):
             self._chips = None
 
@@ -541,7 +545,7 @@ def _is_ready(tree: Any) -> bool:
 class Ledger:
     """Runs of one session, and the notebook's idle time between cells."""
 
-    def __init__(self, session: Any):
+    def __init__(self, session: Session):
         self._session = session
         self._lock = threading.Lock()
         self.active: list[Account] = []
@@ -589,5 +593,5 @@ class Ledger:
         return None
 
 
-def ledger(session: Any = None) -> Ledger:
+def ledger(session: Session | None = None) -> Ledger:
     return (session or sessions.session()).component(Ledger)

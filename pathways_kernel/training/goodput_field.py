@@ -10,9 +10,12 @@ import logging
 import shutil
 import tempfile
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pathways_kernel.training.goodput_logging import CloudLogging
+
+if TYPE_CHECKING:
+    from pathways_kernel.core.sessions import Session
 
 
 # -- the field's library, fed from the same run ------------------------------
@@ -68,7 +71,7 @@ class FieldLog:
     times and handed to the recorder then, each with the time it was made (every
     ``record_*`` takes one); with Cloud Logging the recorder writes as the run goes."""
 
-    def __init__(self, name: str, session: Any):
+    def __init__(self, name: str, session: Session):
         cloud = session.component(CloudLogging).for_run(name)
         self._lock = threading.Lock()
         self._calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []

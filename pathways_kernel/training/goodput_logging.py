@@ -26,10 +26,13 @@ import itertools
 import re
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pathways_kernel.core.errors import NotSupportedError, PathwaysError
 from pathways_kernel.core.sessions import session as current_session
+
+if TYPE_CHECKING:
+    from pathways_kernel.core.sessions import Session
 
 #: What Cloud Logging and the library's filters accept in a job name, kept short.
 _JOB = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
@@ -46,7 +49,7 @@ def _library_logger(job_name: str, log_name: str) -> Any:
 class CloudLogging:
     """A session's opt-in (a session component): where its new runs also write."""
 
-    def __init__(self, _session: Any = None) -> None:
+    def __init__(self, _session: Session | None = None) -> None:
         self._lock = threading.Lock()
         self.job: str | None = None
         self.project: str | None = None
@@ -99,7 +102,9 @@ def _try(make: Callable[[], Any]) -> Any:
         raise PathwaysError(f"Cloud Logging is not reachable: {kind}: {first[:160]}") from None
 
 
-def cloud_logging(job: str | None, session: Any = None, logger_factory: Callable[[str, str], Any] | None = None) -> str:
+def cloud_logging(
+    job: str | None, session: Session | None = None, logger_factory: Callable[[str, str], Any] | None = None
+) -> str:
     """Also record each new run of this session to Cloud Logging as job ``JOB-RUN-N``
     (``job=None``: stop). Returns a line saying what is now on.
 

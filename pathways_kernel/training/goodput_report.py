@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, NotRequired, TypedDict
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from pathways_kernel.core.display import TextDisplay
 from pathways_kernel.core.errors import PathwaysError
 from pathways_kernel.training import goodput_timeline
 from pathways_kernel.training.goodput import CATEGORIES, OTHER, PRODUCTIVE, Account, Ledger, ledger
 from pathways_kernel.training.mfu import peak_flops_per_chip
+
+if TYPE_CHECKING:
+    from pathways_kernel.core.sessions import Session
 
 # -- what users see ----------------------------------------------------------------
 LABELS = {
@@ -193,7 +196,7 @@ def goodput_over_time(run: str | None = None, intervals: int | None = None, wind
     return _account(run).over_time(intervals, window_s)
 
 
-def intervals_message(session: Any, intervals: int, encode: Callable[..., Any]) -> Any:
+def intervals_message(session: Session, intervals: int, encode: Callable[..., Any]) -> Any:
     """The monitor's ``goodput_intervals`` message for the session's newest finished
     run (``intervals`` intervals), computed once per run; None before one.
 

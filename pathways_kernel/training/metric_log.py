@@ -27,11 +27,14 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pathways_kernel.core.sessions import session as current_session
 from pathways_kernel.core.threads import ExitStop
 from pathways_kernel.training.run_events import StepFollower
+
+if TYPE_CHECKING:
+    from pathways_kernel.core.sessions import Session
 
 #: Points one session keeps (the oldest drop off).
 MAX_POINTS = 200_000
@@ -74,7 +77,7 @@ class _Pending:
 class MetricLog:
     """One session's metric points (a session component: ``metric_log()``)."""
 
-    def __init__(self, session: Any = None):
+    def __init__(self, session: Session | None = None):
         self._points: collections.deque[Point] = collections.deque(maxlen=MAX_POINTS)
         self._pending: collections.deque[_Pending] = collections.deque()
         self._lock = threading.Lock()
@@ -237,7 +240,7 @@ class LossFollower(StepFollower):
         self.log.step_output(self.account, step, output)
 
 
-def metric_log(session: Any = None) -> MetricLog:
+def metric_log(session: Session | None = None) -> MetricLog:
     """The session's metric log."""
     return (session or current_session()).component(MetricLog)
 

@@ -4,12 +4,15 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pathways_kernel.core import runs
 from pathways_kernel.core.errors import PathwaysError
+
+if TYPE_CHECKING:
+    from pathways_kernel.core.sessions import Session
 
 #: Peak dense bf16 FLOP/s per chip, from Google Cloud's TPU pages
 #: (cloud.google.com/tpu/docs/v5e, /v5p, /v6e, /tpu7x; checked 2026-12):
@@ -48,7 +51,7 @@ def flops(fn: Any, *args: Any, **kwargs: Any) -> float:
     return value
 
 
-def peak_flops_per_chip(session: Any) -> tuple[float, str]:
+def peak_flops_per_chip(session: Session) -> tuple[float, str]:
     """Peak FLOP/s of one chip and where the figure comes from."""
     devices = session.live_devices() or session.devices()
     kind = devices[0].device_kind
@@ -61,11 +64,11 @@ def peak_flops_per_chip(session: Any) -> tuple[float, str]:
 class _MeasuredPeak:
     """Per-device FLOP/s of a batched f32 matmul run on every device at once, measured once per session."""
 
-    def __init__(self, session: Any):
+    def __init__(self, session: Session):
         self.flops, self.how = _measure_peak(session)
 
 
-def _measure_peak(session: Any, size: int = 768, reps: int = 3) -> tuple[float, str]:
+def _measure_peak(session: Session, size: int = 768, reps: int = 3) -> tuple[float, str]:
     import jax
     import jax.numpy as jnp
     from jax.sharding import Mesh, NamedSharding

@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import time
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pathways_kernel.training import goodput
+
+if TYPE_CHECKING:
+    from pathways_kernel.core.sessions import Session
 
 #: Shortest interval a ``steps`` event covers (s): at most one per run per second.
 PERIOD_S = 1.0
@@ -32,7 +35,7 @@ PERIOD_S = 1.0
 class StepRate:
     """Turns the ledger's runs in progress into ``steps`` events of ``session``."""
 
-    def __init__(self, session: Any, period_s: float = PERIOD_S):
+    def __init__(self, session: Session, period_s: float = PERIOD_S):
         self._session = session
         self.period_s = period_s
         # Per run: (perf_counter, steps kept, productive seconds) at the start of its interval.
