@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from pathways_kernel.core.errors import BackendError, SpecError
+from pathways_kernel.core.eventlog import EventLog
 
 #: Seconds one Slurm command may take before the controller counts as unreachable.
 COMMAND_TIMEOUT_S = 4.0
@@ -469,7 +470,7 @@ def wait_running(
 class LiveLine:
     """The progress line of a wait: one output in the cell, updated in place."""
 
-    def __init__(self, events: Any):
+    def __init__(self, events: EventLog):
         self.events = events
         self.handle: Any = None
         self.last: tuple[str, str] | None = None

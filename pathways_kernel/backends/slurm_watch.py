@@ -48,6 +48,7 @@ from typing import Any, Protocol
 from pathways_kernel.backends.slurm import Job, Node, Slurm, format_duration
 from pathways_kernel.core import sessions
 from pathways_kernel.core.errors import PathwaysError, SpecError
+from pathways_kernel.core.eventlog import EventLog
 from pathways_kernel.core.threads import ExitStop
 
 #: Seconds between polls of the job and its nodes.
@@ -114,7 +115,7 @@ class JobWatch:
         self,
         slurm: Slurm,
         job: Job,
-        events: Any,
+        events: EventLog,
         sink: SliceSink,
         nodes_per_slice: int | None = None,
         feature: str | None = None,

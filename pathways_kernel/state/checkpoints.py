@@ -40,6 +40,8 @@ from pathways_kernel.state.transfers import Transfer
 if TYPE_CHECKING:
     from types import FrameType
 
+    from jax.sharding import Mesh
+
 DEFAULT_KEEP = 3
 #: orbax names steps by int64.
 MAX_STEP = 2**63 - 1
@@ -354,7 +356,7 @@ def steps(url: str) -> list[int]:
         return sorted(manager.all_steps())
 
 
-def restore(url: str, step: int | None = None, mesh: Any = None) -> Any:
+def restore(url: str, step: int | None = None, mesh: Mesh | None = None) -> Any:
     """Restore checkpoint ``step`` (default: the latest) onto ``mesh``.
 
     ``mesh`` defaults to the mesh over the live slices with the axis names

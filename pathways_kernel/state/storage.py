@@ -39,12 +39,12 @@ import json
 import os
 import secrets
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pathways_kernel.core.errors import StorageError, one_line
-from pathways_kernel.core.eventlog import format_bytes
+from pathways_kernel.core.eventlog import EventLog, format_bytes
 from pathways_kernel.core.locations import Location, check_id, parse_url
 from pathways_kernel.core.objectstore import ObjectStore, objects_for, tensorstore_context
 from pathways_kernel.core.sessions import session
@@ -64,6 +64,9 @@ from pathways_kernel.state.manifest import (
 )
 from pathways_kernel.state.snapshots import Snapshot
 from pathways_kernel.state.transfers import Transfer
+
+if TYPE_CHECKING:
+    from jax.sharding import Mesh
 
 #: Size of each data object: large enough for full-speed uploads, small
 #: enough for a smooth progress bar and cheap retries.
@@ -107,7 +110,7 @@ def persist(
     *,
     name: str | None = None,
     step: int | None = None,
-    events: Any = None,
+    events: EventLog | None = None,
     check_timeout: float = 5.0,
 ) -> Transfer:
     """Upload a host snapshot under ``url``; returns a running ``Transfer``.
@@ -366,7 +369,7 @@ def read_info(url: str) -> SnapshotInfo:
     return snapshot_info(target, manifest)
 
 
-def load(url: str, events: Any = None, memory_limit: int | None = None, like: Any = None) -> Any:
+def load(url: str, events: EventLog | None = None, memory_limit: int | None = None, like: Any = None) -> Any:
     """Download a committed snapshot into host memory; returns a done ``Snapshot``.
 
     ``url`` names a snapshot (``PREFIX/ID``) or a prefix (its newest
@@ -480,7 +483,9 @@ def _verify_objects(objects: ObjectStore, target: Location, manifest: dict[str, 
                     )
 
 
-def restore(source: Any, mesh: Any = None, *, like: Any = None, events: Any = None) -> Any:
+def restore(
+    source: str | snapshots.Snapshot, mesh: Mesh | None = None, *, like: Any = None, events: EventLog | None = None
+) -> Any:
     """Put a snapshot back on ``mesh`` (default: the live slices); returns the pytree.
 
     ``source`` is a URL (a snapshot ``PREFIX/ID``, or a prefix: its newest
@@ -497,7 +502,7 @@ def restore(source: Any, mesh: Any = None, *, like: Any = None, events: Any = No
     return snapshots.restore(load(source, events=_events(events), like=like), mesh)
 
 
-def _events(events: Any) -> Any:
+def _events(events: EventLog | None) -> EventLog:
     if events is not None:
         return events
     return session().events
