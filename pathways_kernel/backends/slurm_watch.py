@@ -47,6 +47,7 @@ from typing import Any, Protocol
 
 from pathways_kernel.backends.slurm import Job, Node, Slurm, format_duration
 from pathways_kernel.core import sessions
+from pathways_kernel.core.backend import Backend
 from pathways_kernel.core.errors import PathwaysError, SpecError
 from pathways_kernel.core.eventlog import EventLog
 from pathways_kernel.core.threads import ExitStop
@@ -311,7 +312,7 @@ class JobWatch:
 class SessionSlices:
     """Sink for the proxy backend: the session marks its slices up or down."""
 
-    def __init__(self, backend: Any):
+    def __init__(self, backend: Backend):
         self.backend = backend
 
     def slice_count(self) -> int:
@@ -321,7 +322,7 @@ class SessionSlices:
         s = self._session()
         return tuple(sl.index for sl in s.topology.down_slices) if s is not None else ()
 
-    def _session(self) -> Any:
+    def _session(self) -> sessions.Session | None:
         current = sessions._current  # never create a session from this thread
         return current if current is not None and current.backend is self.backend else None
 
