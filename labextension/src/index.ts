@@ -15,7 +15,8 @@ import { INotebookTracker } from '@jupyterlab/notebook';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
 
-import { DASHBOARD_CHARTS, PathwaysDashboard, asKernelView } from './dashboard/dashboard';
+import { DASHBOARD_CHARTS, PathwaysDashboard } from './dashboard/dashboard';
+import { asKernelView } from './protocol/session';
 import { PathwaysPanel } from './panel/panel';
 import { PathwaysStatus } from './panel/statusitem';
 import { activateXprof } from './panel/xprof';

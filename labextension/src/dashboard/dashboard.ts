@@ -7,17 +7,14 @@
  * or wall time; the newest finished run's goodput over time. Any chart opens
  * in its own tab (`openChart`), drawn from the same data.
  *
- * It opens its own `pathways.monitor` comm on the notebook's kernel (one per
- * followed kernel, like the panel: `_sync()` does nothing when already
- * attached) and redraws at most once per animation frame.
+ * It opens its own `pathways.monitor` comm on the notebook's kernel through its
+ * own `MonitorSession` (the panel's lifecycle, limited to Pathways kernels) and
+ * redraws at most once per animation frame.
  */
-import { ISessionContext } from '@jupyterlab/apputils';
-import { Kernel } from '@jupyterlab/services';
 import { Widget } from '@lumino/widgets';
 
 import { CHART_HEIGHT, TimeChart, TimeWindow } from './charts';
 import { ChartTab } from './charttab';
-import { MonitorConnection } from '../protocol/connection';
 import { CHIP_WINDOW_S, DashboardModel, SLICE_WINDOW_S, isEmulated } from '../model/dashboardmodel';
 import { formatBytes } from '../common/format';
 import { isPathwaysKernel } from '../common/kernels';
@@ -27,6 +24,7 @@ import { Change, MonitorModel } from '../model/monitormodel';
 import { StepChart } from './metricchart';
 import { DEFAULT_SMOOTHING, MetricSeries, StepColumns, XAxis } from '../model/metricseries';
 import { GoodputIntervalsMessage, MAX_CHIP_HISTORY, MonitorEvent } from '../protocol/messages';
+import { KernelView, MonitorSession, SessionState } from '../protocol/session';
 
 export const DASHBOARD_ID = 'pathways-dashboard';
 /** Longest a new subscription's frames wait for its history (ms). */
@@ -43,20 +41,11 @@ export const DASHBOARD_CHARTS = [
   { id: 'goodput-step-time', title: 'Mean step time per interval' }
 ];
 
-/** What the dashboard can follow: a notebook or a console, anything with a session and a title. */
-export interface KernelView {
-  readonly sessionContext: ISessionContext;
-  readonly title: { label: string };
-}
-
-/** `widget` if it has a kernel session (a notebook, a console), else null. */
-export function asKernelView(widget: unknown): KernelView | null {
-  const w = widget as Partial<KernelView> | null;
-  return w && w.sessionContext && w.title ? (w as KernelView) : null;
-}
-
 export class PathwaysDashboard extends Widget {
   readonly model = new MonitorModel();
+  readonly session = new MonitorSession(this.model, {
+    accepts: kernel => isPathwaysKernel(kernel.name)
+  });
   readonly data = new DashboardModel();
   /** Training metrics (pw.log, an elastic run's loss) per name and run, against step. */
   readonly metrics = new MetricSeries();
@@ -81,17 +70,12 @@ export class PathwaysDashboard extends Widget {
   dock: ((tab: ChartTab) => void) | null = null;
   /** Called with a metric chart's id and title when it is first drawn (the plugin offers it in the palette). */
   chartAdded: ((id: string, title: string) => void) | null = null;
-  private _notebook: KernelView | null = null;
-  private _kernel: Kernel.IKernelConnection | null = null;
-  private _connection: MonitorConnection | null = null;
-  private _rate = 2;
   private _frame = 0;
   /**
    * A new subscription's history is on its way (it follows the topology): frames wait
    * for it, so a first frame drawn without it does not hold up its arrival (up to HISTORY_WAIT_MS).
    */
   private _historyDue: ReturnType<typeof setTimeout> | null = null;
-  private _message = '';
   private _window = new TimeWindow(() => this._schedule());
 
   private _header: HTMLDivElement;
@@ -316,28 +300,21 @@ export class PathwaysDashboard extends Widget {
     }
 
     this.model.subscribe(change => this._changed(change));
+    this.session.stateChanged.connect((_, state) => this._sessionChanged(state));
+    // The kernel went (another is followed, it shut down or died): its chart tabs close.
+    this.session.ended.connect(() => this.closeCharts());
     this._renderChrome();
   }
 
   /** Follow the given notebook or console (or none) and its kernel changes. */
   follow(notebook: KernelView | null): void {
-    if (notebook !== this._notebook) {
-      const old = this._notebook?.sessionContext;
-      old?.kernelChanged.disconnect(this._sync, this);
-      old?.statusChanged.disconnect(this._kernelStatus, this);
-      this._notebook = notebook;
-      const context = notebook?.sessionContext;
-      context?.kernelChanged.connect(this._sync, this);
-      context?.statusChanged.connect(this._kernelStatus, this);
-      void context?.ready.then(() => this._sync()).catch(() => undefined);
-    }
-    this._sync();
+    this.session.follow(notebook);
+    this._renderChrome();
   }
 
   /** Metrics rate asked of the kernel (Hz), the panel's setting. */
   setRate(rate: number): void {
-    this._rate = rate;
-    void this._connection?.setRate(rate).catch(() => undefined);
+    this.session.setRate(rate);
   }
 
   /** Memory per emulated chip (GiB) on the embedded backend: the capacity line there. */
@@ -380,7 +357,8 @@ export class PathwaysDashboard extends Widget {
     if (this._historyDue !== null) {
       clearTimeout(this._historyDue);
     }
-    this._detach();
+    this.closeCharts();
+    this.session.dispose();
     for (const chart of this._allCharts()) {
       chart.dispose();
     }
@@ -395,113 +373,19 @@ export class PathwaysDashboard extends Widget {
     this._schedule();
   }
 
-  private _sync(): void {
-    const kernel = this._notebook?.sessionContext?.session?.kernel ?? null;
-    if (
-      kernel === this._kernel &&
-      (this._connection !== null || kernel === null || !isPathwaysKernel(kernel.name))
-    ) {
-      this._renderChrome();
-      return;
-    }
-    this._detach();
-    this._kernel = kernel;
-    if (kernel && isPathwaysKernel(kernel.name)) {
-      this._attach(kernel);
+  private _sessionChanged(state: SessionState): void {
+    if (state.kind === 'connecting') {
+      this._awaitHistory();
+    } else if (state.kind === 'closed') {
+      this.model.reset();
     }
     this._renderChrome();
-  }
-
-  private _attach(kernel: Kernel.IKernelConnection): void {
-    this._awaitHistory();
-    const connection = new MonitorConnection(kernel, this.model, {
-      closed: reason => {
-        if (this._connection === connection) {
-          this._connection = null;
-          this._reset();
-          if (reason === 'shutdown') {
-            this.closeCharts();
-          }
-          if (reason === 'stale') {
-            this._attach(kernel);
-          } else {
-            this._message = `Disconnected from the kernel’s monitor (${reason}). Reopen the dashboard to reconnect.`;
-          }
-          this._renderChrome();
-        }
-      },
-      noBackend: error => {
-        if (this._connection === connection) {
-          this._reset();
-          this._message = `No backend: ${error}. Run %pathways connect local:2x4 in a cell.`;
-          this._renderChrome();
-        }
-      }
-    });
-    this._connection = connection;
-    this._message = 'Connecting to the kernel’s monitor…';
-    connection.open(this._rate).then(
-      () => {
-        if (this._connection === connection && this._message.startsWith('Connecting')) {
-          this._message = '';
-          this._renderChrome();
-        }
-      },
-      (error: Error) => {
-        if (this._connection === connection) {
-          this._message = `Could not reach the kernel’s monitor: ${error.message}`;
-          this._renderChrome();
-        }
-      }
-    );
-  }
-
-  private _detach(): void {
-    this.closeCharts();
-    this._connection?.dispose();
-    this._connection = null;
-    this._kernel = null;
-    this._message = '';
-    this._reset();
-  }
-
-  private _reset(): void {
-    this.model.reset();
-    this.data.reset();
-    this._window.zoomed = null;
-  }
-
-  /** A kernel restart drops its comms: start over once it is back. */
-  private _kernelStatus(_context: ISessionContext, status: Kernel.Status): void {
-    const kernel = this._kernel;
-    if (!kernel) {
-      return;
-    }
-    if (status === 'restarting' || status === 'autorestarting' || status === 'dead') {
-      this._connection?.dispose();
-      this._connection = null;
-      this._reset();
-      this._message = status === 'dead' ? 'The kernel died.' : 'Kernel restarting…';
-      if (status === 'dead') {
-        this.closeCharts();
-      }
-      this._renderChrome();
-    } else if (
-      (status === 'idle' || status === 'busy') &&
-      this._connection === null &&
-      isPathwaysKernel(kernel.name)
-    ) {
-      this._attach(kernel);
-      this._renderChrome();
-    }
   }
 
   private _changed(change: Change): void {
     switch (change) {
       case 'topology':
         this.data.setTopology(this.model.topology!);
-        // A backend connected, or its topology came before the reply to our subscribe.
-        this._message = /^(No backend|Connecting)/.test(this._message) ? '' : this._message;
         this._renderChrome();
         break;
       case 'history':
@@ -522,6 +406,7 @@ export class PathwaysDashboard extends Widget {
       case 'reset':
         this.data.reset();
         this.metrics.clear();
+        this._window.zoomed = null;
         this._renderChrome();
         break;
     }
@@ -546,14 +431,13 @@ export class PathwaysDashboard extends Widget {
   /** Ask the kernel for the last 5 minutes of the chosen slice's chips (`chip_history`). */
   private async _loadChipHistory(): Promise<void> {
     const slice = this.model.topology?.slices.find(s => s.index === this.data.chipSlice);
-    const connection = this._connection;
-    if (!slice || !connection || !slice.chip_count) {
+    if (!slice?.chip_count) {
       return;
     }
     const start = slice.chip_offset;
     const stop = start + Math.min(slice.chip_count, MAX_CHIP_HISTORY);
     try {
-      const history = await connection.chipHistory(start, stop);
+      const history = await this.session.chipHistory(start, stop);
       this.data.loadChipHistory(slice.index, history.time, history.utilization, stop - start);
       this._schedule();
     } catch (error) {
@@ -731,7 +615,7 @@ export class PathwaysDashboard extends Widget {
 
   private _renderHeader(): void {
     const t = this.model.topology;
-    const path = this._notebook?.title.label ?? '';
+    const path = this.session.view?.title.label ?? '';
     if (!t) {
       this._header.textContent = path ? `Following ${path}` : '';
       return;
@@ -747,21 +631,43 @@ export class PathwaysDashboard extends Widget {
 
   /** The friendly states: no notebook, not a Pathways kernel, connecting, disconnected. */
   private _renderChrome(): void {
-    const kernel = this._kernel;
-    let message = this._message;
-    if (!this._notebook) {
-      message = 'Open a notebook or console on a Pathways kernel to chart its slices here.';
-    } else if (!kernel) {
-      message = 'This notebook or console has no kernel yet. Start the “Pathways (JAX)” kernel.';
-    } else if (!isPathwaysKernel(kernel.name)) {
-      message = `“${this._notebook.title.label}” runs “${kernel.name}”, not a Pathways kernel.`;
-    }
+    const message = this._message();
     this._status.textContent = message;
     this._status.hidden = !message;
     const live = !!this.model.topology;
     this._body.hidden = !live;
     this.node.dataset.state = live ? 'live' : 'waiting';
     this._renderHeader();
+  }
+
+  private _message(): string {
+    const state = this.session.state;
+    const label = this.session.view?.title.label ?? '';
+    const name = this.session.kernel?.name ?? '';
+    switch (state.kind) {
+      case 'no-view':
+        return 'Open a notebook or console on a Pathways kernel to chart its slices here.';
+      case 'no-kernel':
+        return 'This notebook or console has no kernel yet. Start the “Pathways (JAX)” kernel.';
+      case 'not-accepted':
+        return `“${label}” runs “${name}”, not a Pathways kernel.`;
+      case 'no-monitor':
+        return `“${label}” runs “${name}”, which has no Pathways monitor. Restart it to get one.`;
+      case 'connecting':
+        return 'Connecting to the kernel’s monitor…';
+      case 'no-backend':
+        return `No backend: ${state.error}. Run %pathways connect local:2x4 in a cell.`;
+      case 'unreachable':
+        return `Could not reach the kernel’s monitor: ${state.error}`;
+      case 'closed':
+        return `Disconnected from the kernel’s monitor (${state.reason}). Reopen the dashboard to reconnect.`;
+      case 'restarting':
+        return 'Kernel restarting…';
+      case 'dead':
+        return 'The kernel died.';
+      default:
+        return '';
+    }
   }
 
   private _allCharts(): { dispose(): void }[] {

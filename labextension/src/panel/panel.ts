@@ -6,57 +6,31 @@
  * text file) it keeps the last one and says so.
  *
  * Any kernel may serve the monitor: a Pathways kernel always does, a stock
- * one after `%load_ext pathways_kernel`. One that has no comm target closes
- * the comm; the panel tries again after the kernel's next execution.
- *
- * Exactly one comm per followed kernel: `sessionContext.ready`,
- * `kernelChanged` and the shell's `currentChanged` all lead to `_sync()`,
- * which does nothing when it already talks to that kernel.
+ * one after `%load_ext pathways_kernel`. The comm's whole lifecycle (attach,
+ * restart, reconnect, a kernel without the monitor) is the `MonitorSession`'s;
+ * the panel says where it stands.
  */
-import { Dialog, ISessionContext, showDialog } from '@jupyterlab/apputils';
-import { Kernel } from '@jupyterlab/services';
+import { Dialog, showDialog } from '@jupyterlab/apputils';
 import { ISignal, Signal } from '@lumino/signaling';
-import { Title, Widget } from '@lumino/widgets';
+import { Widget } from '@lumino/widgets';
 
-import { MonitorConnection } from '../protocol/connection';
 import { formatBytes, formatPercent } from '../common/format';
 import { isPathwaysKernel } from '../common/kernels';
 import { UTILIZATION_HELP } from '../common/help';
 import { Change, MonitorModel } from '../model/monitormodel';
-import { CloseReason, LatestProfile, decodeLatestProfile } from '../protocol/messages';
+import { LatestProfile, decodeLatestProfile } from '../protocol/messages';
+import { KernelView, MonitorSession, SessionState, asKernelView } from '../protocol/session';
 import { SliceAction, SliceList } from './slicelist';
 import { Timeline } from './timeline';
 import { TopologyView } from './topologyview';
 
-/** A notebook or console: a main-area widget with a kernel session. */
-export interface KernelWidget {
-  readonly sessionContext: ISessionContext;
-  readonly title: Title<Widget>;
-}
-
-export function isKernelWidget(widget: unknown): widget is KernelWidget {
-  return !!widget && typeof widget === 'object' && 'sessionContext' in widget && 'title' in widget;
-}
-
 export class PathwaysPanel extends Widget {
   readonly model = new MonitorModel();
-  private _notebook: KernelWidget | null = null;
-  /** Label of the active main-area tab when it has no kernel (we keep following `_notebook`). */
+  readonly session = new MonitorSession(this.model);
+  /** Label of the active main-area tab when it has no kernel (we keep following the last view). */
   private _otherActive: string | null = null;
-  /** The followed kernel has no `pathways.monitor` target (yet): retried after its next execution. */
-  private _noMonitor = false;
-  /** The execute_request after whose reply the monitor is tried again. */
-  private _retryAfter: string | null = null;
   private _confirmFail = true;
-  /** Connections seen that handle comms, by kernel id: what a console sharing that kernel uses. */
-  private _commKernels = new Map<string, Kernel.IKernelConnection>();
-  private _kernel: Kernel.IKernelConnection | null = null;
-  private _connection: MonitorConnection | null = null;
-  private _rate = 2;
   private _frame = 0;
-  private _message = '';
-  /** Why the followed kernel has no backend, while it has none. */
-  private _noBackend: string | null = null;
   private _stateChanged = new Signal<this, void>(this);
 
   private _following: HTMLDivElement;
@@ -118,7 +92,8 @@ export class PathwaysPanel extends Widget {
     this.node.append(title, this._following, this._header, this._status, this._body);
 
     this.model.subscribe(change => this._changed(change));
-    this._sync();
+    this.session.stateChanged.connect(() => this._renderChrome());
+    this._renderChrome();
   }
 
   /** Emitted when the summary the status bar shows may have changed. */
@@ -131,26 +106,16 @@ export class PathwaysPanel extends Widget {
    * changes; anything else keeps the last one followed (and says so); null
    * (no tab at all) follows nothing.
    */
-  follow(widget: Widget | KernelWidget | null): void {
-    if (widget !== null && !isKernelWidget(widget)) {
-      this._otherActive = widget.title.label || 'this tab';
+  follow(widget: Widget | KernelView | null): void {
+    const view = asKernelView(widget);
+    if (widget !== null && view === null) {
+      this._otherActive = (widget as Widget).title.label || 'this tab';
       this._renderChrome();
       return;
     }
     this._otherActive = null;
-    const notebook = widget;
-    if (notebook !== this._notebook) {
-      const old = this._notebook?.sessionContext;
-      old?.kernelChanged.disconnect(this._sync, this);
-      old?.statusChanged.disconnect(this._kernelStatus, this);
-      this._notebook = notebook;
-      const context = notebook?.sessionContext;
-      context?.kernelChanged.connect(this._sync, this);
-      context?.statusChanged.connect(this._kernelStatus, this);
-      // A notebook closed before its session was ready rejects: nothing to follow then.
-      void context?.ready.then(() => this._sync()).catch(() => undefined);
-    }
-    this._sync();
+    this.session.follow(view);
+    this._renderChrome();
   }
 
   /** Whether "fail" asks for confirmation first (setting `confirmFail`). */
@@ -160,12 +125,11 @@ export class PathwaysPanel extends Widget {
 
   /** Metrics rate asked of the kernel (Hz), from the user's settings. */
   setRate(rate: number): void {
-    this._rate = rate;
-    void this._connection?.setRate(rate).catch(() => undefined);
+    this.session.setRate(rate);
   }
 
   dispose(): void {
-    this._detach();
+    this.session.dispose();
     super.dispose();
   }
 
@@ -175,154 +139,6 @@ export class PathwaysPanel extends Widget {
 
   protected onResize(): void {
     this._schedule();
-  }
-
-  /** Attach to the followed notebook's kernel unless already attached to it. */
-  private _sync(): void {
-    const context: ISessionContext | undefined = this._notebook?.sessionContext;
-    let kernel = context?.session?.kernel ?? null;
-    if (kernel?.handleComms) {
-      this._commKernels.set(kernel.id, kernel);
-    } else if (kernel) {
-      // A console on a notebook's kernel: its own connection handles no comms; the notebook's does.
-      const shared = this._commKernels.get(kernel.id);
-      kernel = shared && !shared.isDisposed ? shared : kernel;
-    }
-    if (
-      kernel === this._kernel &&
-      (this._connection !== null || kernel === null || this._noMonitor)
-    ) {
-      this._renderChrome();
-      return;
-    }
-    this._detach();
-    this._kernel = kernel;
-    if (kernel) {
-      kernel.anyMessage.connect(this._retryAfterExecution, this);
-      this._attach(kernel);
-    }
-    this._renderChrome();
-  }
-
-  /**
-   * A cell that names pathways_kernel (`%load_ext pathways_kernel`, an import) ran on a kernel
-   * without the monitor: try again once it is done. Other cells open nothing.
-   */
-  private _retryAfterExecution(
-    kernel: Kernel.IKernelConnection,
-    args: Kernel.IAnyMessageArgs
-  ): void {
-    if (!this._noMonitor || kernel !== this._kernel || this._connection !== null) {
-      return;
-    }
-    const msg = args.msg;
-    if (args.direction === 'send' && msg.header.msg_type === 'execute_request') {
-      const code = (msg.content as { code?: string }).code ?? '';
-      if (code.includes('pathways_kernel')) {
-        this._retryAfter = msg.header.msg_id;
-      }
-    } else if (
-      args.direction === 'recv' &&
-      msg.header.msg_type === 'execute_reply' &&
-      (msg.parent_header as { msg_id?: string }).msg_id === this._retryAfter
-    ) {
-      this._retryAfter = null;
-      this._noMonitor = false;
-      this._attach(kernel);
-      this._renderChrome();
-    }
-  }
-
-  private _attach(kernel: Kernel.IKernelConnection): void {
-    const connection = new MonitorConnection(kernel, this.model, {
-      closed: reason => this._closed(connection, reason),
-      noBackend: error => this._noBackendFor(connection, error)
-    });
-    this._connection = connection;
-    this._message = 'Connecting to the kernel’s monitor…';
-    connection.open(this._rate).then(
-      () => {
-        if (this._connection === connection && this._message.startsWith('Connecting')) {
-          this._message = '';
-          this._renderChrome();
-        }
-      },
-      (error: Error) => {
-        if (this._connection === connection) {
-          this._message = `Could not reach the kernel’s monitor: ${error.message}`;
-          this._renderChrome();
-        }
-      }
-    );
-  }
-
-  private _detach(): void {
-    this._kernel?.anyMessage.disconnect(this._retryAfterExecution, this);
-    this._noMonitor = false;
-    this._connection?.dispose();
-    this._connection = null;
-    this._kernel = null;
-    this._message = '';
-    this._noBackend = null;
-    this.model.reset();
-  }
-
-  /** The kernel started without a backend: say why and what to do; the comm stays open for when one connects. */
-  private _noBackendFor(connection: MonitorConnection, error: string): void {
-    if (this._connection !== connection) {
-      return;
-    }
-    this.model.reset();
-    this._noBackend = error;
-    this._message = `No backend: ${error}. Run %pathways connect local:2x4 in a cell, or fix the target and restart the kernel.`;
-    this._renderChrome();
-  }
-
-  private _closed(connection: MonitorConnection, reason: CloseReason): void {
-    if (this._connection !== connection) {
-      return;
-    }
-    this._connection = null;
-    this._noBackend = null;
-    const kernel = this._kernel;
-    if (reason === 'stale' && kernel) {
-      // Our pings stopped (a sleeping laptop): just reconnect.
-      this.model.reset();
-      this._attach(kernel);
-    } else if (reason === 'unknown') {
-      this.model.reset();
-      this._noMonitor = true;
-      this._message = '';
-    } else {
-      this._message =
-        reason === 'evicted'
-          ? 'Disconnected: too many monitor views on this kernel. Close other views, then reopen this notebook.'
-          : 'The kernel’s monitor shut down.';
-    }
-    this._renderChrome();
-  }
-
-  /** A kernel restart drops its comms: start over once it is back. */
-  private _kernelStatus(context: ISessionContext, status: Kernel.Status): void {
-    const kernel = this._kernel;
-    if (!kernel) {
-      return;
-    }
-    if (status === 'restarting' || status === 'autorestarting' || status === 'dead') {
-      this._connection?.dispose();
-      this._connection = null;
-      this._noBackend = null;
-      this.model.reset();
-      this._message = status === 'dead' ? 'The kernel died.' : 'Kernel restarting…';
-      this._renderChrome();
-    } else if (
-      (status === 'idle' || status === 'busy') &&
-      this._connection === null &&
-      !this._noMonitor
-    ) {
-      this._attach(kernel);
-      this._renderChrome();
-    }
   }
 
   private async _sliceAction(
@@ -338,7 +154,7 @@ export class PathwaysPanel extends Widget {
     button.disabled = true;
     this._report(`${verb} slice ${slice}…`);
     try {
-      const reply = await this._request({ type: action, slice });
+      const reply = await this.session.request({ type: action, slice });
       this._report(reply.ok ? '' : `${verb} slice ${slice}: ${reply.error}`, !reply.ok);
     } catch (error) {
       this._report(`${verb} slice ${slice}: ${(error as Error).message}`, true);
@@ -368,7 +184,7 @@ export class PathwaysPanel extends Widget {
     this._snapshotButton.disabled = true;
     this._report('Snapshotting…');
     try {
-      const reply = await this._request({ type: 'snapshot' });
+      const reply = await this.session.request({ type: 'snapshot' });
       if (reply.ok && reply.result) {
         const r = reply.result as { name?: string; leaves?: number; nbytes?: number };
         this._report(`Snapshot “${r.name}”: ${r.leaves} arrays, ${formatBytes(r.nbytes ?? 0)}`);
@@ -384,18 +200,11 @@ export class PathwaysPanel extends Widget {
 
   /** The followed kernel's newest profile capture (rejects when no kernel is followed). */
   async latestProfile(): Promise<LatestProfile> {
-    const reply = await this._request({ type: 'latest_profile' });
+    const reply = await this.session.request({ type: 'latest_profile' });
     if (!reply.ok) {
       throw new Error(reply.error ?? 'latest_profile failed');
     }
     return decodeLatestProfile(reply);
-  }
-
-  private _request(body: Parameters<MonitorConnection['request']>[0]) {
-    if (!this._connection) {
-      return Promise.reject(new Error('not connected to a Pathways kernel'));
-    }
-    return this._connection.request(body);
   }
 
   private _report(text: string, error = false): void {
@@ -406,14 +215,6 @@ export class PathwaysPanel extends Widget {
   private _changed(change: Change): void {
     if (change === 'points') {
       return; // training metrics are the dashboard's
-    }
-    if (
-      change === 'topology' &&
-      (this._noBackend !== null || this._message.startsWith('Connecting'))
-    ) {
-      // A backend connected, or its topology came before the reply to our subscribe.
-      this._noBackend = null;
-      this._message = '';
     }
     if (change !== 'metrics') {
       this._renderChrome();
@@ -448,7 +249,7 @@ export class PathwaysPanel extends Widget {
 
   /** "Following: train.ipynb · python3", and what the active tab is when it has no kernel. */
   private _renderFollowing(): void {
-    const target = this._notebook;
+    const target = this.session.view;
     const node = this._following;
     if (!target) {
       node.hidden = true;
@@ -457,7 +258,7 @@ export class PathwaysPanel extends Widget {
     node.hidden = false;
     const kind = 'console' in target ? 'console' : 'notebook';
     const name = target.title.label || target.sessionContext.name || kind;
-    const kernel = this._kernel ? ` · ${target.sessionContext.kernelDisplayName}` : '';
+    const kernel = this.session.kernel ? ` · ${target.sessionContext.kernelDisplayName}` : '';
     const text = this._otherActive
       ? `Following ${kind} ${name}${kernel} (the active tab, ${this._otherActive}, has no kernel)`
       : `Following ${kind} ${name}${kernel}`;
@@ -511,35 +312,57 @@ export class PathwaysPanel extends Widget {
 
   /** The friendly states: no notebook, not a Pathways kernel, connecting, disconnected. */
   private _renderChrome(): void {
-    const kernel = this._kernel;
-    let message = this._message;
-    if (!this._notebook) {
-      message = 'Open a notebook or console on a Pathways kernel to see its slices here.';
-    } else if (!kernel) {
-      message =
-        'This notebook has no kernel yet. Start the “Pathways (JAX)” kernel to see its slices.';
-    } else if (this._noMonitor) {
-      message = isPathwaysKernel(kernel.name)
-        ? `This kernel (“${kernel.name}”) has no Pathways monitor. Restart it to get one.`
-        : `This notebook runs “${kernel.name}”, which has no Pathways monitor yet. Run %load_ext pathways_kernel in it, or switch it to “Pathways (JAX)” (Kernel › Change Kernel…).`;
-    }
+    const state = this.session.state;
+    const kernel = this.session.kernel;
+    const message = panelMessage(state, kernel?.name ?? '');
     this._status.textContent = message;
     this._status.hidden = !message;
     this._renderFollowing();
     const live = !!this.model.topology;
     this._body.hidden = !live;
-    this.node.dataset.state = !this._notebook
-      ? 'no-notebook'
-      : !kernel
-        ? 'no-kernel'
-        : this._noMonitor
-          ? 'not-pathways'
-          : this._noBackend !== null
-            ? 'no-backend'
-            : live
-              ? 'live'
-              : 'connecting';
+    this.node.dataset.state =
+      state.kind === 'no-view'
+        ? 'no-notebook'
+        : state.kind === 'no-kernel'
+          ? 'no-kernel'
+          : state.kind === 'no-monitor'
+            ? 'not-pathways'
+            : state.kind === 'no-backend'
+              ? 'no-backend'
+              : live
+                ? 'live'
+                : 'connecting';
     this._renderHeader();
+  }
+}
+
+/** What the panel says in `state` about kernel `name`. */
+function panelMessage(state: SessionState, name: string): string {
+  switch (state.kind) {
+    case 'no-view':
+      return 'Open a notebook or console on a Pathways kernel to see its slices here.';
+    case 'no-kernel':
+      return 'This notebook has no kernel yet. Start the “Pathways (JAX)” kernel to see its slices.';
+    case 'no-monitor':
+      return isPathwaysKernel(name)
+        ? `This kernel (“${name}”) has no Pathways monitor. Restart it to get one.`
+        : `This notebook runs “${name}”, which has no Pathways monitor yet. Run %load_ext pathways_kernel in it, or switch it to “Pathways (JAX)” (Kernel › Change Kernel…).`;
+    case 'connecting':
+      return 'Connecting to the kernel’s monitor…';
+    case 'no-backend':
+      return `No backend: ${state.error}. Run %pathways connect local:2x4 in a cell, or fix the target and restart the kernel.`;
+    case 'unreachable':
+      return `Could not reach the kernel’s monitor: ${state.error}`;
+    case 'closed':
+      return state.reason === 'evicted'
+        ? 'Disconnected: too many monitor views on this kernel. Close other views, then reopen this notebook.'
+        : 'The kernel’s monitor shut down.';
+    case 'restarting':
+      return 'Kernel restarting…';
+    case 'dead':
+      return 'The kernel died.';
+    default:
+      return '';
   }
 }
 
