@@ -200,22 +200,23 @@ def preflight(target: Target, timeout: float = DEFAULT_TIMEOUT_S, secure: bool =
 
 def _within(seconds: float, work: Callable[[], T]) -> T:
     """Run blocking ``work`` (a DNS lookup) but give up after ``seconds``."""
-    box: dict[str, object] = {}
+    values: list[T] = []
+    errors: list[BaseException] = []
 
     def run() -> None:
         try:
-            box["value"] = work()
+            values.append(work())
         except BaseException as exc:  # re-raised in the caller's thread
-            box["error"] = exc
+            errors.append(exc)
 
     thread = threading.Thread(target=run, name="pathways-preflight-dns", daemon=True)
     thread.start()
     thread.join(seconds)
     if thread.is_alive():
         raise TimeoutError
-    if "error" in box:
-        raise box["error"]  # type: ignore[misc]
-    return box["value"]  # type: ignore[return-value]
+    if errors:
+        raise errors[0]
+    return values[0]
 
 
 def _resolve(target: Target, seconds: float, fail: Fail) -> list[SockAddr]:
