@@ -1,8 +1,9 @@
 """Monitor protocol v1: encode, decode and validate ``pathways.monitor`` messages.
 
 The contract is docs/protocol.md; field names and limits here are the
-TypeScript side's (``labextension/src/protocol.ts``; tests/monitoring/test_protocol.py and
-labextension/test/crosslang.test.ts check that the three agree). A message is
+TypeScript side's (``labextension/src/protocol/messages.ts``); all three follow the
+schema ``protocol.schema.json`` beside this module (tests/monitoring/test_protocol.py and
+labextension/test/schema.test.ts check each against it). A message is
 ``(data, buffers)``: ``data`` the comm's JSON object, ``buffers`` its binary
 frames (little-endian arrays in topology chip order). Pure functions, no
 Jupyter or JAX imports, so both the comm and the benchmarks use exactly this

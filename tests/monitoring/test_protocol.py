@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import monitor_frontend
@@ -424,3 +425,165 @@ def test_goodput_intervals_are_json_columns_named_as_the_contract_says():
         assert f"`{field}`" in section, field
     for field in data["step_time"]:
         assert f"`{field}`" in section, field
+
+
+# -- the schema (pathways_kernel/monitoring/protocol.schema.json): the kernel's encoders, the
+# -- test frontend's decoders and (labextension/test/schema.test.ts) the TypeScript side agree with it
+
+SCHEMA = monitor_frontend.SCHEMA
+
+
+def test_the_schema_holds_the_kernels_types_requests_and_limits():
+    assert (SCHEMA["version"], SCHEMA["target"]) == (p.VERSION, p.TARGET)
+    assert set(SCHEMA["kernel"]) == set(p.KERNEL_TYPES)
+    assert {k: tuple(v["fields"]) for k, v in SCHEMA["requests"]["types"].items()} == p.REQUEST_FIELDS
+    assert tuple(SCHEMA["close_reasons"]) == p.CLOSE_REASONS
+    assert SCHEMA["closed"]["fields"]["reason"]["values"] == list(p.CLOSE_REASONS)
+    assert {name: getattr(p, name) for name in SCHEMA["constants"]} == SCHEMA["constants"]
+    assert SCHEMA["requests"]["envelope"]["request_id"]["maxLength"] == p.MAX_REQUEST_ID
+    assert SCHEMA["requests"]["types"]["subscribe"]["fields"]["rate"]["max"] == p.MAX_RATE_HZ
+
+
+def _kernel_messages() -> dict[str, p.Message]:
+    """One message of each type, as the kernel's encoders write them."""
+    from pathways_kernel.profiling import capture
+
+    util = np.arange(12, dtype=np.uint8).reshape(3, 4)
+    chips = p.ChipHistory(3, 4, 8, 4096, np.array([1.0, 2.0, 3.0]), util, util.copy())
+    event = Event(seq=4, time=1.7e9, kind="reshard", slices_before=(0, 1), slices_after=(0,), step=7)
+    point = {"seq": 1, "run": "train #1", "step": 3, "time": 1.7e9, "elapsed_s": 0.5, "name": "loss", "value": 2.5}
+    columns = {"start_s": [0.0], "end_s": [1.0], "goodput": [0.5], "productive": [0.5], "steps": [3]}
+    columns |= {"step_time_mean_s": [0.1], "step_time_std_s": [math.nan]}
+    run = {"run": "train", "kind": "elastic", "header": "run 'train'", "started": 1.7e9, "wall_s": 1.0}
+    stats = {"steps": 3, "median_s": 0.1, "mean_s": 0.1, "std_s": 0.0, "slowest": [(2, 0.2)]}
+    return {
+        "topology": p.encode_topology(_topology()),
+        "history": p.encode_history(_history()),
+        "metrics": p.encode_metrics(_metrics()),
+        "event": p.encode_event(event),
+        "reply": p.encode_reply("r1", True, result={"rate": 2.0}),
+        "no_backend": p.encode_no_backend("proxy unreachable"),
+        "metric_points": p.encode_metric_points([point], replay=True),
+        "goodput_intervals": p.encode_goodput_intervals(run, ("productive",), columns, stats),
+        "chip_history": p.encode_chip_history_reply("c1", chips),
+        "latest_profile": p.encode_reply("l1", True, result=capture.latest_for_xprof()),
+    }
+
+
+@pytest.mark.parametrize("kind", [*p.KERNEL_TYPES, *SCHEMA["results"]])
+def test_the_kernel_encodes_every_message_type_as_the_schema_says(kind):
+    """A field the kernel writes that the schema does not name (or the reverse) fails here."""
+    data, buffers = _kernel_messages()[kind]
+    if kind in SCHEMA["results"]:
+        spec = SCHEMA["results"][kind]
+        assert monitor_frontend.schema_errors(SCHEMA["kernel"]["reply"]["fields"], _body(data)) == []
+        data = data["result"]
+    else:
+        spec = SCHEMA["kernel"][kind]
+        assert (data["v"], data["type"]) == (p.VERSION, kind)
+        data = _body(data)
+    assert monitor_frontend.schema_errors(spec["fields"], data) == []
+    assert monitor_frontend.buffer_errors(spec["buffers"], data, buffers) == []
+
+
+def test_the_kernels_close_data_is_as_the_schema_says():
+    for reason in p.CLOSE_REASONS:
+        data = p.close_data(reason)
+        assert (data["v"], data["type"]) == (p.VERSION, "closed")
+        assert monitor_frontend.schema_errors(SCHEMA["closed"]["fields"], _body(data)) == []
+
+
+def _body(data: dict) -> dict:
+    return {k: v for k, v in data.items() if k not in ("v", "type")}
+
+
+def _example(kind: str) -> tuple[dict, list[bytes]]:
+    spec = SCHEMA["kernel"][kind]
+    data = {"v": p.VERSION, "type": kind, **spec["example"]["data"]}
+    return data, monitor_frontend.schema_buffers(spec["buffers"], spec["example"]["buffers"])
+
+
+def _field_paths(fields: dict, data: dict, at: tuple = ()) -> list[tuple[tuple, dict]]:
+    """Each field of ``fields`` (and of nested objects, of an array's first object) with its path in ``data``."""
+    paths = []
+    for key, spec in fields.items():
+        paths.append(((*at, key), spec))
+        value = data[key]
+        if spec["type"] == "object" and "fields" in spec and isinstance(value, dict):
+            paths += _field_paths(spec["fields"], value, (*at, key))
+        if spec["type"] == "array" and spec["items"].get("fields") and value:
+            paths += _field_paths(spec["items"]["fields"], value[0], (*at, key, 0))
+    return paths
+
+
+def _mutated(data: dict, path: tuple, value: object = ...) -> dict:
+    """A deep copy of ``data`` with the field at ``path`` removed (``...``) or set to ``value``."""
+    import copy
+
+    out = copy.deepcopy(data)
+    parent = out
+    for step in path[:-1]:
+        parent = parent[step]
+    if value is ...:
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = value
+    return out
+
+
+_WRONG = {"integer": "1", "number": "x", "string": 1, "boolean": 1, "object": [], "map": [], "array": {}, "enum": "?"}
+
+
+def test_every_schema_example_is_valid():
+    for kind, spec in [*SCHEMA["kernel"].items(), *SCHEMA["results"].items()]:
+        example = spec["example"]
+        assert monitor_frontend.schema_errors(spec["fields"], example["data"]) == [], kind
+        buffers = monitor_frontend.schema_buffers(spec["buffers"], example["buffers"])
+        assert monitor_frontend.buffer_errors(spec["buffers"], example["data"], buffers) == [], kind
+
+
+@pytest.mark.parametrize("kind", SCHEMA["kernel"])
+def test_the_test_frontend_decodes_every_type_and_checks_every_field_of_the_schema(kind):
+    """monitor_frontend decodes each type's example, and refuses it without any field or with a
+    value of another type: a field the schema names that the decoder does not read fails here."""
+    data, buffers = _example(kind)
+    decoded = monitor_frontend.decode(data, buffers)
+    spec = SCHEMA["kernel"][kind]
+    names = {*spec["fields"], *(b.get("python", b["name"]) for b in spec["buffers"])}
+    if isinstance(decoded, dict):
+        assert set(decoded) == (set(spec["fields"]["event"]["fields"]) if kind == "event" else names)
+    else:
+        own = {f.name for f in dataclasses.fields(decoded)}
+        assert own <= names and all(hasattr(decoded, n) for n in names), (own, names)
+    for path, field in _field_paths(spec["fields"], data):
+        if not field.get("nullable"):
+            with pytest.raises(p.ProtocolError):
+                monitor_frontend.decode(_mutated(data, path), buffers)
+        with pytest.raises(p.ProtocolError):
+            monitor_frontend.decode(_mutated(data, path, _WRONG[field["type"]]), buffers)
+
+
+def test_the_test_frontend_decodes_a_chip_history_reply_as_the_schema_says():
+    spec = SCHEMA["results"]["chip_history"]
+    result = spec["example"]["data"]
+    data = {"v": p.VERSION, "type": "reply", "request_id": "c", "ok": True, "error": None, "result": result}
+    buffers = monitor_frontend.schema_buffers(spec["buffers"], spec["example"]["buffers"])
+    decoded = monitor_frontend.decode_chip_history(data, buffers)
+    names = {*spec["fields"], *(b["name"] for b in spec["buffers"])}
+    assert {f.name for f in dataclasses.fields(decoded)} <= names and all(hasattr(decoded, n) for n in names)
+    for key in spec["fields"]:
+        with pytest.raises(p.ProtocolError):
+            monitor_frontend.decode_chip_history(_mutated(data, ("result", key)), buffers)
+
+
+@pytest.mark.parametrize("kind", SCHEMA["requests"]["types"])
+def test_requests_as_the_schema_says_pass_the_kernel_and_each_missing_field_is_refused(kind):
+    spec = SCHEMA["requests"]["types"][kind]
+    data = {"v": p.VERSION, "type": kind, "request_id": "r", **spec["example"]}
+    request = p.decode_request(data)
+    assert monitor_frontend.encode_request(request) == data
+    for key in spec["fields"]:
+        with pytest.raises(p.ProtocolError):
+            p.decode_request(_mutated(data, (key,)))
+    with pytest.raises(p.ProtocolError, match="unexpected field"):
+        p.decode_request({**data, "extra": 1})

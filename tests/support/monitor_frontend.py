@@ -1,14 +1,19 @@
 """The frontend's side of monitor protocol v1 in Python, for tests: decode kernel messages, encode requests.
 
-The panel does this in TypeScript (labextension/src/protocol.ts); these
+The panel does this in TypeScript (labextension/src/protocol/messages.ts); these
 mirror its rules (docs/protocol.md, "Validation") so Python tests can read
 what a real kernel sends as the panel would. The kernel itself only encodes
 kernel messages and decodes requests (pathways_kernel/monitoring/protocol.py).
+All three are checked against the protocol's schema, ``SCHEMA``
+(pathways_kernel/monitoring/protocol.schema.json), which ``schema_errors`` reads.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,6 +38,10 @@ from pathways_kernel.monitoring.protocol import (
     _number,
 )
 from pathways_kernel.monitoring.telemetry import SliceMetrics
+
+SCHEMA: dict[str, Any] = json.loads(
+    (Path(__file__).resolve().parents[2] / "pathways_kernel" / "monitoring" / "protocol.schema.json").read_text()
+)
 
 
 def decode_topology(data: dict[str, Any], buffers: Sequence[Any]) -> TopologyMessage:
@@ -246,3 +255,210 @@ def decode_chip_history(data: dict[str, Any], buffers: Sequence[Any]) -> ChipHis
         _array(buffers[1], _U8, t * c, "utilization").reshape(t, c),
         _array(buffers[2], _U8, t * c, "memory").reshape(t, c),
     )
+
+
+def decode_reply(data: dict[str, Any], buffers: Sequence[Any]) -> dict[str, Any]:
+    """A ``reply`` (its buffers, if any, are the result's: see ``decode_chip_history``)."""
+    _expect_kernel_envelope(data, "reply")
+    if data.get("request_id") is not None:
+        _str(data, "request_id")
+    if data.get("error") is not None:
+        _str(data, "error")
+    if data.get("result") is not None and not isinstance(data["result"], dict):
+        raise ProtocolError("reply: 'result' must be an object or null")
+    return {
+        "request_id": _nullable(data, "request_id"),
+        "ok": _bool(data, "ok"),
+        "error": _nullable(data, "error"),
+        "result": _nullable(data, "result"),
+    }
+
+
+def decode_no_backend(data: dict[str, Any], buffers: Sequence[Any]) -> dict[str, Any]:
+    _expect_kernel_envelope(data, "no_backend")
+    _buffer_count(buffers, 0, "no_backend")
+    return {"error": _str(data, "error")}
+
+
+def decode_metric_points(data: dict[str, Any], buffers: Sequence[Any]) -> dict[str, Any]:
+    _expect_kernel_envelope(data, "metric_points")
+    _buffer_count(buffers, 0, "metric_points")
+    points = [
+        {
+            "seq": _int(o, "seq", low=1),
+            "run": _str(o, "run"),
+            "step": _int(o, "step"),
+            "time": _number(o, "time"),
+            "elapsed_s": _number(o, "elapsed_s"),
+            "name": _str(o, "name"),
+            "value": None if _nullable(o, "value") is None else _number(o, "value"),
+        }
+        for o in _list_of_dicts(data, "points")
+    ]
+    return {"replay": _bool(data, "replay"), "points": points}
+
+
+def decode_goodput_intervals(data: dict[str, Any], buffers: Sequence[Any]) -> dict[str, Any]:
+    _expect_kernel_envelope(data, "goodput_intervals")
+    _buffer_count(buffers, 0, "goodput_intervals")
+    categories = _str_items(data, "categories")
+    seconds = data.get("seconds")
+    if not isinstance(seconds, dict):
+        raise ProtocolError("'seconds' must be an object")
+    step_time = data.get("step_time")
+    if not isinstance(step_time, dict):
+        raise ProtocolError("'step_time' must be an object")
+    return {
+        "run": _str(data, "run"),
+        "kind": _str(data, "kind"),
+        "header": _str(data, "header"),
+        "started": _number(data, "started"),
+        "wall_s": _number(data, "wall_s"),
+        "categories": categories,
+        "start_s": _optional_numbers(data, "start_s"),
+        "end_s": _optional_numbers(data, "end_s"),
+        "goodput": _optional_numbers(data, "goodput"),
+        "seconds": {c: _optional_numbers(seconds, c) for c in categories},
+        "steps": _int_items(data, "steps"),
+        "step_time_mean_s": _optional_numbers(data, "step_time_mean_s"),
+        "step_time_std_s": _optional_numbers(data, "step_time_std_s"),
+        "step_time": {
+            "steps": _int(step_time, "steps", low=0),
+            **{
+                k: None if _nullable(step_time, k) is None else _number(step_time, k)
+                for k in ("median_s", "mean_s", "std_s")
+            },
+            "slowest": [
+                {"step": _int(o, "step"), "seconds": _number(o, "seconds")}
+                for o in _list_of_dicts(step_time, "slowest")
+            ],
+        },
+    }
+
+
+#: The decoder of each kernel message type.
+DECODERS: dict[str, Callable[[dict[str, Any], Sequence[Any]], Any]] = {
+    "topology": decode_topology,
+    "history": decode_history,
+    "metrics": decode_metrics,
+    "event": lambda data, buffers: _no_buffers(decode_event(data), buffers, "event"),
+    "reply": decode_reply,
+    "no_backend": decode_no_backend,
+    "metric_points": decode_metric_points,
+    "goodput_intervals": decode_goodput_intervals,
+}
+
+
+def decode(data: Any, buffers: Sequence[Any] = ()) -> Any:
+    """Any kernel message, by its ``type``."""
+    kind = data.get("type") if isinstance(data, dict) else None
+    if kind not in DECODERS:
+        raise ProtocolError(f"unknown message type {kind!r}")
+    return DECODERS[kind](data, buffers)
+
+
+def _no_buffers(value: Any, buffers: Sequence[Any], kind: str) -> Any:
+    _buffer_count(buffers, 0, kind)
+    return value
+
+
+def _nullable(d: dict, key: str) -> Any:
+    if key not in d:
+        raise _missing(key, "")
+    return d[key]
+
+
+def _str_items(d: dict, key: str) -> list[str]:
+    value = d.get(key)
+    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+        raise ProtocolError(f"'{key}' must be an array of strings")
+    return value
+
+
+def _optional_numbers(d: dict, key: str) -> list[float | None]:
+    value = d.get(key)
+    if not isinstance(value, list) or not all(
+        x is None or (type(x) in (int, float) and math.isfinite(x)) for x in value
+    ):
+        raise ProtocolError(f"'{key}' must be an array of numbers or nulls")
+    return value
+
+
+# -- the schema -------------------------------------------------------------------
+
+_JSON_TYPES: dict[str, Callable[[Any], bool]] = {
+    "integer": lambda v: type(v) is int,
+    "number": lambda v: type(v) in (int, float) and math.isfinite(v),
+    "string": lambda v: isinstance(v, str),
+    "boolean": lambda v: isinstance(v, bool),
+    "object": lambda v: isinstance(v, dict),
+    "map": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+    "enum": lambda v: True,
+}
+DTYPES = {"int32": _I32, "uint16": _U16, "uint8": _U8, "float32": _F32, "float64": _F64}
+
+
+def schema_errors(fields: dict[str, Any], data: dict[str, Any], at: str = "") -> list[str]:
+    """How ``data`` (a message's or a nested object's fields) departs from the schema's ``fields``:
+    a field missing, one the schema does not name, a value of another type or out of range."""
+    errors = [f"{at}{key}: not in the schema" for key in data if key not in fields]
+    for key, spec in fields.items():
+        if key not in data:
+            errors.append(f"{at}{key}: missing")
+        else:
+            errors += _value_errors(spec, data[key], f"{at}{key}")
+    return errors
+
+
+def _value_errors(spec: dict[str, Any], value: Any, at: str) -> list[str]:
+    if value is None:
+        return [] if spec.get("nullable") else [f"{at}: null"]
+    kind = spec["type"]
+    if not _JSON_TYPES[kind](value):
+        return [f"{at}: {_json_type(value)}, not {kind}"]
+    if kind == "enum" and value not in spec["values"]:
+        return [f"{at}: {value!r} not one of {spec['values']}"]
+    if kind in ("integer", "number") and not spec.get("min", -math.inf) <= value <= spec.get("max", math.inf):
+        return [f"{at}: {value} out of range"]
+    if kind == "string" and not spec.get("minLength", 0) <= len(value) <= spec.get("maxLength", math.inf):
+        return [f"{at}: length {len(value)} out of range"]
+    if kind == "object" and "fields" in spec:
+        return schema_errors(spec["fields"], value, f"{at}.")
+    if kind == "map":
+        return [e for k, v in value.items() for e in _value_errors(spec["values"], v, f"{at}.{k}")]
+    if kind == "array":
+        return [e for i, v in enumerate(value) for e in _value_errors(spec["items"], v, f"{at}[{i}]")]
+    return []
+
+
+def buffer_errors(spec: list[dict[str, Any]], data: dict[str, Any], buffers: Sequence[Any]) -> list[str]:
+    """How ``buffers`` depart from the schema's buffer list: their number, each one's byte size."""
+    if len(buffers) != len(spec):
+        return [f"{len(buffers)} buffers, the schema says {len(spec)}"]
+    errors = []
+    for b, s in zip(buffers, spec, strict=True):
+        size = buffer_count(s["shape"], data) * DTYPES[s["dtype"]].itemsize
+        if memoryview(b).nbytes != size:
+            errors.append(f"buffer {s['name']}: {memoryview(b).nbytes} bytes, the schema says {size}")
+    return errors
+
+
+def buffer_count(shape: list[Any], data: dict[str, Any]) -> int:
+    """Elements of a buffer of ``shape`` (factors: a number, a field, or ``"a - b"``)."""
+    count = 1
+    for factor in shape:
+        if isinstance(factor, int):
+            count *= factor
+        elif " - " in factor:
+            a, b = factor.split(" - ")
+            count *= data[a] - data[b]
+        else:
+            value = data[factor]
+            count *= len(value) if isinstance(value, list) else value
+    return count
+
+
+def schema_buffers(spec: list[dict[str, Any]], values: list[list[float]]) -> list[bytes]:
+    """An example's buffers (plain numbers) as the bytes the wire carries."""
+    return [np.asarray(v, DTYPES[s["dtype"]]).tobytes() for s, v in zip(spec, values, strict=True)]

@@ -234,7 +234,17 @@ export interface GoodputIntervalsMessage {
   steps: number[];
   step_time_mean_s: (number | null)[];
   step_time_std_s: (number | null)[];
-  step_time: Record<string, unknown>;
+  step_time: StepTimeStats;
+}
+
+/** The run's step-time figures (`goodput_timeline.step_time_stats`); null where it had no steps. */
+export interface StepTimeStats {
+  steps: number;
+  median_s: number | null;
+  mean_s: number | null;
+  std_s: number | null;
+  /** The slowest steps, slowest first. */
+  slowest: { step: number; seconds: number }[];
 }
 
 export type KernelMessage =
@@ -336,7 +346,25 @@ function decodeGoodputIntervals(msg: Record<string, unknown>): GoodputIntervalsM
     steps: array(msg.steps, `${at}.steps`).map((x, i) => integer(x, `${at}.steps[${i}]`)),
     step_time_mean_s: numbers(msg.step_time_mean_s, 'step_time_mean_s'),
     step_time_std_s: numbers(msg.step_time_std_s, 'step_time_std_s'),
-    step_time: object(msg.step_time, `${at}.step_time`)
+    step_time: decodeStepTime(object(msg.step_time, `${at}.step_time`))
+  };
+}
+
+function decodeStepTime(o: Record<string, unknown>): StepTimeStats {
+  const at = 'goodput_intervals.step_time';
+  const seconds = (name: string) => nullable(o[name], v => number(v, `${at}.${name}`));
+  return {
+    steps: integer(o.steps, `${at}.steps`),
+    median_s: seconds('median_s'),
+    mean_s: seconds('mean_s'),
+    std_s: seconds('std_s'),
+    slowest: array(o.slowest, `${at}.slowest`).map((s, i) => {
+      const slow = object(s, `${at}.slowest[${i}]`);
+      return {
+        step: integer(slow.step, `${at}.slowest[${i}].step`, -Infinity),
+        seconds: number(slow.seconds, `${at}.slowest[${i}].seconds`)
+      };
+    })
   };
 }
 
