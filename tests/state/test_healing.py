@@ -6,6 +6,7 @@ import time
 
 import pytest
 from kernels import SERVER
+from waiting import wait_until
 
 # Kernels run on the product default, a local Pathways server (conftest._backend).
 KERNEL_BACKEND = SERVER
@@ -63,14 +64,17 @@ def test_still_unusable_variable_is_not_announced_again(notebook):
         notebook.run("%pathways repair 1")
 
 
-def test_a_slice_lost_between_cells_heals_before_the_next_cell(notebook):
+def test_a_slice_lost_between_cells_heals_before_the_next_cell(notebook, tmp_path):
     assert "autosnapshot on" in notebook.run("%pathways autosnapshot on").text
     assert notebook.run("v = jax.device_put(np.arange(8.0), NamedSharding(pw.mesh(), P('data')))").status == "ok"
-    # A loss from another thread (as chaos does) while no cell runs.
+    # A loss from another thread (as chaos does) while no cell runs; the thread leaves a
+    # file once the loss is done, so the next cell surely comes after it.
+    lost = tmp_path / "lost"
     notebook.run(
-        "import threading, time as _t\nthreading.Thread(target=lambda: (_t.sleep(0.3), pw.fail_slice(1))).start()"
+        "import pathlib, threading, time as _t\n"
+        f"threading.Thread(target=lambda: (_t.sleep(0.3), pw.fail_slice(1), pathlib.Path({str(lost)!r}).touch())).start()"
     )
-    time.sleep(1.5)
+    assert wait_until(lost.exists, 60), "the slice loss from another thread never finished"
     reply = notebook.run("print(float(v.sum()))")
     assert reply.status == "ok", reply.error
     assert "slice 1 lost" in reply.text and "v (" in reply.text
