@@ -9,7 +9,7 @@ PY_SOURCES := pyproject.toml $(shell find pathways_kernel kernelspecs -name '*.p
 LAB_BUNDLE := pathways_kernel/labextension/package.json
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: all lab test lint docs test-ts test-py test-compat bench notebooks clean
+.PHONY: all lab test lint docs test-ts test-py test-fast test-compat bench notebooks clean
 
 all: $(VENV)/.installed
 
@@ -59,8 +59,20 @@ lint: $(VENV)/.installed
 test-ts: $(VENV)/.installed
 	$(JLPM) test
 
+# Two passes (docs/testing.md): test files in two processes (pytest-xdist; a file's tests stay
+# in one process, so its module's kernels and servers are shared), then the `serial` tests,
+# which assert wall time, with the machine to themselves. Both passes run; either fails the target.
+PYTEST := $(VENV)/bin/pytest -q --durations=25
+PARALLEL := -n 2 --dist loadfile
 test-py: $(VENV)/.installed /usr/bin/chromium /usr/sbin/slurmctld
-	$(VENV)/bin/pytest -q --durations=25
+	@status=0; \
+	$(PYTEST) $(PARALLEL) -m "not serial" || status=$$?; \
+	$(PYTEST) -m serial || status=$$?; \
+	exit $$status
+
+# The inner loop: the parallel pass without the browser, Slurm, notebook and serial tests.
+test-fast: $(VENV)/.installed
+	$(PYTEST) $(PARALLEL) -m "not serial and not browser and not slurm" --ignore=tests/notebooks
 
 # The docs site (Sphinx + MyST, docs/conf.py): warnings are errors, and -n makes every
 # internal link, heading anchor and toctree entry resolve. -E rebuilds every page, so a

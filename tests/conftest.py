@@ -23,6 +23,14 @@ def pytest_configure(config):
     )
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(items):
+    """Tests on the real Slurm cluster (the ``slurm`` fixture) carry the ``slurm`` marker: ``make test-fast`` leaves them out."""
+    for item in items:
+        if "slurm" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slurm)
+
+
 def _backend(request) -> str:
     """The kernel backend: the test's ``backend`` mark, its module's ``KERNEL_BACKEND``, else embedded:2x4.
 

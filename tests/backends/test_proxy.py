@@ -189,6 +189,7 @@ CASES = [
 ]
 
 
+@pytest.mark.serial  # timing: each failure within its 5 s pre-flight + 1 s
 @pytest.mark.parametrize("case,line,words,allowed", CASES, ids=[c[0] for c in CASES])
 def test_wrong_target_fails_fast_in_one_line_and_local_still_works(kernel, servers, case, line, words, allowed):
     if "{tls}" in line and not servers["tls"]:

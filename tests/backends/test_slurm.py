@@ -131,6 +131,7 @@ def test_pw_connect_takes_a_slurm_job_id_as_the_magic_does(slurm, kernel, cancel
         assert f"grpc://127.0.0.1:{port}" in reply.error
 
 
+@pytest.mark.serial  # timing: the kernel's answer within 5 s
 def test_connect_by_name_and_the_job_id_in_the_error_of_a_job_without_the_convention(slurm, kernel, cancel):
     job = slurm.submit(SLEEP, "--nodes=1", "--time=10", "--job-name=plain-sleep")
     cancel.append(job)
@@ -183,6 +184,7 @@ BAD = [
 ]
 
 
+@pytest.mark.serial  # timing: the kernel's answer within 5 s
 @pytest.mark.parametrize("case,before,line,words,after", BAD, ids=[c[0] for c in BAD])
 def test_bad_input_is_one_line_within_5_s_and_the_kernel_stays_healthy(
     slurm, kernel, cancel, case, before, line, words, after
@@ -213,6 +215,7 @@ def test_bad_input_is_one_line_within_5_s_and_the_kernel_stays_healthy(
     assert healthy.status == "ok" and "6.0" in healthy.text, healthy.error
 
 
+@pytest.mark.serial  # timing: the kernel's answer within 5 s
 def test_munge_down_is_one_line(slurm, kernel):
     slurm.stop_munge()
     try:
@@ -227,6 +230,7 @@ def test_munge_down_is_one_line(slurm, kernel):
     assert kernel_seconds(reply) < 5.0
 
 
+@pytest.mark.serial  # timing: the answer within 5 s
 def test_cancel_permission_denied_is_one_line(slurm, cancel, monkeypatch, tmp_path):
     from pathways_kernel.backends.slurm import BackendError, Slurm
 

@@ -96,6 +96,7 @@ def test_stats_are_what_the_monitor_reads(local_session):
     assert event.bytes == 2 * 1024 and event.detail == "<lambda> on slices [0,1]"
 
 
+@pytest.mark.serial  # timing: two 3 s sidecars must finish within 5 s
 def test_sidecars_of_different_slices_run_at_the_same_time(local_session):
     """Issue 22.5: the first call ran slice 1 after slice 0 (6 s for two 3 s sidecars), and
     slice 1's busy time counted its wait as running (6 s)."""
@@ -172,6 +173,7 @@ def test_notebook_feeds_a_training_loop_from_per_slice_loaders():
     assert "sidecar calls" in text
 
 
+@pytest.mark.serial  # timing: asserts each sidecar's busy seconds
 @pytest.mark.kernel
 def test_a_slice_lost_while_sidecars_run_keeps_the_live_slices_results(fresh_kernel):
     """Issue 22.4: a slice lost during `%%pathways sidecar --slices all` raised an 84-line

@@ -315,6 +315,7 @@ def test_chaos_magic_refuses_bad_values_in_one_line(lost):
     assert "chaos off" in lost.run("%pathways chaos").text
 
 
+@pytest.mark.serial  # timing: compares the wall time of the first and last failures
 def test_failure_cost_stays_flat_over_many_failures(local_session):
     import queue
     import threading
@@ -391,6 +392,7 @@ def test_an_array_dropped_after_a_fail_and_repair_is_freed_at_once(local_session
         gc.enable()
 
 
+@pytest.mark.serial  # timing: fail and restore within 1 s each
 def test_fail_and_restore_answer_while_a_long_step_is_read(local_session):
     import threading
 

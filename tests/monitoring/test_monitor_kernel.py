@@ -40,6 +40,7 @@ def test_topology_then_metrics_on_open(frontend):
     assert metrics.chips == 8 and metrics.topology_seq == topology.topology_seq and metrics.source == "client"
 
 
+@pytest.mark.serial  # timing: a reply within 5 s of its request
 def test_metrics_and_replies_flow_while_a_cell_sleeps(frontend):
     comm = frontend.open()
     assert frontend.wait_for(lambda m: _is(m, comm, "metrics"), timeout=30) is not None
@@ -311,6 +312,7 @@ def test_a_10_mb_bad_field_gets_a_short_error_reply(frontend):
         assert size < 2_000, f"a {size:,}-byte error reply to a 10 MB field"
 
 
+@pytest.mark.serial  # timing: 5000 requests against the comm's deadlines
 def test_5000_requests_get_exactly_5000_replies(frontend, kernel):
     comm = frontend.open()
     assert frontend.wait_for(lambda m: _is(m, comm, "topology"), timeout=30) is not None
@@ -348,6 +350,7 @@ def test_monitor_requests_never_show_the_kernel_idle_while_a_cell_runs(frontend,
     _never_idle_during_a_cell(frontend)
 
 
+@pytest.mark.serial  # timing: replies within 4 s
 def test_a_stock_kernel_with_the_extension_keeps_its_status_too():
     from kernels import Kernel
 

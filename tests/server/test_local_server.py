@@ -586,6 +586,7 @@ def test_transfers_round_trip_and_a_large_copy_does_not_stall_tiny_ops(server):
         assert got[direction]["tiny_ops_inside"] >= 1, got
 
 
+@pytest.mark.serial  # timing: a tiny op beside a slow one within 2 s
 def test_pathwaysutils_profile_persistence_and_colocated_python_run_in_the_server(tmp_path, gcs_server, capfd):
     import tensorstore as ts
 

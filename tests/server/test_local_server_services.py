@@ -75,6 +75,7 @@ def test_checkpoints_and_snapshots_go_to_cloud_storage_and_come_back(server_kern
 # -- sidecars: in the server's process ------------------------------------------------
 
 
+@pytest.mark.serial  # timing: two 3 s sidecars must overlap in wall time
 @pytest.mark.kernel
 def test_on_the_server_sidecars_and_the_loader_run_in_the_server_process_at_the_same_time(server_kernel):
     reply = server_kernel.run(

@@ -207,6 +207,7 @@ def test_on_restore_callbacks_belong_to_the_session_they_were_registered_in():
     assert earlier == [] and current == [r.resumed_at for r in train.last_run.recoveries] and len(current) == 1
 
 
+@pytest.mark.serial  # timing: the retry within 1 s of the loss
 def test_a_loss_is_detected_at_the_next_step_boundary_not_by_polling():
     data = make_data(40)
     xs, ys = data

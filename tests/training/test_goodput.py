@@ -25,6 +25,9 @@ import pathways_kernel as pw
 from pathways_kernel.emulator import chaosmonkey, faults
 from pathways_kernel.training import accounting, goodput, goodput_report
 
+# Accounting ratios of loops timed in wall seconds: run with the machine to themselves.
+pytestmark = pytest.mark.serial
+
 #: A category "appears" above this many seconds and is "absent" below ABSENT_S.
 APPEARS_S = 0.02
 ABSENT_S = 0.005

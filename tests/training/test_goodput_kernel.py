@@ -7,7 +7,8 @@ import time
 import pytest
 from kernels import EMBEDDED, SERVER
 
-pytestmark = pytest.mark.kernel
+# Accounting ratios of cells timed in wall seconds: run with the machine to themselves.
+pytestmark = [pytest.mark.kernel, pytest.mark.serial]
 
 # Kernels run on the product default, a local Pathways server (conftest._backend).
 KERNEL_BACKEND = SERVER

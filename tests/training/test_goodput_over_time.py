@@ -20,6 +20,9 @@ import pathways_kernel as pw
 from pathways_kernel.emulator import chaosmonkey, faults
 from pathways_kernel.training import goodput, goodput_report
 
+# Accounting ratios of loops timed in wall seconds: run with the machine to themselves.
+pytestmark = pytest.mark.serial
+
 STEP_S = 0.01
 
 

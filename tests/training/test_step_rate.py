@@ -5,8 +5,13 @@ from __future__ import annotations
 import re
 import time
 
+import pytest
+
 import pathways_kernel as pw
 from pathways_kernel.monitoring import telemetry
+
+# Steps per second and step time within bounds: run with the machine to itself.
+pytestmark = pytest.mark.serial
 
 
 def test_a_running_loop_reports_its_step_rate_once_a_second(local_session):
