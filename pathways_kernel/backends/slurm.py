@@ -388,13 +388,15 @@ def submitted_jobs() -> tuple[str, ...]:
 
 def cancel_submitted() -> None:
     """Cancel every job this kernel submitted, saying so (at kernel exit)."""
+    # The process's own stderr: at exit no cell is there to show it, and ipykernel's
+    # stream may already be cut off from the frontend.
     while _submitted:
         job_id, slurm = _submitted.popitem()
         try:
             slurm.cancel(job_id)
-            print(f"pathways-kernel: cancelled Slurm job {job_id} (submitted by this kernel)", file=sys.stderr)
+            print(f"pathways-kernel: cancelled Slurm job {job_id} (submitted by this kernel)", file=sys.__stderr__)
         except BackendError as exc:
-            print(f"pathways-kernel: could not cancel Slurm job {job_id}: {exc}", file=sys.stderr)
+            print(f"pathways-kernel: could not cancel Slurm job {job_id}: {exc}", file=sys.__stderr__)
 
 
 def submit_job(script: str, options: Sequence[str] = (), name: str = "", slurm: Slurm | None = None) -> str:
