@@ -173,13 +173,13 @@ const dashboardPlugin: JupyterFrontEndPlugin<void> = {
     // One chart in its own tab: the dashboard opens first if it is not (its data feed the tab).
     app.commands.addCommand(CHART_COMMAND, {
       label: args =>
-        args.chart
-          ? `Pathways: Open Chart “${titles.get(String(args.chart)) ?? args.chart}” in a Tab`
+        typeof args.chart === 'string'
+          ? `Pathways: Open Chart “${titles.get(args.chart) ?? args.chart}” in a Tab`
           : 'Pathways: Open Chart in a Tab',
       caption:
         'Open one Pathways dashboard chart in its own main-area tab, live while the kernel runs',
       execute: async args => {
-        const id = String(args.chart ?? 'utilization');
+        const id = typeof args.chart === 'string' ? args.chart : 'utilization';
         if (!tracker.currentWidget || tracker.currentWidget.isDisposed) {
           await app.commands.execute(DASHBOARD_COMMAND);
         }

@@ -25,7 +25,7 @@ function decoded<T>(built: { data: Record<string, unknown>; buffers: unknown[] }
 }
 
 function ev(seq: number, kind: string, extra: Record<string, unknown> = {}): MonitorEvent {
-  return (decoded(event(seq, kind, extra)) as { event: MonitorEvent }).event;
+  return decoded<{ event: MonitorEvent }>(event(seq, kind, extra)).event;
 }
 
 function withDown(m: MetricsMessage, slice: number): MetricsMessage {

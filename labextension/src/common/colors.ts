@@ -21,7 +21,7 @@ export function parseColor(text: string): RGB | null {
   }
   m = /^rgba?\(\s*([\d.]+)[\s,]+([\d.]+)[\s,]+([\d.]+)/.exec(s);
   if (m) {
-    return [1, 2, 3].map(i => Math.round(Math.min(255, parseFloat(m![i])))) as RGB;
+    return [1, 2, 3].map(i => Math.round(Math.min(255, parseFloat(m[i])))) as RGB;
   }
   return null;
 }

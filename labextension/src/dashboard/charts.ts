@@ -12,9 +12,17 @@
 import uPlot from 'uplot';
 import 'uplot/dist/uPlot.min.css';
 
-import { Columns, MARKER_KINDS, clock } from '../model/dashboardmodel';
+import { Columns, clock } from '../model/dashboardmodel';
 import { eventDetails } from '../common/format';
 import { MonitorEvent } from '../protocol/messages';
+import {
+  CHART_HEIGHT,
+  PlotChart,
+  SERIES_VARS,
+  chartStyle,
+  markerRank as rank,
+  themeKey
+} from './plotchart';
 
 /** The time range every chart shows: the live window, or a zoomed range the user dragged. */
 export class TimeWindow {
@@ -51,77 +59,22 @@ export interface ChartOptions {
   rangeOmitsLast?: boolean;
 }
 
-/** Series colours: JupyterLab theme variables only, cycled. */
-export const SERIES_VARS = [
-  '--jp-brand-color1',
-  '--jp-warn-color1',
-  '--jp-success-color1',
-  '--jp-accent-color1',
-  '--jp-brand-color3',
-  '--jp-warn-color3',
-  '--jp-success-color3',
-  '--jp-accent-color3'
-];
-
 /** Pixels within which the readout names the event under the cursor. */
 const MARKER_HOVER_PX = 4;
 
-/** CSS px of a chart's plot in the dashboard (a chart in its own tab takes the tab's height). */
-export const CHART_HEIGHT = 170;
-
-/**
- * The point index the arrow keys move a chart's readout to from `current`
- * (null: none yet, the last): one point left or right, Home/End to the
- * first/last; null for any other key.
- */
-export function arrowIndex(key: string, current: number | null, last: number): number | null {
-  const i = current === null || current > last ? last : current;
-  const moves: Record<string, number> = {
-    ArrowLeft: Math.max(0, i - 1),
-    ArrowRight: Math.min(last, i + 1),
-    Home: 0,
-    End: last
-  };
-  return key in moves ? moves[key] : null;
-}
-
-export class TimeChart {
-  readonly node: HTMLElement;
-  private _plotNode: HTMLDivElement;
-  private _readout: HTMLDivElement;
-  private _plot: uPlot | null = null;
-  private _key = '';
+export class TimeChart extends PlotChart {
   private _markers: MonitorEvent[] = [];
   private _markerNodes: HTMLDivElement[] = [];
-  private _width = 0;
-  private _index: number | null = null;
-
-  private _height = CHART_HEIGHT;
 
   constructor(
     private _options: ChartOptions,
     private _window: TimeWindow
   ) {
-    this.node = document.createElement('figure');
-    this.node.className = 'jp-PathwaysDashboard-chart';
-    this.node.setAttribute('role', 'group');
-    this.node.setAttribute('aria-label', `${_options.title}: ${_options.description}`);
-    const caption = document.createElement('figcaption');
-    caption.className = 'jp-PathwaysDashboard-chartTitle';
-    caption.textContent = _options.title;
-    this._plotNode = document.createElement('div');
-    this._plotNode.className = 'jp-PathwaysDashboard-plot';
-    this._plotNode.setAttribute('role', 'img');
-    this._plotNode.tabIndex = 0;
-    this._plotNode.setAttribute(
-      'aria-label',
-      `${_options.title}: ${_options.description}; arrow keys move the readout`
-    );
-    this._plotNode.addEventListener('keydown', event => this._onKey(event));
-    this._readout = document.createElement('div');
-    this._readout.className = 'jp-PathwaysDashboard-readout';
-    this._readout.setAttribute('aria-live', 'polite');
-    this.node.append(caption, this._plotNode, this._readout);
+    super({
+      caption: _options.title,
+      label: `${_options.title}: ${_options.description}`,
+      steps: ''
+    });
   }
 
   /**
@@ -137,19 +90,10 @@ export class TimeChart {
     height = CHART_HEIGHT
   ): void {
     const key = `${columns.labels.join('\u0000')}|${themeKey()}`;
-    if (!this._plot || key !== this._key) {
-      this._plot?.destroy();
-      this._key = key;
-      this._width = width;
-      this._height = height;
-      this._plot = this._build(columns, width);
+    if (this.layout(key, width, height, () => this._build(columns, width))) {
       this._markerNodes = [];
-    } else if (width !== this._width || height !== this._height) {
-      this._width = width;
-      this._height = height;
-      this._plot.setSize({ width, height });
     }
-    const plot = this._plot;
+    const plot = this.plot!;
     plot.batch(() => {
       plot.setData(columns.data as uPlot.AlignedData, false);
       plot.setScale('x', { min: range[0], max: range[1] });
@@ -160,34 +104,13 @@ export class TimeChart {
   /** Change how values read and scale (the memory chart's bytes / % of capacity); the next render rebuilds. */
   setOptions(options: Partial<ChartOptions>): void {
     this._options = { ...this._options, ...options };
-    this._key = '';
+    this.invalidate();
   }
 
   /** The value axis' current range, for tests: [min, max]. */
   get yRange(): [number, number] | null {
-    const y = this._plot?.scales.y;
+    const y = this.plot?.scales.y;
     return y && y.min !== undefined && y.max !== undefined ? [y.min, y.max] : null;
-  }
-
-  dispose(): void {
-    this._plot?.destroy();
-    this._plot = null;
-  }
-
-  /** Arrow keys move the cursor (and so the legend's readout) one point at a time; Home/End: first/last. */
-  private _onKey(event: KeyboardEvent): void {
-    const plot = this._plot;
-    const times = plot?.data[0] ?? [];
-    if (!plot || !times.length) {
-      return;
-    }
-    const next = arrowIndex(event.key, this._index, times.length - 1);
-    if (next === null) {
-      return;
-    }
-    event.preventDefault();
-    this._index = next;
-    plot.setCursor({ left: plot.valToPos(times[this._index], 'x'), top: this._height / 3 });
   }
 
   private _build(columns: Columns, width: number): uPlot {
@@ -208,7 +131,7 @@ export class TimeChart {
     ];
     const opts: uPlot.Options = {
       width,
-      height: this._height,
+      height: this.height,
       series,
       scales: {
         x: { time: true },
@@ -255,12 +178,12 @@ export class TimeChart {
         setCursor: [u => this._readEvent(u)]
       }
     };
-    return new uPlot(opts, columns.data as uPlot.AlignedData, this._plotNode);
+    return new uPlot(opts, columns.data as uPlot.AlignedData, this.plotNode);
   }
 
   /** Markers are thin DOM lines over the plot area, one per event in range, reused between frames. */
   private _placeMarkers(markers: MonitorEvent[], range: [number, number]): void {
-    const plot = this._plot!;
+    const plot = this.plot!;
     const over = plot.over;
     // The most telling kinds last, so they are drawn on top (a loss over the snapshots around it).
     const shown = markers
@@ -303,35 +226,10 @@ export class TimeChart {
             .sort((a, b) => rank(a.e.kind) - rank(b.e.kind) || a.d - b.d);
     const first = near[0]?.e;
     const more = near.length > 1 ? ` (+${near.length - 1} more here)` : '';
-    this._readout.textContent = first
+    this.readout.textContent = first
       ? `${clock(first.time)} ${first.kind} · ${eventDetails(first)}${more}`
       : '';
   }
-}
-
-/** A chart's theme colours (CSS variables resolved on `node`) and the axis style they make. */
-export function chartStyle(node: HTMLElement): {
-  color: (name: string, fallback: string) => string;
-  text: string;
-  axis: uPlot.Axis;
-} {
-  const style = getComputedStyle(node);
-  const color = (name: string, fallback: string) => style.getPropertyValue(name).trim() || fallback;
-  const text = color('--jp-ui-font-color2', '#757575');
-  const grid = color('--jp-border-color2', '#e0e0e0');
-  // uPlot scales the font's pixel size for the device, so it must be in px (theme sizes are em).
-  const font = `${Math.round(0.85 * parseFloat(style.fontSize) || 11)}px ${color('--jp-ui-font-family', 'sans-serif')}`;
-  return {
-    color,
-    text,
-    axis: {
-      stroke: text,
-      font,
-      labelFont: font,
-      grid: { stroke: grid, width: 1 },
-      ticks: { stroke: grid }
-    }
-  };
 }
 
 /** The largest value in `columns` (nulls skipped), or 0. */
@@ -346,15 +244,4 @@ function largest(columns: readonly ArrayLike<number | null | undefined>[]): numb
     }
   }
   return top;
-}
-
-/** Kinds in MARKER_KINDS order (slice_down first), any other after them. */
-function rank(kind: string): number {
-  const i = MARKER_KINDS.indexOf(kind);
-  return i < 0 ? MARKER_KINDS.length : i;
-}
-
-/** Changes with the JupyterLab theme: charts resolve their canvas colours again when it does. */
-export function themeKey(): string {
-  return `${document.body.dataset.jpThemeName ?? ''}|${document.body.dataset.jpThemeLight ?? ''}`;
 }

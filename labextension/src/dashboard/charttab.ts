@@ -8,7 +8,7 @@
  */
 import { Widget } from '@lumino/widgets';
 
-import { CHART_HEIGHT } from './charts';
+import { CHART_HEIGHT } from './plotchart';
 
 /** CSS px a chart's title, legend and readout take around its plot in a tab. */
 const CHROME_PX = 110;

@@ -13,7 +13,8 @@
  */
 import { Widget } from '@lumino/widgets';
 
-import { CHART_HEIGHT, TimeChart, TimeWindow } from './charts';
+import { TimeChart, TimeWindow } from './charts';
+import { CHART_HEIGHT } from './plotchart';
 import { ChartTab } from './charttab';
 import { CHIP_WINDOW_S, DashboardModel, SLICE_WINDOW_S, isEmulated } from '../model/dashboardmodel';
 import { formatBytes } from '../common/format';
@@ -24,7 +25,7 @@ import { Change, MonitorModel } from '../model/monitormodel';
 import { StepChart } from './metricchart';
 import { DEFAULT_SMOOTHING, MetricSeries, StepColumns, XAxis } from '../model/metricseries';
 import { GoodputIntervalsMessage, MAX_CHIP_HISTORY, MonitorEvent } from '../protocol/messages';
-import { KernelView, MonitorSession, SessionState } from '../protocol/session';
+import { KernelView, MonitorSession, SessionState, stateMessage } from '../protocol/session';
 
 export const DASHBOARD_ID = 'pathways-dashboard';
 /** Longest a new subscription's frames wait for its history (ms). */
@@ -653,20 +654,12 @@ export class PathwaysDashboard extends Widget {
         return `“${label}” runs “${name}”, not a Pathways kernel.`;
       case 'no-monitor':
         return `“${label}” runs “${name}”, which has no Pathways monitor. Restart it to get one.`;
-      case 'connecting':
-        return 'Connecting to the kernel’s monitor…';
       case 'no-backend':
         return `No backend: ${state.error}. Run %pathways connect local:2x4 in a cell.`;
-      case 'unreachable':
-        return `Could not reach the kernel’s monitor: ${state.error}`;
       case 'closed':
         return `Disconnected from the kernel’s monitor (${state.reason}). Reopen the dashboard to reconnect.`;
-      case 'restarting':
-        return 'Kernel restarting…';
-      case 'dead':
-        return 'The kernel died.';
       default:
-        return '';
+        return stateMessage(state);
     }
   }
 

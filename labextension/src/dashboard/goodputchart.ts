@@ -8,7 +8,7 @@
  */
 import uPlot from 'uplot';
 
-import { CHART_HEIGHT, arrowIndex, chartStyle, themeKey } from './charts';
+import { CHART_HEIGHT, PlotChart, chartStyle, formatSeconds, themeKey } from './plotchart';
 import { parseColor } from '../common/colors';
 import { GoodputColumns, StepTimeColumns } from '../model/goodputseries';
 
@@ -30,41 +30,18 @@ const CATEGORY_VARS: Record<string, string> = {
 export type IntervalData =
   { kind: 'stacked'; columns: GoodputColumns } | { kind: 'band'; columns: StepTimeColumns };
 
-export class IntervalChart {
-  readonly node: HTMLElement;
-  private _plotNode: HTMLDivElement;
-  private _readout: HTMLDivElement;
-  private _plot: uPlot | null = null;
-  private _key = '';
-  private _width = 0;
-  private _height = CHART_HEIGHT;
-  private _index: number | null = null;
+export class IntervalChart extends PlotChart {
   private _data: IntervalData | null = null;
 
   constructor(
     readonly title: string,
     description: string
   ) {
-    this.node = document.createElement('figure');
-    this.node.className = 'jp-PathwaysDashboard-chart';
-    this.node.setAttribute('role', 'group');
-    this.node.setAttribute('aria-label', `${title}: ${description}`);
-    const caption = document.createElement('figcaption');
-    caption.className = 'jp-PathwaysDashboard-chartTitle';
-    caption.textContent = title;
-    this._plotNode = document.createElement('div');
-    this._plotNode.className = 'jp-PathwaysDashboard-plot';
-    this._plotNode.setAttribute('role', 'img');
-    this._plotNode.tabIndex = 0;
-    this._plotNode.setAttribute(
-      'aria-label',
-      `${title}: ${description}; arrow keys move the readout from interval to interval`
-    );
-    this._plotNode.addEventListener('keydown', event => this._onKey(event));
-    this._readout = document.createElement('div');
-    this._readout.className = 'jp-PathwaysDashboard-readout';
-    this._readout.setAttribute('aria-live', 'polite');
-    this.node.append(caption, this._plotNode, this._readout);
+    super({
+      caption: title,
+      label: `${title}: ${description}`,
+      steps: 'from interval to interval'
+    });
   }
 
   /** Draw `data` at `width` x `height` CSS px; rebuilt when its series, the run or the theme change. */
@@ -73,30 +50,11 @@ export class IntervalChart {
     const key = `${data.kind}|${labels.join(',')}|${themeKey()}`;
     const changed = data !== this._data;
     this._data = data;
-    if (!this._plot || key !== this._key) {
-      this._plot?.destroy();
-      this._key = key;
-      this._width = width;
-      this._height = height;
-      this._index = null;
-      this._plot = this._build(data, width);
-    } else {
-      if (width !== this._width || height !== this._height) {
-        this._width = width;
-        this._height = height;
-        this._plot.setSize({ width, height });
-      }
-      if (changed) {
-        this._index = null;
-        this._plot.setData(aligned(data));
-      }
+    if (!this.layout(key, width, height, () => this._build(data, width)) && changed) {
+      this.resetReadout();
+      this.plot!.setData(aligned(data));
     }
     this.node.dataset.intervals = String(data.columns.x.length);
-  }
-
-  dispose(): void {
-    this._plot?.destroy();
-    this._plot = null;
   }
 
   private _build(data: IntervalData, width: number): uPlot {
@@ -108,10 +66,11 @@ export class IntervalChart {
         ctx.fillStyle = '#000000';
         ctx.fillStyle = css;
       }
-      const rgb = parseColor(ctx ? String(ctx.fillStyle) : css) ?? [128, 128, 128];
+      const normal = ctx && typeof ctx.fillStyle === 'string' ? ctx.fillStyle : css;
+      const rgb = parseColor(normal) ?? [128, 128, 128];
       return `rgba(${rgb.join(', ')}, ${alpha})`;
     };
-    const seconds = (v: number | null) => (v === null ? '–' : `${v.toFixed(v < 10 ? 2 : 1)} s`);
+    const seconds = (v: number | null) => (v === null ? '–' : formatSeconds(v));
     const xSeries: uPlot.Series = { label: 'since start', value: (_u, v) => seconds(v) };
     let series: uPlot.Series[];
     let bands: uPlot.Band[];
@@ -175,7 +134,7 @@ export class IntervalChart {
     return new uPlot(
       {
         width,
-        height: this._height,
+        height: this.height,
         series: [xSeries, ...series],
         bands,
         scales: {
@@ -191,26 +150,8 @@ export class IntervalChart {
         hooks: { setCursor: [u => this._read(u)] }
       },
       aligned(data),
-      this._plotNode
+      this.plotNode
     );
-  }
-
-  private _onKey(event: KeyboardEvent): void {
-    const plot = this._plot;
-    const n = plot?.data[0].length ?? 0;
-    if (!plot || !n) {
-      return;
-    }
-    const next = arrowIndex(event.key, this._index, n - 1);
-    if (next === null) {
-      return;
-    }
-    event.preventDefault();
-    this._index = next;
-    plot.setCursor({
-      left: plot.valToPos(plot.data[0][next] as number, 'x'),
-      top: this._height / 3
-    });
   }
 
   /** The line under the chart: which interval, and what it holds. */
@@ -218,7 +159,7 @@ export class IntervalChart {
     const i = u.cursor.idx;
     const data = this._data;
     if (i === null || i === undefined || !data) {
-      this._readout.textContent = '';
+      this.readout.textContent = '';
       return;
     }
     const c = data.columns;
@@ -226,12 +167,12 @@ export class IntervalChart {
       const g = data.columns;
       const span = `${g.start[i].toFixed(1)}–${g.end[i].toFixed(1)} s`;
       const parts = g.categories.map((cat, k) => `${cat} ${percent(g.shares[k][i])}`);
-      this._readout.textContent = [span, ...parts].join(' · ');
+      this.readout.textContent = [span, ...parts].join(' · ');
     } else {
       const s = data.columns;
       const mean = s.mean[i];
-      const std = mean === null || s.upper[i] === null ? null : (s.upper[i] as number) - mean;
-      this._readout.textContent = [
+      const std = mean === null || s.upper[i] === null ? null : s.upper[i] - mean;
+      this.readout.textContent = [
         `${c.x[i].toFixed(1)} s`,
         `${s.steps[i]} steps`,
         mean === null

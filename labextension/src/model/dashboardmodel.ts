@@ -280,8 +280,8 @@ export class DashboardModel {
     this._slices = new Table(ours.slices.columns.length);
     this._memory = new Table(ours.memory.columns.length);
     // One pair of row buffers for every point: Table.push copies the values out.
-    const util: (number | null)[] = new Array(series.length);
-    const used: (number | null)[] = new Array(series.length);
+    const util = new Array<number | null>(series.length);
+    const used = new Array<number | null>(series.length);
     for (let i = 0; i < points; i++) {
       for (let k = 0; k < series.length; k++) {
         const s = series[k];
@@ -567,7 +567,7 @@ export class DashboardModel {
     );
     const index = new Map(times.map((t, i) => [t, i]));
     const columns = runs.map(r => {
-      const column: (number | null)[] = new Array(times.length).fill(null);
+      const column = new Array<number | null>(times.length).fill(null);
       for (const p of this._steps.get(r)!) {
         column[index.get(p.time)!] = value(p);
       }

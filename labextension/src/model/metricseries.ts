@@ -79,7 +79,7 @@ export class MetricSeries {
     const at = new Map(x.map((s, i) => [s, i]));
     const data: (number | null)[][] = [x];
     for (const run of runs.values()) {
-      const column: (number | null)[] = new Array(x.length).fill(null);
+      const column = new Array<number | null>(x.length).fill(null);
       const smoothed = ema(run.values, weight);
       xs(run).forEach((s, i) => {
         column[at.get(s)!] = smoothed[i];

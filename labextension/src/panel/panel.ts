@@ -19,7 +19,13 @@ import { isPathwaysKernel } from '../common/kernels';
 import { UTILIZATION_HELP } from '../common/help';
 import { Change, MonitorModel } from '../model/monitormodel';
 import { LatestProfile, decodeLatestProfile } from '../protocol/messages';
-import { KernelView, MonitorSession, SessionState, asKernelView } from '../protocol/session';
+import {
+  KernelView,
+  MonitorSession,
+  SessionState,
+  asKernelView,
+  stateMessage
+} from '../protocol/session';
 import { SliceAction, SliceList } from './slicelist';
 import { Timeline } from './timeline';
 import { TopologyView } from './topologyview';
@@ -347,22 +353,14 @@ function panelMessage(state: SessionState, name: string): string {
       return isPathwaysKernel(name)
         ? `This kernel (“${name}”) has no Pathways monitor. Restart it to get one.`
         : `This notebook runs “${name}”, which has no Pathways monitor yet. Run %load_ext pathways_kernel in it, or switch it to “Pathways (JAX)” (Kernel › Change Kernel…).`;
-    case 'connecting':
-      return 'Connecting to the kernel’s monitor…';
     case 'no-backend':
       return `No backend: ${state.error}. Run %pathways connect local:2x4 in a cell, or fix the target and restart the kernel.`;
-    case 'unreachable':
-      return `Could not reach the kernel’s monitor: ${state.error}`;
     case 'closed':
       return state.reason === 'evicted'
         ? 'Disconnected: too many monitor views on this kernel. Close other views, then reopen this notebook.'
         : 'The kernel’s monitor shut down.';
-    case 'restarting':
-      return 'Kernel restarting…';
-    case 'dead':
-      return 'The kernel died.';
     default:
-      return '';
+      return stateMessage(state);
   }
 }
 

@@ -24,7 +24,7 @@ export class PathwaysStatus extends Widget {
         onClick();
       }
     });
-    _panel.stateChanged.connect(this._update, this);
+    _panel.stateChanged.connect(() => this._update());
     this._update();
   }
 

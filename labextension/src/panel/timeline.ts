@@ -115,6 +115,6 @@ export class Timeline {
       this._expanded.add(seq);
     }
     this.render();
-    (this.node.querySelector(`[data-seq="${seq}"]`) as HTMLElement | null)?.focus();
+    this.node.querySelector<HTMLElement>(`[data-seq="${seq}"]`)?.focus();
   }
 }

@@ -146,7 +146,7 @@ export class MonitorConnection {
         clearTimeout(timer);
         resolve(reply);
       });
-      comm.send(data as unknown as KernelMessage.ICommMsgMsg['content']['data']).dispose();
+      comm.send(data).dispose();
     });
   }
 

@@ -56,6 +56,22 @@ export type SessionState =
   | { readonly kind: 'restarting' }
   | { readonly kind: 'dead' };
 
+/** What a view says in `state` where it has nothing of its own to say. */
+export function stateMessage(state: SessionState): string {
+  switch (state.kind) {
+    case 'connecting':
+      return 'Connecting to the kernel’s monitor…';
+    case 'unreachable':
+      return `Could not reach the kernel’s monitor: ${state.error}`;
+    case 'restarting':
+      return 'Kernel restarting…';
+    case 'dead':
+      return 'The kernel died.';
+    default:
+      return '';
+  }
+}
+
 export interface SessionOptions {
   /** Whether to monitor this kernel at all (default: any kernel). */
   accepts?: (kernel: Kernel.IKernelConnection) => boolean;
@@ -124,12 +140,12 @@ export class MonitorSession {
   follow(view: KernelView | null): void {
     if (view !== this._view) {
       const old = this._view?.sessionContext;
-      old?.kernelChanged.disconnect(this._sync, this);
-      old?.statusChanged.disconnect(this._kernelStatus, this);
+      old?.kernelChanged.disconnect(this._sync);
+      old?.statusChanged.disconnect(this._kernelStatus);
       this._view = view;
       const context = view?.sessionContext;
-      context?.kernelChanged.connect(this._sync, this);
-      context?.statusChanged.connect(this._kernelStatus, this);
+      context?.kernelChanged.connect(this._sync);
+      context?.statusChanged.connect(this._kernelStatus);
       // A view closed before its session was ready rejects: nothing to follow then.
       void context?.ready.then(() => this._sync()).catch(() => undefined);
     }
@@ -168,8 +184,8 @@ export class MonitorSession {
     Signal.clearData(this);
   }
 
-  /** Attach to the followed view's kernel unless already attached to it. */
-  private _sync(): void {
+  /** Attach to the followed view's kernel unless already attached to it (a signal's slot). */
+  private readonly _sync = (): void => {
     let kernel = this._view?.sessionContext?.session?.kernel ?? null;
     if (kernel?.handleComms) {
       this._commKernels.set(kernel.id, kernel);
@@ -205,10 +221,10 @@ export class MonitorSession {
     } else if (!this._accepts(kernel)) {
       this._setState({ kind: 'not-accepted' });
     } else {
-      kernel.anyMessage.connect(this._retryAfterExecution, this);
+      kernel.anyMessage.connect(this._retryAfterExecution);
       this._attach(kernel);
     }
-  }
+  };
 
   private _attach(kernel: Kernel.IKernelConnection): void {
     const connection = new MonitorConnection(kernel, this.model, {
@@ -237,7 +253,7 @@ export class MonitorSession {
   }
 
   private _detach(): void {
-    this._kernel?.anyMessage.disconnect(this._retryAfterExecution, this);
+    this._kernel?.anyMessage.disconnect(this._retryAfterExecution);
     this._retryAfter = null;
     this._connection?.dispose();
     this._connection = null;
@@ -266,8 +282,8 @@ export class MonitorSession {
     }
   }
 
-  /** A kernel restart drops its comms: start over once it is back. */
-  private _kernelStatus(_context: ISessionContext, status: Kernel.Status): void {
+  /** A kernel restart drops its comms: start over once it is back (a signal's slot). */
+  private readonly _kernelStatus = (_context: ISessionContext, status: Kernel.Status): void => {
     const kernel = this._kernel;
     if (!kernel) {
       return;
@@ -292,16 +308,16 @@ export class MonitorSession {
     ) {
       this._attach(kernel);
     }
-  }
+  };
 
   /**
    * A cell that names pathways_kernel (`%load_ext pathways_kernel`, an import) ran on a kernel
    * without the monitor: try again once it is done. Other cells open nothing.
    */
-  private _retryAfterExecution(
+  private readonly _retryAfterExecution = (
     kernel: Kernel.IKernelConnection,
     args: Kernel.IAnyMessageArgs
-  ): void {
+  ): void => {
     if (this._state.kind !== 'no-monitor' || kernel !== this._kernel) {
       return;
     }
@@ -319,7 +335,7 @@ export class MonitorSession {
       this._retryAfter = null;
       this._attach(kernel);
     }
-  }
+  };
 
   private _setState(state: SessionState): void {
     this._state = state;
