@@ -293,7 +293,9 @@ def encode_event(event: Any) -> Message:
     return {"v": VERSION, "type": "event", "event": e}, []
 
 
-def encode_reply(request_id: str | None, ok: bool, error: str | None = None, result: dict | None = None) -> Message:
+def encode_reply(
+    request_id: str | None, ok: bool, error: str | None = None, result: dict[str, Any] | None = None
+) -> Message:
     return (
         {
             "v": VERSION,
@@ -439,7 +441,7 @@ def _missing(key: str, context: str) -> ProtocolError:
     return ProtocolError(f"{context + ': ' if context else ''}field '{key}' is missing")
 
 
-def _int(d: dict, key: str, low: int | None = None, context: str = "") -> int:
+def _int(d: dict[str, Any], key: str, low: int | None = None, context: str = "") -> int:
     if key not in d:
         raise _missing(key, context)
     value = d[key]
@@ -450,7 +452,7 @@ def _int(d: dict, key: str, low: int | None = None, context: str = "") -> int:
     return value
 
 
-def _number(d: dict, key: str, context: str = "") -> float:
+def _number(d: dict[str, Any], key: str, context: str = "") -> float:
     if key not in d:
         raise _missing(key, context)
     value = d[key]
