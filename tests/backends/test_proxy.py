@@ -90,8 +90,12 @@ def servers(tmp_path_factory):
             except OSError:
                 return
 
-    threading.Thread(target=accept_forever, daemon=True).start()
-    closers += [silent.close, lambda: [c.close() for c in held]]
+    accepter = threading.Thread(target=accept_forever, daemon=True)
+    accepter.start()
+    # shutdown() wakes the blocked accept(), which close() alone leaves blocked on Linux: a thread
+    # left in the test process makes fail_slice keep lost buffers for it (test_faults.py).
+    closers += [lambda: silent.shutdown(socket.SHUT_RDWR), silent.close, lambda: accepter.join(5)]
+    closers += [lambda: [c.close() for c in held]]
 
     # A real gRPC server with no IFRT proxy service.
     other = grpc.server(futures.ThreadPoolExecutor(2))
