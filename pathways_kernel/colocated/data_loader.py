@@ -36,19 +36,19 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from typing import TYPE_CHECKING, Any, TypedDict, cast
 
+from pathways_kernel.colocated.activity import activity
 from pathways_kernel.colocated.sidecars import (
     DEFAULT_TIMEOUT_S,
     Colocated,
     SidecarError,
     SidecarTimeout,
-    Worker,
-    activity,
     colocated_mesh,
     failure,
     nbytes,
     slice_lost,
     timed_out,
 )
+from pathways_kernel.colocated.worker import Worker
 from pathways_kernel.core.errors import MeshError, PathwaysError, slice_down_error
 from pathways_kernel.core.eventlog import format_bytes
 from pathways_kernel.core.sessions import session

@@ -22,10 +22,11 @@ jax, jaxlib, numpy and cloudpickle (matching the controller), not this
 package.
 
 Every call is recorded in the session's sidecar ``Activity`` (calls, bytes
-produced, busy time, errors, timeouts, loader queue depth) and as a
-``sidecar`` event. A call that raises comes back as ``SidecarError`` naming
-the slice; one that does not finish within its timeout raises
-``SidecarTimeout`` while the kernel stays usable.
+produced, busy time, errors, timeouts, loader queue depth: ``activity.py``)
+and as a ``sidecar`` event; each slice's calls run on a ``Worker`` thread of
+their own (``worker.py``). A call that raises comes back as
+``SidecarError`` naming the slice; one that does not finish within its
+timeout raises ``SidecarTimeout`` while the kernel stays usable.
 """
 
 from __future__ import annotations
@@ -34,19 +35,18 @@ import contextlib
 import contextvars
 import dataclasses
 import inspect
-import queue
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, cast, overload
 
+from pathways_kernel.colocated.activity import activity, stats
+from pathways_kernel.colocated.worker import Worker
 from pathways_kernel.core import parsing
 from pathways_kernel.core.errors import PathwaysError, one_line, slice_down_error
-from pathways_kernel.core.eventlog import format_bytes
-from pathways_kernel.core.text import count, shown
-from pathways_kernel.core.threads import ExitStop
+from pathways_kernel.core.text import shown
 
 if TYPE_CHECKING:
     import jax
@@ -57,7 +57,6 @@ if TYPE_CHECKING:
     from pathways_kernel.core.sessions import Session
     from pathways_kernel.core.slices import Slice
 
-_T = TypeVar("_T")
 #: What a sidecar function runs on a slice's colocated CPU devices: its argument array in, a pytree of arrays out.
 Colocated = Callable[["jax.Array"], object]
 
@@ -71,106 +70,6 @@ class SidecarError(PathwaysError):
 
 class SidecarTimeout(SidecarError):
     """A sidecar did not answer within its timeout (it may still be running)."""
-
-
-# -- activity: what the monitor and %pathways sidecar show ---------------------
-
-
-@dataclasses.dataclass
-class SliceActivity:
-    calls: int = 0
-    bytes: int = 0
-    busy_s: float = 0.0
-    errors: int = 0
-    timeouts: int = 0
-
-
-class Activity:
-    """Per-session counters of sidecar work (session extension ``"sidecar"``)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._slices: dict[int, SliceActivity] = {}
-        self._queues: dict[str, Callable[[], dict[str, Any]]] = {}
-
-    def record(
-        self, slice_index: int, nbytes: int = 0, busy_s: float = 0.0, error: bool = False, timeout: bool = False
-    ) -> None:
-        with self._lock:
-            s = self._slices.setdefault(slice_index, SliceActivity())
-            s.calls += 1
-            s.bytes += nbytes
-            s.busy_s += busy_s
-            s.errors += int(error)
-            s.timeouts += int(timeout)
-
-    def watch_queue(self, name: str, probe: Callable[[], dict[str, Any]]) -> Callable[[], None]:
-        """Report a loader's state (``probe()`` -> dict with ``queue_depth``); returns unwatch.
-
-        A second live loader of the same name is listed as ``name#2``, and so on.
-        """
-        with self._lock:
-            base, n = name, 1
-            while name in self._queues:
-                n += 1
-                name = f"{base}#{n}"
-            self._queues[name] = probe
-
-        def unwatch() -> None:
-            with self._lock:
-                if self._queues.get(name) is probe:
-                    del self._queues[name]
-
-        return unwatch
-
-    def stats(self) -> dict[str, Any]:
-        """Totals, per-slice counters and per-loader state, as plain JSON-able data."""
-        with self._lock:
-            slices = {i: dataclasses.asdict(s) for i, s in sorted(self._slices.items())}
-            probes = dict(self._queues)
-        loaders = {name: probe() for name, probe in probes.items()}
-        totals = {
-            key: sum(s[key] for s in slices.values()) for key in ("calls", "bytes", "busy_s", "errors", "timeouts")
-        }
-        totals["queue_depth"] = sum(state.get("queue_depth", 0) for state in loaders.values())
-        return {**totals, "slices": slices, "loaders": loaders}
-
-
-def activity(session: Session | None = None) -> Activity:
-    """The session's sidecar ``Activity``."""
-    from pathways_kernel.core.sessions import session as current
-
-    return (session or current()).component(Activity, lambda _s: Activity())
-
-
-def stats() -> dict[str, Any]:
-    """Sidecar counters for the monitor: calls, bytes, busy_s, errors, timeouts, queue_depth, slices, loaders."""
-    return activity().stats()
-
-
-class ActivityTable:
-    """``stats()`` rendered for ``%pathways sidecar`` (text)."""
-
-    def __init__(self, data: dict[str, Any]):
-        self.data = data
-
-    def __repr__(self) -> str:
-        d = self.data
-        lines = [
-            f"sidecar calls {d['calls']}  produced {format_bytes(d['bytes'])}  busy {d['busy_s']:.2f} s  "
-            f"errors {d['errors']}  timeouts {d['timeouts']}  queue depth {d['queue_depth']}"
-        ]
-        for index, s in d["slices"].items():
-            lines.append(
-                f"  slice {index}: {count(s['calls'], 'call')}, {format_bytes(s['bytes'])}, {s['busy_s']:.2f} s busy, "
-                f"{count(s['errors'], 'error')}, {count(s['timeouts'], 'timeout')}"
-            )
-        for name, state in d["loaders"].items():
-            lines.append("  loader " + name + ": " + ", ".join(f"{k} {v}" for k, v in state.items()))
-        return "\n".join(lines)
-
-    def _repr_pretty_(self, p: RepresentationPrinter, cycle: bool) -> None:
-        p.text(repr(self))
 
 
 # -- where a sidecar runs --------------------------------------------------------
@@ -243,66 +142,7 @@ def slice_mesh(s: Slice) -> Mesh:
     return Mesh(np.array(s.devices, dtype=object), ("chips",))
 
 
-# -- running work off the main thread, with a deadline -----------------------
-
-
-class Worker:
-    """One daemon thread running submitted jobs in order.
-
-    Daemon, so a hung sidecar never blocks interpreter exit; a worker whose
-    job hung is retired (``retire``) and replaced rather than waited for.
-    """
-
-    def __init__(self, name: str):
-        # Jobs of any result type share the queue; ``submit`` types each one's future.
-        self._jobs: queue.SimpleQueue[tuple[Callable[[], object], Future[Any], contextvars.Context] | None] = (
-            queue.SimpleQueue()
-        )
-        self._retired = False
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self._exit_stop = ExitStop(self, Worker._stop_at_exit)
-        self._exit_stop.arm()
-        self._thread.start()
-
-    def submit(self, job: Callable[[], _T]) -> Future[_T]:
-        future: Future[_T] = Future()
-        # The submitter's context: ipykernel routes a job's prints to the cell that submitted it.
-        self._jobs.put((job, future, contextvars.copy_context()))
-        return future
-
-    def retire(self) -> None:
-        self._retired = True
-        self._jobs.put(None)
-
-    def _stop_at_exit(self) -> None:
-        """Let the worker finish its current job before the interpreter exits.
-
-        A daemon thread that is still inside XLA when the interpreter finalizes
-        is torn down mid-C++ and aborts the process; a hung sidecar is still
-        left behind after ``EXIT_GRACE_S``.
-        """
-        self.retire()
-        self._thread.join(EXIT_GRACE_S)
-
-    def _loop(self) -> None:
-        while True:
-            item = self._jobs.get()
-            if self._retired or item is None:  # _retired is set before retire() queues its None
-                if item is not None:
-                    item[1].cancel()
-                self._exit_stop.disarm()
-                return
-            job, future, context = item
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(context.run(job))
-            except BaseException as exc:  # handed to the waiter, which re-raises it
-                future.set_exception(exc)
-
-
-#: Seconds the interpreter waits at exit for a worker to finish the job in hand.
-EXIT_GRACE_S = 5.0
+# -- what a call came to: its outcome, or the one line for its failure ------------
 
 
 def failure(name: str, slice_index: int, exc: BaseException) -> BaseException:

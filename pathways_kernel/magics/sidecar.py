@@ -6,7 +6,8 @@ import argparse
 
 from IPython.core.interactiveshell import InteractiveShell
 
-from pathways_kernel.colocated.sidecars import ActivityTable, define, stats
+from pathways_kernel.colocated.activity import ActivityTable, stats
+from pathways_kernel.colocated.sidecars import define
 from pathways_kernel.magics import Text, argument, magic_arguments, number, slice_list, subcommand
 
 

@@ -15,7 +15,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import pathways_kernel as pw
-from pathways_kernel.colocated.sidecars import stats
+from pathways_kernel.colocated.activity import stats
 from pathways_kernel.emulator.faults import fail_slice, repair_slice
 from pathways_kernel.training.elastic_loop import elastic
 

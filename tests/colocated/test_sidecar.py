@@ -14,7 +14,7 @@ import pytest
 
 import pathways_kernel as pw
 from notebooks import code_cells, execute, outputs_text
-from pathways_kernel.colocated.sidecars import stats
+from pathways_kernel.colocated.activity import stats
 from pathways_kernel.emulator.faults import fail_slice, repair_slice
 
 
