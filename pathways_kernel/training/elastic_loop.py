@@ -45,7 +45,8 @@ loaders follow the new mesh and replay from ``step``.
 pathwaysutils (and so JAX) is imported on first use, not with the package.
 
 What a run takes and reports (its argument checks, ``RunReport``) and the
-session's restore hooks are in ``elastic_run.py``.
+session's restore hooks are in ``elastic_run.py``; where its state goes on a
+new mesh (reshard, restore, ``abstract``) is in ``elastic_placement.py``.
 """
 
 from __future__ import annotations
@@ -64,15 +65,24 @@ from pathways_kernel.core import meshes
 from pathways_kernel.core.errors import PathwaysError, one_line
 from pathways_kernel.core.sessions import Session, session
 from pathways_kernel.core.text import count
-from pathways_kernel.state import snapshots, transfers
+from pathways_kernel.state import snapshots
 from pathways_kernel.training import accounting
+from pathways_kernel.training.elastic_placement import (
+    abstract,
+    default_device_without,
+    devices_of,
+    mesh_slices,
+    placement,
+    reshard,
+    tree_nbytes,
+    up_slices,
+)
 from pathways_kernel.training.elastic_run import Rollback, RunReport, check_count, check_steps, restore_hooks
 from pathways_kernel.training.metric_log import LossFollower, metric_log
 from pathways_kernel.training.run_events import RunEvents
 
 if TYPE_CHECKING:
-    import jax
-    from jax.sharding import Mesh, PartitionSpec, Sharding
+    from jax.sharding import Mesh
 
     from pathways_kernel.core.eventlog import Event
 
@@ -125,74 +135,6 @@ class _SliceWatch:
 
 class _SliceLost(Exception):
     """Internal: the health state says a slice of the mesh is down."""
-
-
-def _mesh_slices(s: Session, mesh: Mesh) -> tuple[int, ...]:
-    ids = {d.id for d in mesh.devices.flat}
-    return tuple(sl.index for sl in s.topology.slices if any(c.device.id in ids for c in sl.chips))
-
-
-def _up_slices(s: Session) -> tuple[int, ...]:
-    return tuple(sl.index for sl in s.topology.up_slices)
-
-
-def _devices_of(tree: Any) -> set[int]:
-    import jax
-
-    ids: set[int] = set()
-    for leaf in jax.tree.leaves(tree):
-        if isinstance(leaf, jax.Array):
-            # jaxlib ships no stubs, so mypy cannot resolve jax.Device to see its attributes.
-            ids.update(d.id for d in leaf.sharding.device_set)  # type: ignore[attr-defined]
-    return ids
-
-
-def _tree_nbytes(tree: Any) -> int:
-    import jax
-
-    return sum(getattr(leaf, "nbytes", 0) for leaf in jax.tree.leaves(tree))
-
-
-def _placed(spec: PartitionSpec | None, shape: tuple[int, ...], mesh: Mesh) -> Sharding:
-    """Where the loop puts a leaf laid out with ``spec`` on ``mesh`` (a reshard,
-    a restore, ``abstract``): ``spec`` fitted to ``mesh``, and a leaf that was on
-    no mesh (an optimizer's step count, made on one device) replicated on it, as
-    the step's own output of it is. Every placement thus matches the shardings
-    the step runs with, so a step compiled ahead (``prepare``) is the one used."""
-    from jax.sharding import PartitionSpec
-
-    placed: Sharding = snapshots.sharding_on(PartitionSpec() if spec is None else spec, shape, mesh)
-    return placed
-
-
-def _default_device_without(s: Session, lost: int) -> jax.Device | None:
-    """JAX's default device once slice ``lost`` is down, if that moves it: off
-    a lost slice to the first live device, as the embedded backend and
-    pathwaysutils' ``Manager`` move it; ``None`` if it stays."""
-    import jax
-
-    gone = {d.id for sl in s.topology.slices if sl.index == lost for d in sl.devices}
-    devices = s.devices()
-    # jax.config's options are attributes JAX adds at run time, unseen by mypy.
-    now = jax.config.jax_default_device or devices[0]  # type: ignore[attr-defined]
-    if getattr(now, "id", None) not in gone:
-        return None
-    return next((d for d in devices if d.id not in gone), None)
-
-
-def _reshard(tree: Any, mesh: Mesh) -> Any:
-    """Move live state onto ``mesh`` keeping each leaf's PartitionSpec, in one reshard
-    (on a Pathways server, the server moves it: ``transfers.reshard``)."""
-    import jax
-
-    leaves, treedef = jax.tree.flatten(tree)
-    moving = [i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.Array)]
-    moved = transfers.reshard(
-        [leaves[i] for i in moving], [_placed(snapshots.spec_of(leaves[i]), leaves[i].shape, mesh) for i in moving]
-    )
-    for i, array in zip(moving, moved, strict=True):
-        leaves[i] = array
-    return jax.tree.unflatten(treedef, leaves)
 
 
 class Elastic:
@@ -340,7 +282,7 @@ class Elastic:
                         # spent in a tight loop.
                         watch.changed.wait(min(RETRY_BACKOFF_S * 2 ** (failures - 2), MAX_BACKOFF_S))
             report.steps = step - start
-            report.slices = _mesh_slices(s, mesh)
+            report.slices = mesh_slices(s, mesh)
             # What the run returns (no loop snapshot is due at the last step),
             # copied while the next cell runs, never waited for here: a later
             # loss heals to it, not to an older step.
@@ -364,12 +306,12 @@ class Elastic:
             return
         import jax
 
-        current = set(_mesh_slices(s, mesh))
+        current = set(mesh_slices(s, mesh))
         fallbacks = []
         for lost in sorted(current):
             survivors = [sl for sl in s.topology.slices if sl.index in current - {lost}]
             if survivors:
-                fallbacks.append((lost, meshes.build(survivors, self.axes), _default_device_without(s, lost)))
+                fallbacks.append((lost, meshes.build(survivors, self.axes), default_device_without(s, lost)))
 
         def work() -> None:
             for lost, fallback, default in fallbacks:
@@ -387,7 +329,7 @@ class Elastic:
                 s.events.emit(
                     "compile",
                     duration_s=time.perf_counter() - start,
-                    slices_after=_mesh_slices(s, fallback),
+                    slices_after=mesh_slices(s, fallback),
                     detail=f"'{self.name}' prepared for losing slice {lost}",
                 )
             self.prepared.set()
@@ -399,7 +341,7 @@ class Elastic:
         if not watch.changed.is_set():
             return
         watch.changed.clear()
-        up, current = set(_up_slices(s)), set(_mesh_slices(s, mesh))
+        up, current = set(up_slices(s)), set(mesh_slices(s, mesh))
         watch.down.clear()
         lost = (current - up) | (current & watch.lost)
         if lost:
@@ -413,15 +355,15 @@ class Elastic:
     def _scale_up(
         self, s: Session, watch: _SliceWatch, mesh: Mesh, state: Any, step: int, report: RunReport
     ) -> tuple[Mesh, Any]:
-        before = _mesh_slices(s, mesh)
+        before = mesh_slices(s, mesh)
         start = time.perf_counter()
         new_mesh = s.mesh(self.axes)
         # Slices joining now hold nothing of ours: earlier losses on them do not matter.
-        watch.lost -= set(_mesh_slices(s, new_mesh)) - set(before)
-        state = _reshard(state, new_mesh)
-        after = _mesh_slices(s, new_mesh)
+        watch.lost -= set(mesh_slices(s, new_mesh)) - set(before)
+        state = reshard(state, new_mesh)
+        after = mesh_slices(s, new_mesh)
         duration = time.perf_counter() - start
-        nbytes = _tree_nbytes(state)
+        nbytes = tree_nbytes(state)
         s.events.emit("scale_up", slices_before=before, slices_after=after, step=step, duration_s=duration)
         s.events.emit(
             "reshard",
@@ -465,21 +407,21 @@ class Elastic:
         """Go on with the live slices: move the state if none of it was lost,
         else roll back to this run's newest snapshot."""
         start = time.perf_counter()
-        before = _mesh_slices(s, mesh)
+        before = mesh_slices(s, mesh)
         with self._events.phase("slice_wait"):
             self._wait_for_a_slice(s, watch)
         watch.changed.clear()
         watch.down.clear()
         watch.up.clear()
         new_mesh = s.mesh(self.axes)
-        after = _mesh_slices(s, new_mesh)
+        after = mesh_slices(s, new_mesh)
         lost_slices = watch.lost | {sl.index for sl in s.topology.slices if not sl.up}
         watch.lost.clear()
         lost_ids = {d.id for sl in s.topology.slices if sl.index in lost_slices for d in sl.devices}
-        if state is not None and not (_devices_of(state) & lost_ids):
+        if state is not None and not (devices_of(state) & lost_ids):
             # Nothing of the state lived on a lost slice: move it, lose nothing.
             try:
-                state, resumed, how = _reshard(state, new_mesh), step, "live state"
+                state, resumed, how = reshard(state, new_mesh), step, "live state"
             except Exception as error:  # classified below
                 if not _is_slice_loss(error):
                     raise
@@ -491,7 +433,7 @@ class Elastic:
             if snap is None:
                 raise self._nothing_to_restore()
             assert snap.step is not None  # the loop's snapshots carry their step
-            placed = [_placed(leaf.spec, leaf.shape, new_mesh) if leaf.on_device else None for leaf in snap.leaves]
+            placed = [placement(leaf.spec, leaf.shape, new_mesh) if leaf.on_device else None for leaf in snap.leaves]
             state = snapshots.restore(snap, new_mesh, shardings=placed)
             resumed, how = snap.step, f"snapshot of step {snap.step}"
         duration = time.perf_counter() - start
@@ -499,7 +441,7 @@ class Elastic:
             "reshard",
             slices_before=before,
             slices_after=after,
-            bytes=_tree_nbytes(state),
+            bytes=tree_nbytes(state),
             duration_s=duration,
             step=resumed,
             detail=f"'{self.name}' from {how}",
@@ -518,21 +460,6 @@ class Elastic:
                 )
             watch.up.wait(left)
             watch.up.clear()
-
-
-def abstract(tree: Any, mesh: Mesh) -> Any:
-    """``tree`` as ``jax.ShapeDtypeStruct``s laid out on ``mesh`` with each
-    leaf's PartitionSpec (as a reshard or restore places it; a leaf on no mesh
-    replicated): for ``prepare``, e.g.
-    ``lambda mesh: step.lower(*elastic.abstract(args, mesh)).compile()``."""
-    import jax
-
-    def leaf(x: Any) -> Any:
-        if not isinstance(x, jax.Array):
-            return x
-        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=_placed(snapshots.spec_of(x), x.shape, mesh))
-
-    return jax.tree.map(leaf, tree)
 
 
 def _is_slice_loss(error: BaseException) -> bool:
