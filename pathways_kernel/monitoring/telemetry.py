@@ -152,7 +152,9 @@ class ClientSource(MetricsSource):
         # sharding object over a known mesh costs no per-device work.
         self._assignments: dict[int, tuple[Sequence[jax.Device], np.ndarray]] = {}
         self._shard_bytes: dict[_ShapeKey, int] = {}
-        self._layout_id = -1
+        # The layout the caches are for, held: an id() of a freed layout can come back as a new
+        # one's, after a slice went down and up, and the caches would outlive the loss.
+        self._layout: Layout | None = None
         self._stats_devices: list[jax.Device] | None = None
         self._stats: tuple[np.ndarray, np.ndarray | None] | None = None
         self._samples = 0
@@ -179,11 +181,11 @@ class ClientSource(MetricsSource):
     def sample(self, layout: Layout) -> Sample:
         import jax
 
-        if id(layout) != self._layout_id:
+        if layout is not self._layout:
             self._shardings.clear()
             self._shard_bytes.clear()
             self._assignments.clear()
-            self._layout_id = id(layout)
+            self._layout = layout
             self._fine.clear()
             self._stats_devices = _devices_with_memory_stats(layout)
             self._stats = None

@@ -18,6 +18,7 @@ import logging
 import os
 import sys
 import threading
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -124,7 +125,10 @@ class _OrbaxErrors(logging.Filter):
 
     Installed (a filter on absl's logger and ``sys.unraisablehook``) only while
     a save or close holds it, and removed with the last one: importing the
-    package changes neither.
+    package changes neither. After a failed save a session holds it until it
+    closes: orbax's threads go on completing writes into the loop it closed for
+    seconds after the failure was reported (longer under load), each one more
+    ``Event loop is closed`` traceback in whatever cell runs then.
     """
 
     def __init__(self) -> None:
@@ -132,6 +136,16 @@ class _OrbaxErrors(logging.Filter):
         self.active = 0
         self.lock = threading.Lock()
         self._previous_hook: Any = None
+        self._held_for: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def hold_until_close(self, session: Any) -> None:
+        """Hold until ``session`` closes (once per session): a save of it failed."""
+        with self.lock:
+            if session in self._held_for:
+                return
+            self._held_for.add(session)
+        self.hold()
+        session.on_close(self.release)
 
     def hold(self) -> None:
         with self.lock:
@@ -324,6 +338,7 @@ def save(tree: Any, url: str, step: int, *, keep: int | None = DEFAULT_KEEP, for
             manager.save(step, args=args, force=True)
     except BaseException as exc:
         failed()
+        _ORBAX_ERRORS.hold_until_close(sessions.session())
         _ORBAX_ERRORS.release()
         _name_lost_leaf(tree, exc)
         raise
@@ -336,6 +351,7 @@ def save(tree: Any, url: str, step: int, *, keep: int | None = DEFAULT_KEEP, for
                     manager.wait_until_finished()
                 except BaseException as exc:
                     failed()
+                    _ORBAX_ERRORS.hold_until_close(session)
                     _name_lost_leaf(tree, exc)
                     raise
         finally:
@@ -343,7 +359,8 @@ def save(tree: Any, url: str, step: int, *, keep: int | None = DEFAULT_KEEP, for
         transfer.advance(nbytes)
         return step
 
-    events = sessions.session().events
+    session = sessions.session()
+    events = session.events
     return Transfer("checkpoint save", f"step {step} -> {location.url}", nbytes, events).start(finish)
 
 
