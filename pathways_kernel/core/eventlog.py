@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pathways_kernel.core.errors import PathwaysError
+from pathways_kernel.core.subscribers import Subscribers
 
 #: Events kept in memory; older ones drop off.
 MAX_EVENTS = 10_000
@@ -106,7 +107,7 @@ class EventLog:
         self._events: collections.deque[Event] = collections.deque(maxlen=maxlen)
         self._lock = threading.Lock()
         self._seq = 0
-        self._listeners: list[Callable[[Event], None]] = []
+        self._subscribers: Subscribers[Event] = Subscribers()
 
     def emit(self, kind: str, **fields: Any) -> Event:
         """Record an event now and notify listeners; returns it."""
@@ -127,22 +128,12 @@ class EventLog:
             event = Event(self._seq, time.time(), kind, **fields)
             if keep:
                 self._events.append(event)
-            listeners = list(self._listeners)
-        for listener in listeners:
-            listener(event)
+        self._subscribers.notify(event)
         return event
 
     def subscribe(self, listener: Callable[[Event], None]) -> Callable[[], None]:
         """Call ``listener`` for each new event; returns an unsubscribe function."""
-        with self._lock:
-            self._listeners.append(listener)
-
-        def unsubscribe() -> None:
-            with self._lock:
-                if listener in self._listeners:
-                    self._listeners.remove(listener)
-
-        return unsubscribe
+        return self._subscribers.subscribe(listener)
 
     def last(self, n: int | None = None, kind: str | None = None) -> list[Event]:
         """The last ``n`` events (all: None), of ``kind`` only if given, oldest first.

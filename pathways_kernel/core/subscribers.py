@@ -34,10 +34,13 @@ class Subscribers(Generic[T]):
 
         return unsubscribe
 
-    def notify(self, item: T) -> None:
+    def listeners(self) -> list[Callable[[T], None]]:
+        """The listeners now, in order (for a notifier that handles their errors itself)."""
         with self._lock:
-            listeners = list(self._listeners)
-        for listener in listeners:
+            return list(self._listeners)
+
+    def notify(self, item: T) -> None:
+        for listener in self.listeners():
             listener(item)
 
     def __len__(self) -> int:

@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from pathways_kernel.core.sessions import session as current_session
+from pathways_kernel.core.subscribers import Subscribers
 from pathways_kernel.core.threads import ExitStop
 from pathways_kernel.training.run_events import StepFollower
 
@@ -90,7 +91,7 @@ class MetricLog:
         self._labels: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         self._runs_named: collections.Counter[str] = collections.Counter()
         self._latest: weakref.WeakKeyDictionary[Any, dict[str, float]] = weakref.WeakKeyDictionary()
-        self._listeners: list[Callable[[list[Point]], None]] = []
+        self._subscribers: Subscribers[list[Point]] = Subscribers()
         self._closed = False
 
     # -- recording (on the run's thread: queue and return) --------------------
@@ -189,9 +190,8 @@ class MetricLog:
                 self._points.extend(points)
                 for point, account in zip(points, accounts, strict=True):
                     self._latest.setdefault(account, {})[point.name] = point.value
-                listeners = list(self._listeners)
         if points:
-            for listener in listeners:
+            for listener in self._subscribers.listeners():
                 try:
                     listener(points)
                 except Exception:  # a listener must not stop the reading
@@ -219,15 +219,7 @@ class MetricLog:
 
     def subscribe(self, listener: Callable[[list[Point]], None]) -> Callable[[], None]:
         """Call ``listener(points)`` with each batch of new points (on the reader's thread; never block)."""
-        with self._lock:
-            self._listeners.append(listener)
-
-        def unsubscribe() -> None:
-            with self._lock:
-                if listener in self._listeners:
-                    self._listeners.remove(listener)
-
-        return unsubscribe
+        return self._subscribers.subscribe(listener)
 
 
 class LossFollower(StepFollower):
