@@ -18,7 +18,8 @@ from pathways_kernel.core.slices import Topology
 # Fault injection, chaos and the health check are implemented in their modules;
 # these are the API twins of %pathways fail/repair/chaos/health.
 from pathways_kernel.emulator.chaosmonkey import ChaosStatus, chaos, chaos_off, chaos_status
-from pathways_kernel.emulator.faults import FaultReport, fail_slice, repair_slice
+from pathways_kernel.emulator.fault_report import FaultReport
+from pathways_kernel.emulator.faults import fail_slice, repair_slice
 from pathways_kernel.emulator.healthcheck import Health, health
 
 

@@ -270,7 +270,7 @@ def error_line(error: BaseException) -> str | None:
     """
     from pathways_kernel.core.errors import one_line, slice_down_error
     from pathways_kernel.core.sessions import current
-    from pathways_kernel.emulator.faults import no_slice_up_message
+    from pathways_kernel.emulator.fault_report import no_slice_up_message
 
     session = current()
     if HOST_CALLBACK_REFUSED in str(error):

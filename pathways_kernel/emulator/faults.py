@@ -112,12 +112,16 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pathways_kernel.core import jaxcompat, sessions
 from pathways_kernel.core.backend import reads_data_loss
-from pathways_kernel.core.display import TextDisplay
 from pathways_kernel.core.errors import NotSupportedError, PathwaysError, slice_down_error
-from pathways_kernel.core.eventlog import format_bytes
 from pathways_kernel.core.interrupts import deferred_interrupts
 from pathways_kernel.core.text import count
 from pathways_kernel.emulator import jaxprivate
+from pathways_kernel.emulator.fault_report import (
+    FaultReport,
+    lost_array_message,
+    no_slice_up_message,
+    placed_on_lost_message,
+)
 
 if TYPE_CHECKING:
     import jax
@@ -147,26 +151,6 @@ def require_fault_injection(session: Session, what: str) -> None:
     reason = jaxcompat.fault_injection_unsupported()
     if reason:
         raise NotSupportedError(f"{what} is off: {reason}")
-
-
-# -- the error a lost slice produces ------------------------------------------
-def lost_array_message(slice_index: int) -> str:
-    return (
-        f"DATA_LOSS: slice {slice_index} was lost; this array had a shard on it and its data is gone. "
-        f"Restore it from a snapshot or recompute it on the live slices"
-    )
-
-
-def placed_on_lost_message(slice_index: int, what: str) -> str:
-    return f"DATA_LOSS: slice {slice_index} is down; {what} placed data on it"
-
-
-def no_slice_up_message(slices: Iterable[int]) -> str:
-    down = ", ".join(map(str, slices))
-    return (
-        f"no slice is up (slices {down} are down), so nothing can run (DATA_LOSS); bring one back with "
-        "%pathways repair N (pw.repair_slice(N)) and run this again"
-    )
 
 
 def _lost_slice_of(devices: Iterable[Any]) -> int | None:
@@ -490,31 +474,6 @@ def _clear_dispatch_caches() -> None:
 
 
 # -- the injector -------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class FaultReport(TextDisplay):
-    """What one ``fail_slice``/``repair_slice`` did."""
-
-    slice_index: int
-    action: str  # "fail" | "repair"
-    changed: bool
-    arrays: int = 0
-    nbytes: int = 0
-    slices_up: tuple[int, ...] = ()
-
-    def to_text(self) -> str:
-        up = "[" + ",".join(map(str, self.slices_up)) + "]"
-        if self.action == "fail":
-            if not self.changed:
-                return f"slice {self.slice_index} is already down; live slices {up}"
-            return (
-                f"slice {self.slice_index} down: lost {count(self.arrays, 'array')} ({format_bytes(self.nbytes)}) with a "
-                f"shard on it (DATA_LOSS); live slices {up}"
-            )
-        if not self.changed:
-            return f"slice {self.slice_index} is already up; live slices {up}"
-        return f"slice {self.slice_index} up again (empty: lost arrays stay lost); live slices {up}"
-
-
 class FaultInjector:
     """The session's injected faults (session extension ``"faults"``)."""
 
