@@ -11,7 +11,9 @@ followed by a JSON request, and executes it without arguments:
   ``pathways-local-server.xplane.pb``, beside the client's ``<host>.xplane.pb``);
 * ``persistenceWriteRequest`` / ``persistenceReadRequest`` (``pathwaysutils.persistence``,
   which sends them as ``bulk_persistence_write/read_request``): the server writes the
-  arrays it holds to storage, and reads them onto its devices, itself (``persistence.py``).
+  arrays it holds to storage, and reads them onto its devices, itself (``persistence.py``);
+* ``reshardRequest`` (``pathwaysutils.experimental.reshard``, Tunix's weight sync): the
+  server moves the arrays onto other devices itself (``reshard_plugin.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import numpy as np
 from pathways_kernel.server.arrays import ServerArray, Sharding
 from pathways_kernel.server.errors import INVALID_ARGUMENT, UNIMPLEMENTED, ServerError
 from pathways_kernel.server.persistence import READ, SINGLE, WRITE, PersistenceProgram, compile_persistence
+from pathways_kernel.server.reshard_plugin import KIND as RESHARD
+from pathways_kernel.server.reshard_plugin import ReshardProgram, compile_reshard
 
 if TYPE_CHECKING:
     import jax
@@ -115,7 +119,7 @@ class ProfileProgram:
         return [ServerArray(np.dtype(np.int8), (1,), self.output_shardings[0], [value])]
 
 
-def compile_plugin(data: bytes) -> ProfileProgram | PersistenceProgram:
+def compile_plugin(data: bytes) -> ProfileProgram | PersistenceProgram | ReshardProgram:
     """The program a plugin program's ``data`` asks for; raises ServerError naming the request
     if it is not one this server serves."""
     try:
@@ -142,4 +146,6 @@ def compile_plugin(data: bytes) -> ProfileProgram | PersistenceProgram:
         )
     if kind in (WRITE, READ) or kind in SINGLE:
         return compile_persistence(kind, request[kind])
+    if kind == RESHARD:
+        return compile_reshard(request[kind])
     raise ServerError(UNIMPLEMENTED, f"{kind}: the local Pathways server does not serve it")
