@@ -20,6 +20,10 @@ import signal
 import socket
 import stat
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import grpc
 
 
 def _loopback(host: str) -> bool:
@@ -88,10 +92,17 @@ def serve(args: argparse.Namespace) -> int:
 
     import grpc
 
-    from pathways_kernel.server import control, service
+    from pathways_kernel.server import control, metric_service, service
     from pathways_kernel.server.devices import Topology
 
     backend = service.Server(Topology(slices, chips))
+    activity = metric_service.DeviceActivity(backend.topology.device_count)
+    backend.program_observers.append(activity.dispatched)
+    metrics = metric_service.handlers(
+        activity,
+        lambda: backend.status()["bytes_per_device"],
+        lambda device: "cpu",  # the kind InitRequest gives every device (device_requests.py)
+    )
     # The sessions' streams run on an event loop (fewer thread hand-offs per message than
     # gRPC's threaded server); the other methods run on its thread pool.
     loop = asyncio.new_event_loop()
@@ -104,7 +115,9 @@ def serve(args: argparse.Namespace) -> int:
             ("grpc.max_send_message_length", -1),
         ],
     )
-    grpc_server.add_generic_rpc_handlers([service.handlers(backend), control.handlers(backend)])
+    grpc_server.add_generic_rpc_handlers([service.handlers(backend), control.handlers(backend), metrics])
+    if args.metrics_port is not None and not _serve_metrics(metrics, args.metrics_port, loop):
+        return 1
     if args.socket:
         path = _private_socket(args.socket)
         try:
@@ -156,6 +169,35 @@ def serve(args: argparse.Namespace) -> int:
     os._exit(0)
 
 
+def _serve_metrics(metrics: grpc.GenericRpcHandler, port: int, loop: asyncio.AbstractEventLoop) -> bool:
+    """Serves the runtime metric service alone on ``localhost:port`` (for ``tpu-info``, whose client
+    dials loopback TCP only); False, said in one line, if the port is taken."""
+    from concurrent import futures
+
+    import grpc
+
+    refused = _cannot_bind("127.0.0.1", port)
+    server = grpc.aio.server(migration_thread_pool=futures.ThreadPoolExecutor(2, "pathways-local-metrics"))
+    server.add_generic_rpc_handlers([metrics])
+    try:
+        bound = 0 if refused else server.add_insecure_port(f"127.0.0.1:{port}")
+    except RuntimeError:
+        bound = 0
+    if not bound:
+        print(
+            f"pathways-local: cannot serve runtime metrics on 127.0.0.1:{port}: {refused or 'refused'}", file=sys.stderr
+        )
+        return False
+    loop.run_until_complete(server.start())
+    _metrics_servers.append(server)  # held while the process serves
+    print(f"pathways-local: runtime metrics (tpu-info) on localhost:{bound}", flush=True)
+    return True
+
+
+_metrics_servers: list[object] = []
+#: The default of ``--metrics-port``: set it where a kernel starts the server (``local:``) to read its chips with tpu-info.
+METRICS_PORT_ENV = "PATHWAYS_LOCAL_METRICS_PORT"
+
 #: Set by a kernel that starts the server (``backends/local_server.py``): its pid.
 PARENT_ENV = "PATHWAYS_LOCAL_PARENT_PID"
 
@@ -195,6 +237,13 @@ def parser() -> argparse.ArgumentParser:
     )
     serve_cmd.add_argument("--port", type=int, default=0, help="port (default 0: a free one, printed)")
     serve_cmd.add_argument("--socket", help="listen on this Unix socket instead (its directory must be 0700)")
+    serve_cmd.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(os.environ[METRICS_PORT_ENV]) if os.environ.get(METRICS_PORT_ENV) else None,
+        help="also serve libtpu's runtime metrics (duty cycle, HBM; read-only) on localhost:PORT for tpu-info "
+        f"(8431 is libtpu's; default ${METRICS_PORT_ENV}); any user of this machine can read them there",
+    )
     for name, text in (("fail", "lose a slice"), ("repair", "bring a lost slice back, empty")):
         cmd = commands.add_parser(name, help=text)
         cmd.add_argument("slice", type=int)

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathways_kernel.core.errors import BackendError
 
 FIRST_LINE = "pathways-local: serving "
+#: Said before ``FIRST_LINE`` when the runtime metrics are served on a port of their own.
+METRICS_LINE = "pathways-local: runtime metrics (tpu-info) on "
 
 
 def client_env(target: str, connect_timeout_s: int = 30) -> dict[str, str]:
@@ -50,6 +52,8 @@ class LocalServer:
     target: str
     process: subprocess.Popen[str]
     directory: str | None = None
+    #: ``localhost:PORT`` where the runtime metric service is served alone (``metrics_port``), for tpu-info.
+    metrics_address: str | None = None
     # The last lines only: a long-lived server (a sidecar that logs) must not grow the kernel's memory;
     # its last words are what a crash report needs.
     stderr_lines: deque[str] = field(default_factory=lambda: deque(maxlen=200))
@@ -83,11 +87,13 @@ def start(
     port: int = 0,
     timeout: float = 120.0,
     env: dict[str, str] | None = None,
+    metrics_port: int | None = None,
 ) -> LocalServer:
     """Starts ``pathways-local serve`` for ``slices`` x ``chips`` and waits for its first line.
 
     Without ``host`` it listens on a Unix socket (``socket_path``, or one in a new 0700
-    directory). Raises BackendError with the server's own last line if it does not start.
+    directory). With ``metrics_port`` (0: a free one) it also serves libtpu's runtime metrics
+    alone on that loopback port (``metric_service.py``). Raises BackendError with the server's own last line if it does not start.
     """
     directory = None
     command = [sys.executable, "-m", "pathways_kernel.server", "serve", "--slices", f"{slices}x{chips}"]
@@ -98,6 +104,8 @@ def start(
             directory = tempfile.mkdtemp(prefix="pathways-local-")  # mkdtemp makes it 0700
             socket_path = os.path.join(directory, "server.sock")
         command += ["--socket", socket_path]
+    if metrics_port is not None:
+        command += ["--metrics-port", str(metrics_port)]
     process = subprocess.Popen(
         command,
         stdout=subprocess.PIPE,
@@ -131,6 +139,8 @@ def start(
             line = lines.get(timeout=0.2)
         except queue.Empty:
             line = None
+        if line and line.startswith(METRICS_LINE):
+            server.metrics_address = line.rsplit(" ", 1)[1]
         if line and line.startswith(FIRST_LINE):
             server.target = line.rsplit(" ", 1)[1]
             return server

@@ -123,6 +123,7 @@ def loaded_executable_execute_request(session: Session, request: Proto, response
             status, outputs = session.run_in_background(program, args, handles), None
         else:
             outputs = program.run(args)
+            session.server.program_dispatched(program.device_ids, outputs)
             for handle, output in zip(handles, outputs, strict=True):
                 arrays.put(handle, output)
             # Only a status the client will ask for is waited for (a thread's wake-up each).

@@ -15,7 +15,7 @@ import collections
 import concurrent.futures
 import itertools
 import threading
-from collections.abc import AsyncIterable, AsyncIterator, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Sequence
 from typing import Any, NoReturn
 
 import grpc
@@ -83,6 +83,13 @@ class Server:
         # ``status``: what shows whether an array's bytes went through the client.
         self.counts: collections.Counter[str] = collections.Counter()
         self._compiled = CompiledPrograms(topology, self.count)
+        #: Told of every program dispatched: (its device ids, its outputs), on the serving thread;
+        #: the runtime metric service's duty cycle (``metric_service.DeviceActivity.dispatched``).
+        self.program_observers: list[Callable[[Sequence[int], Sequence[Any]], None]] = []
+
+    def program_dispatched(self, device_ids: Sequence[int], outputs: Sequence[Any]) -> None:
+        for observe in self.program_observers:
+            observe(device_ids, outputs)
 
     def count(self, key: str, amount: int = 1) -> None:
         with self._lock:

@@ -19,7 +19,7 @@ import concurrent.futures
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from pathways_kernel.server import protos
@@ -49,6 +49,7 @@ class Shared(Protocol):
 
     def count(self, key: str, amount: int = 1) -> None: ...
     def compile(self, request: Proto) -> LoadedProgram: ...
+    def program_dispatched(self, device_ids: Sequence[int], outputs: Sequence[Any]) -> None: ...
     def close_session(self, session: Session) -> None: ...
 
 
