@@ -4,72 +4,46 @@
     pw.status(); pw.topology(); m = pw.mesh()
 
 ``%load_ext pathways_kernel`` adds the ``%pathways`` magics to any IPython.
+
+The names below come from ``public.py`` on first use: ``import pathways_kernel`` alone
+imports neither JAX nor IPython, so the local server's process (``pathways_kernel.server``)
+imports only what it runs, and the kernel starts that server before its own heavy imports.
 """
 
 from __future__ import annotations
 
-from IPython.core.interactiveshell import InteractiveShell
+import importlib
+import importlib.util
+from typing import TYPE_CHECKING, Any
 
-from pathways_kernel import backends as _backends
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
 
-# Session, topology and meshes (api.py), and fault injection on the local backend.
-from pathways_kernel.api import (
-    chaos,
-    chaos_off,
-    connect,
-    devices,
-    events,
-    fail_slice,
-    health,
-    is_lost,
-    mesh,
-    repair_slice,
-    session,
-    status,
-    topology,
-)
-from pathways_kernel.backends.connection import connect_shared_service, reconnect
-from pathways_kernel.backends.slurm_backend import connect as connect_slurm
-
-# Sidecars and data loading; the in-notebook monitor.
-from pathways_kernel.colocated.data_loader import Loader, loader
-from pathways_kernel.colocated.sidecars import Sidecar, SidecarError, SidecarTimeout, run_sidecar, sidecar
-from pathways_kernel.core import sessions as _sessions
-from pathways_kernel.core import shellhooks as _shellhooks
-from pathways_kernel.core.errors import PathwaysError
-from pathways_kernel.monitoring.widget import monitor
-
-# Profiling: a trace of one block, summarized inline, opened in XProf.
-from pathways_kernel.profiling.capture import ProfileError, profile, profiles
-
-# State: host snapshots, elastic execution, durable storage.
-from pathways_kernel.state.autosnapshots import autosnapshot
-from pathways_kernel.state.checkpoints import listing as checkpoints_list
-from pathways_kernel.state.checkpoints import restore as checkpoint_restore
-from pathways_kernel.state.checkpoints import save as checkpoint_save
-from pathways_kernel.state.compile_cache import cache
-from pathways_kernel.state.snapshots import Snapshot, SnapshotStore, snapshot, snapshot_variables
-from pathways_kernel.state.snapshots import restore as restore_snapshot
-from pathways_kernel.state.snapshots import store as snapshot_store
-from pathways_kernel.state.storage import list_snapshots as snapshots_list
-from pathways_kernel.state.storage import persist, restore
-from pathways_kernel.training.elastic_loop import ElasticError, elastic
-from pathways_kernel.training.elastic_run import on_restore
-from pathways_kernel.training.goodput_logging import cloud_logging as goodput_cloud_logging
-from pathways_kernel.training.goodput_report import goodput, goodput_over_time
-from pathways_kernel.training.metrics import log, metrics
-from pathways_kernel.training.mfu import flops
-from pathways_kernel.training.steps import steps
-from pathways_kernel.training.tensorboard import metrics_to_tensorboard
+    from pathways_kernel.public import *  # noqa: F403
 
 __version__ = "0.1.0"
 
-# Core sits below the backends and cannot import them: it is told here how a spec becomes one.
-_sessions.use_backends(_backends.from_spec, _backends.default_spec)
+
+def __getattr__(name: str) -> Any:
+    """A public name (``public.__all__``), imported with every layer the first time any is asked for."""
+    # A submodule not imported yet (``from pathways_kernel import server``) is left to the import system.
+    if name == "__all__" or not (name.startswith("__") or importlib.util.find_spec(f"{__name__}.{name}")):
+        public = importlib.import_module("pathways_kernel.public")
+        names: list[str] = public.__all__
+        globals().update((n, getattr(public, n)) for n in names)
+        globals()["__all__"] = [*names, "load_ipython_extension"]
+        if name in globals():
+            return globals()[name]
+    raise AttributeError(f"module 'pathways_kernel' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__getattr__("__all__")))
 
 
 def load_ipython_extension(ipython: InteractiveShell) -> None:
     """``%load_ext pathways_kernel``: the magics and one-line errors."""
+    importlib.import_module("pathways_kernel.public")  # the session's backends, before any magic runs
     from pathways_kernel.magics import register
     from pathways_kernel.monitoring.comm import register as register_monitor
 
@@ -79,62 +53,6 @@ def load_ipython_extension(ipython: InteractiveShell) -> None:
 
 def unload_ipython_extension(ipython: InteractiveShell) -> None:
     """``%unload_ext pathways_kernel``: remove all the extension installed on the shell (``core/shellhooks.py``)."""
-    _shellhooks.remove(ipython)
+    from pathways_kernel.core import shellhooks
 
-
-__all__ = [
-    "PathwaysError",
-    "Snapshot",
-    "SnapshotStore",
-    "snapshot",
-    "snapshot_variables",
-    "snapshot_store",
-    "autosnapshot",
-    "elastic",
-    "ElasticError",
-    "on_restore",
-    "goodput",
-    "goodput_over_time",
-    "goodput_cloud_logging",
-    "flops",
-    "steps",
-    "log",
-    "metrics",
-    "metrics_to_tensorboard",
-    "restore_snapshot",
-    "persist",
-    "restore",
-    "snapshots_list",
-    "checkpoint_save",
-    "checkpoint_restore",
-    "checkpoints_list",
-    "cache",
-    "connect",
-    "connect_shared_service",
-    "connect_slurm",
-    "reconnect",
-    "devices",
-    "events",
-    "mesh",
-    "session",
-    "status",
-    "topology",
-    "Loader",
-    "loader",
-    "Sidecar",
-    "SidecarError",
-    "SidecarTimeout",
-    "run_sidecar",
-    "sidecar",
-    "fail_slice",
-    "repair_slice",
-    "is_lost",
-    "chaos",
-    "chaos_off",
-    "health",
-    "monitor",
-    "profile",
-    "profiles",
-    "ProfileError",
-    "load_ipython_extension",
-]
+    shellhooks.remove(ipython)

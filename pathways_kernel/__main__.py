@@ -8,6 +8,10 @@ if len(sys.argv) > 1 and sys.argv[1] == "install":
 
     sys.exit(install_main(sys.argv[2:]))
 else:
+    # The default backend's server starts now, beside this process's own imports (ipykernel, JAX).
+    from pathways_kernel.backends import start_server_early
+
+    start_server_early()
     from pathways_kernel.kernel import main
 
     main()

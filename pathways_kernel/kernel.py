@@ -39,6 +39,9 @@ class PathwaysKernel(IPythonKernel):
             NOTICE.post(
                 f"The kernel started without a backend. {one_line(exc)}. `%pathways connect local:2x4` starts a local Pathways server, `%pathways connect embedded:2x4` emulates the slices in this process."
             )
+        from pathways_kernel.server import launch
+
+        launch.discard_early()  # the server started before the imports, if the session did not take it
         from pathways_kernel.state import compile_cache
 
         compile_cache.from_env()  # the kernelspec's --compile-cache, if any

@@ -19,7 +19,6 @@ import sys
 
 from pathways_kernel.core.backend import Backend, Placement
 from pathways_kernel.core.errors import SpecError
-from pathways_kernel.emulator.local import LocalBackend
 
 DEFAULT_SPEC = "local:2x4"
 #: The default where JAX already runs in this process (a stock kernel that computed before
@@ -113,6 +112,8 @@ def from_spec(
 
         return LocalServerBackend(*parse_local(match.group("body")), timeout=timeout)
     if match := _EMBEDDED.match(spec):
+        from pathways_kernel.emulator.local import LocalBackend  # JAX's own import: only when asked for
+
         return LocalBackend(*parse_local(match.group("body"), "embedded"))
     # Before HOST:PORT, which `slurm:4` (a job id) also matches.
     if spec.startswith("slurm:"):
@@ -129,4 +130,23 @@ def from_spec(
     )
 
 
-__all__ = ["Backend", "Placement", "LocalBackend", "from_spec", "default_spec", "parse_local", "DEFAULT_SPEC"]
+def start_server_early() -> None:
+    """Starts the local Pathways server of the default spec (``local:SxC``), without waiting for it.
+
+    The kernel calls it before its own imports (JAX, IPython), so that the server starts beside
+    them; the session's ``local:SxC`` backend adopts it (``launch.start``). Any other spec, or a
+    malformed one (the session says why in one line), starts nothing.
+    """
+    match = _LOCAL.match(default_spec().strip())
+    if match is None:
+        return
+    try:
+        slices, chips = parse_local(match.group("body"))
+    except SpecError:
+        return
+    from pathways_kernel.server import launch
+
+    launch.start_early(slices, chips, launch.kernel_env())
+
+
+__all__ = ["Backend", "Placement", "from_spec", "default_spec", "parse_local", "start_server_early", "DEFAULT_SPEC"]

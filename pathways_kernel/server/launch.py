@@ -78,6 +78,87 @@ class LocalServer:
             shutil.rmtree(self.directory, ignore_errors=True)
 
 
+@dataclass
+class _Early:
+    """A server started ahead of its ``start`` call (``start_early``)."""
+
+    slices: int
+    chips: int
+    env: dict[str, str]
+    socket_path: str
+    directory: str
+    process: subprocess.Popen[str]
+
+
+_early: _Early | None = None
+_early_lock = threading.Lock()
+
+
+def kernel_env() -> dict[str, str]:
+    """What a kernel adds to the environment of the server it starts: the server goes when the kernel
+    does (also when it is killed without closing its session), and its devices are CPU devices, also in
+    a kernel started with the Pathways variables (``JAX_PLATFORMS=proxy``) it would otherwise inherit."""
+    from pathways_kernel.server.cli import PARENT_ENV
+
+    return {PARENT_ENV: str(os.getpid()), "JAX_PLATFORMS": "cpu"}
+
+
+def start_early(slices: int, chips: int, env: dict[str, str] | None = None) -> None:
+    """Starts the server that ``start(slices, chips, env=env)`` will ask for, without waiting for it.
+
+    A kernel calls it first thing, so that the server's start (Python, JAX, its devices) runs
+    beside the kernel's own imports instead of after them; ``start`` adopts it, and
+    ``discard_early`` stops it if nothing did.
+    """
+    global _early
+    directory = tempfile.mkdtemp(prefix="pathways-local-")  # mkdtemp makes it 0700
+    socket_path = os.path.join(directory, "server.sock")
+    process = _spawn([*_serve_command(slices, chips), "--socket", socket_path], env)
+    with _early_lock:
+        previous, _early = _early, _Early(slices, chips, dict(env or {}), socket_path, directory, process)
+    if previous is not None:
+        LocalServer("", previous.process, previous.directory).stop()
+
+
+def discard_early() -> None:
+    """Stops the server ``start_early`` started if no ``start`` adopted it (the session chose another backend)."""
+    early = _take_early(None, None, None)
+    if early is not None:
+        LocalServer("", early.process, early.directory).stop()
+
+
+def _take_early(slices: int | None, chips: int | None, env: dict[str, str] | None) -> _Early | None:
+    """The early server, if it is alive and what ``start`` asks for (any, with ``slices`` None)."""
+    global _early
+    with _early_lock:
+        early = _early
+        if early is None or (
+            slices is not None and (early.slices, early.chips, early.env) != (slices, chips, env or {})
+        ):
+            return None
+        _early = None
+    if slices is not None and early.process.poll() is not None:
+        # It died before it was asked for (its reason is in its stderr, unread): start a fresh one.
+        LocalServer("", early.process, early.directory).stop()
+        return None
+    return early
+
+
+def _serve_command(slices: int, chips: int) -> list[str]:
+    return [sys.executable, "-m", "pathways_kernel.server", "serve", "--slices", f"{slices}x{chips}"]
+
+
+def _spawn(command: list[str], env: dict[str, str] | None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+        start_new_session=True,  # an interrupt in the parent does not reach the server
+    )
+
+
 def start(
     slices: int,
     chips: int,
@@ -96,7 +177,10 @@ def start(
     alone on that loopback port (``metric_service.py``). Raises BackendError with the server's own last line if it does not start.
     """
     directory = None
-    command = [sys.executable, "-m", "pathways_kernel.server", "serve", "--slices", f"{slices}x{chips}"]
+    early = _take_early(slices, chips, env) if (socket_path, host, metrics_port) == (None, None, None) else None
+    if early is not None:
+        socket_path, directory = early.socket_path, early.directory
+    command = _serve_command(slices, chips)
     if host is not None:
         command += ["--host", host, "--port", str(port)]
     else:
@@ -106,14 +190,7 @@ def start(
         command += ["--socket", socket_path]
     if metrics_port is not None:
         command += ["--metrics-port", str(metrics_port)]
-    process = subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, **(env or {})},
-        start_new_session=True,  # an interrupt in the parent does not reach the server
-    )
+    process = early.process if early is not None else _spawn(command, env)
     lines: queue.Queue[str] = queue.Queue()
     server = LocalServer("", process, directory)
 
