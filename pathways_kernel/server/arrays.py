@@ -86,9 +86,10 @@ class Sharding:
         return tuple(devices[i] for i in self.device_ids)
 
     def jax_sharding(self) -> jax.sharding.Sharding:
+        memory_kind = self.memory_kind or None  # the server's CPU devices have the host memories too
         if self.op is None:
-            return jax.sharding.SingleDeviceSharding(jax.devices()[self.device_ids[0]])
-        return GSPMDSharding(self.jax_devices(), self.op)
+            return jax.sharding.SingleDeviceSharding(jax.devices()[self.device_ids[0]], memory_kind=memory_kind)
+        return GSPMDSharding(self.jax_devices(), self.op, memory_kind=memory_kind)
 
     def to_proto(self, proto: Proto) -> None:
         """Writes this sharding into an ``xla.ifrt.ShardingProto``."""
@@ -215,7 +216,8 @@ def is_ready(shard: jax_array.ArrayImpl) -> bool:
 
 
 def _computed(entry: ServerArray | Poisoned) -> bool:
-    return not isinstance(entry, ServerArray) or all(is_ready(shard) for shard in entry.shards)
+    # A shard another array donated (remapped shards are shared) has nothing left to compute.
+    return not isinstance(entry, ServerArray) or all(shard.is_deleted() or is_ready(shard) for shard in entry.shards)
 
 
 class ArrayStore:

@@ -7,6 +7,9 @@ from pathways_kernel.server.errors import ServerError
 from pathways_kernel.server.protos import Proto
 from pathways_kernel.server.session import Session
 
+#: The memories of each device, its default first (memory ids: kind-major, then device id).
+MEMORY_KINDS = ("device", "pinned_host", "unpinned_host")
+
 
 def init_request(session: Session, request: Proto, response: Proto) -> None:
     init = response.init_response
@@ -25,7 +28,6 @@ def init_request(session: Session, request: Proto, response: Proto) -> None:
         device = init.all_devices.add()
         device.id = device.local_device_id = device.local_hardware_id = i
         device.default_memory_id = i
-        device.memory_ids.append(i)
         device.platform_name = "cpu"
         device.device_kind = "cpu"
         device.debug_string, device.to_string = str(local[i]), repr(local[i])
@@ -36,12 +38,16 @@ def init_request(session: Session, request: Proto, response: Proto) -> None:
         attributes["num_cores"].int64_value = 1
         init.addressable_device_ids.append(i)
         init.primary_device_ids.append(i)
-        memory = init.memories.add()
-        memory.id = i
-        memory.memory_space_kind = "device"
-        memory.device_ids.append(i)
-        own = local[i].memory("device")
-        memory.debug_string, memory.to_string = str(own), repr(own)
+        # Host memories too, as a TPU's (and XLA:CPU's) devices have: RL frameworks keep a
+        # policy snapshot in pinned_host (Tunix's anchor policy) and offload there.
+        for number, kind in enumerate(MEMORY_KINDS):
+            memory = init.memories.add()
+            memory.id = number * topology.device_count + i
+            memory.memory_space_kind = kind
+            memory.device_ids.append(i)
+            device.memory_ids.append(memory.id)
+            own = local[i].memory(kind)
+            memory.debug_string, memory.to_string = str(own), repr(own)
 
 
 def get_default_device_assignment_request(session: Session, request: Proto, response: Proto) -> None:

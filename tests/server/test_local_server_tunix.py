@@ -1,0 +1,129 @@
+"""Tunix's RL, unchanged, against the local Pathways server: ``RLCluster`` with the actor and
+reference on slice 0 and the rollout on slice 1, trained by ``GRPOLearner`` as Tunix's own
+disaggregated GRPO test does. With ``JAX_PLATFORMS=proxy`` Tunix syncs the weights with
+pathwaysutils' ``reshardRequest`` side channel after every step; after each sync the
+rollout model's weights equal the trainer's, and no weight byte passed through the client.
+
+Tunix and its dependencies are not the package's: ``make test-py`` installs them beside the
+venv (``--target``, ``--no-deps``, ~6 s and 73 MB from the package index; the Makefile's
+``TUNIX`` target), and this module skips, saying so, where they are not installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import proxy_clients
+import pytest
+
+from pathways_kernel.server import launch
+
+HERE = __file__
+TUNIX_DIR = os.path.join(os.path.dirname(sys.executable), "..", "tunix-0.1.7")
+
+pytestmark = pytest.mark.skipif(
+    not os.path.exists(os.path.join(TUNIX_DIR, ".installed")),
+    reason=f"Tunix 0.1.7 is not installed in {TUNIX_DIR} (make test-py installs it)",
+)
+
+
+@pytest.fixture(scope="module")
+def server():
+    started = launch.start(2, 4)
+    yield started
+    started.stop()
+
+
+def client_grpo(target: str) -> dict:
+    import jax
+    import numpy as np
+    import optax
+    from flax import nnx
+    from grain import python as grain
+    from jax.sharding import Mesh
+    from tunix.rl import rl_cluster as rl_cluster_lib
+    from tunix.rl.grpo import grpo_learner as grpo_lib
+    from tunix.rl.rollout import base_rollout
+    from tunix.tests import test_common as tc
+
+    from pathways_kernel.server import control
+
+    devices = sorted(jax.devices(), key=lambda d: d.id)
+    trainer_mesh = Mesh(np.array(devices[:4]).reshape(4, 1), ("fsdp", "tp"))  # slice 0
+    rollout_mesh = Mesh(np.array(devices[4:]).reshape(1, 4), ("fsdp", "tp"))  # slice 1
+    vocab = tc.MockVocab()
+    config = tc.ModelConfig(vocab_size=vocab.GetPieceSize())
+    cluster = rl_cluster_lib.RLCluster(
+        actor=tc.ToyTransformer(config=config, rngs=nnx.Rngs(0)),
+        reference=tc.ToyTransformer(config=config, rngs=nnx.Rngs(0)),
+        tokenizer=vocab,
+        cluster_config=rl_cluster_lib.ClusterConfig(
+            role_to_mesh={
+                rl_cluster_lib.Role.ACTOR: trainer_mesh,
+                rl_cluster_lib.Role.REFERENCE: trainer_mesh,
+                rl_cluster_lib.Role.ROLLOUT: rollout_mesh,
+            },
+            rollout_engine="vanilla",
+            offload_to_cpu=False,
+            training_config=rl_cluster_lib.RLTrainingConfig(
+                actor_optimizer=optax.sgd(1e-2), eval_every_n_steps=10, max_steps=10
+            ),
+            rollout_config=base_rollout.RolloutConfig(max_tokens_to_generate=6, max_prompt_length=32, kv_cache_size=64),
+        ),
+    )
+    syncs: list[dict] = []
+    sync = cluster.sync_weights
+
+    def checked_sync() -> None:
+        """Tunix's own sync, then what a user would check: the rollout's weights are the trainer's."""
+        before = control.status(target)["counts"]
+        sync()
+        rollout = jax.block_until_ready(nnx.state(cluster.rollout.model(), nnx.Param))
+        after = control.status(target)["counts"]
+        trainer = nnx.state(cluster.actor_trainer.model, nnx.Param)
+        pairs = zip(jax.tree.leaves(rollout), jax.tree.leaves(trainer), strict=True)
+        syncs.append({
+            "bytes": [after.get(k, 0) - before.get(k, 0) for k in ("host_bytes_from_client", "host_bytes_to_client")],
+            "equal": all(bool(np.array_equal(np.asarray(r), np.asarray(t))) for r, t in pairs),
+            "rollout_devices": sorted({d.id for leaf in jax.tree.leaves(rollout) for d in leaf.sharding.device_set}),
+            "trainer_devices": sorted({d.id for leaf in jax.tree.leaves(trainer) for d in leaf.sharding.device_set}),
+        })  # fmt: skip
+
+    cluster.sync_weights = checked_sync
+    initial = jax.tree.map(np.asarray, nnx.state(cluster.actor_trainer.model, nnx.Param))
+    learner = grpo_lib.GRPOLearner(
+        rl_cluster=cluster,
+        reward_fns=lambda completions, **_: np.arange(len(completions), dtype=np.float32),
+        algo_config=grpo_lib.GRPOConfig(num_generations=2, num_iterations=1),
+    )
+    prompts = ["input string", "hello world", "My name", "hello there"]
+    data = grain.MapDataset.source(prompts).batch(2).map(lambda x: {"prompts": x, "answer": x})
+    learner.train(data, None)
+    trained = nnx.state(cluster.actor_trainer.model, nnx.Param)
+    changed = any(
+        not np.array_equal(a, np.asarray(b))
+        for a, b in zip(jax.tree.leaves(initial), jax.tree.leaves(trained), strict=True)
+    )
+    return {"should_sync": learner.should_sync_weights, "syncs": syncs, "trained": changed}
+
+
+def test_tunix_grpo_with_rollout_on_its_own_slice_syncs_weights_on_the_server(server):
+    env = launch.client_env(server.target)
+    env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(TUNIX_DIR), env.get("PYTHONPATH", "")])
+    got = proxy_clients.run_client(HERE, server.target, server.target, env=env, timeout=600)
+
+    assert got["should_sync"] is True and got["trained"] is True, got
+    assert len(got["syncs"]) >= 2, got
+    for sync in got["syncs"]:
+        assert sync["equal"] is True, got["syncs"]
+        assert sync["bytes"] == [0, 0], got["syncs"]
+        assert sync["trainer_devices"] == [0, 1, 2, 3] and sync["rollout_devices"] == [4, 5, 6, 7], sync
+
+
+if __name__ == "__main__":
+    import pathwaysutils
+
+    pathwaysutils.initialize()
+    print(json.dumps(client_grpo(sys.argv[1])), flush=True)
