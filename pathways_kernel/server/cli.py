@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import grpc
 
+    from pathways_kernel.core.tpu_kinds import SliceShape
+
 
 def _loopback(host: str) -> bool:
     if host == "localhost":
@@ -43,6 +45,30 @@ def _slices(text: str) -> tuple[int, int]:
     if slices < 1 or chips < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: slices and chips must be at least 1")
     return slices, chips
+
+
+def _slice_shapes(text: str) -> list[SliceShape]:
+    """``--slices``: S slices of C CPU chips (``_slices``), or slices of TPU generations and
+    shapes, ``v5p:2x2x1*2,v6e:2x2`` (``core/tpu_kinds.py``)."""
+    from pathways_kernel.core.errors import SpecError
+    from pathways_kernel.core.tpu_kinds import parse_slices
+
+    if ":" not in text:
+        slices, chips = _slices(text)
+        return parse_slices(f"{slices}x{chips}")
+    try:
+        return parse_slices(text)
+    except SpecError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _serving(shapes: list[SliceShape]) -> str:
+    """What the first line says is served: ``2 slices x 4 chips``, ``3 slices (v5p:2x2x1*2,v6e:2x2)``."""
+    from pathways_kernel.core.tpu_kinds import format_slices
+
+    if len(set(shapes)) == 1 and shapes[0].generation is None:
+        return f"{len(shapes)} slices x {shapes[0].chips} chips"
+    return f"{len(shapes)} slices ({format_slices(shapes)})"
 
 
 def _cannot_bind(host: str, port: int) -> str | None:
@@ -81,13 +107,13 @@ def _private_socket(path: str) -> str:
 
 
 def serve(args: argparse.Namespace) -> int:
-    slices, chips = args.slices
+    shapes = args.slices
     logging.basicConfig(level=os.environ.get("PATHWAYS_LOCAL_LOG", "WARNING"), format="pathways-local: %(message)s")
     # Before JAX starts: the server's devices are CPU devices, whatever the caller's environment says.
     os.environ["JAX_PLATFORMS"] = "cpu"
     import jax
 
-    jax.config.update("jax_num_cpu_devices", slices * chips)
+    jax.config.update("jax_num_cpu_devices", sum(s.chips for s in shapes))
     from concurrent import futures
 
     import grpc
@@ -95,7 +121,7 @@ def serve(args: argparse.Namespace) -> int:
     from pathways_kernel.server import control, metric_service, service
     from pathways_kernel.server.devices import Topology
 
-    backend = service.Server(Topology(slices, chips))
+    backend = service.Server(Topology.of(shapes))
     activity = metric_service.DeviceActivity(backend.topology.device_count)
     backend.program_observers.append(activity.dispatched)
     metrics = metric_service.handlers(
@@ -150,7 +176,7 @@ def serve(args: argparse.Namespace) -> int:
         target = f"grpc://{args.host}:{port}"
     jax.devices()  # start the backend before saying we serve
     loop.run_until_complete(grpc_server.start())
-    print(f"pathways-local: serving {slices} slices x {chips} chips on {target}", flush=True)
+    print(f"pathways-local: serving {_serving(shapes)} on {target}", flush=True)
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
@@ -231,7 +257,12 @@ def parser() -> argparse.ArgumentParser:
     )
     commands = top.add_subparsers(dest="command", required=True)
     serve_cmd = commands.add_parser("serve", help="serve S slices of C chips (CPU devices) to JAX's proxy client")
-    serve_cmd.add_argument("--slices", type=_slices, default=(2, 4), help="SLICESxCHIPS, e.g. 2x4 (default)")
+    serve_cmd.add_argument(
+        "--slices",
+        type=_slice_shapes,
+        default="2x4",
+        help="SLICESxCHIPS, e.g. 2x4 (default), or TPU slices KIND:GRID[*N],..., e.g. v5p:2x2x1*2,v6e:2x2",
+    )
     serve_cmd.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)"
     )

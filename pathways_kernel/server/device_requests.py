@@ -16,7 +16,7 @@ def init_request(session: Session, request: Proto, response: Proto) -> None:
     topology = session.topology
     init.session_id = session.id
     init.platform_name = "cpu"
-    init.platform_version = f"pathways-local {topology.slices}x{topology.chips}"
+    init.platform_version = f"pathways-local {topology.spec}"
     init.runtime_type = "pjrt_ifrt"
     import jax
 
@@ -29,7 +29,7 @@ def init_request(session: Session, request: Proto, response: Proto) -> None:
         device.id = device.local_device_id = device.local_hardware_id = i
         device.default_memory_id = i
         device.platform_name = "cpu"
-        device.device_kind = "cpu"
+        device.device_kind = topology.device_kind(i)  # "TPU v5p" on a v5p slice
         device.debug_string, device.to_string = str(local[i]), repr(local[i])
         attributes = device.attributes.attributes
         attributes["slice_index"].int64_value = topology.slice_of(i)

@@ -82,7 +82,7 @@ class LocalServer:
 class _Early:
     """A server started ahead of its ``start`` call (``start_early``)."""
 
-    slices: int
+    slices: int | str
     chips: int
     env: dict[str, str]
     socket_path: str
@@ -103,7 +103,7 @@ def kernel_env() -> dict[str, str]:
     return {PARENT_ENV: str(os.getpid()), "JAX_PLATFORMS": "cpu"}
 
 
-def start_early(slices: int, chips: int, env: dict[str, str] | None = None) -> None:
+def start_early(slices: int | str, chips: int, env: dict[str, str] | None = None) -> None:
     """Starts the server that ``start(slices, chips, env=env)`` will ask for, without waiting for it.
 
     A kernel calls it first thing, so that the server's start (Python, JAX, its devices) runs
@@ -127,7 +127,7 @@ def discard_early() -> None:
         LocalServer("", early.process, early.directory).stop()
 
 
-def _take_early(slices: int | None, chips: int | None, env: dict[str, str] | None) -> _Early | None:
+def _take_early(slices: int | str | None, chips: int | None, env: dict[str, str] | None) -> _Early | None:
     """The early server, if it is alive and what ``start`` asks for (any, with ``slices`` None)."""
     global _early
     with _early_lock:
@@ -144,8 +144,9 @@ def _take_early(slices: int | None, chips: int | None, env: dict[str, str] | Non
     return early
 
 
-def _serve_command(slices: int, chips: int) -> list[str]:
-    return [sys.executable, "-m", "pathways_kernel.server", "serve", "--slices", f"{slices}x{chips}"]
+def _serve_command(slices: int | str, chips: int) -> list[str]:
+    body = slices if isinstance(slices, str) else f"{slices}x{chips}"  # a spec: v5p:2x2x1*2,v6e:2x2
+    return [sys.executable, "-m", "pathways_kernel.server", "serve", "--slices", body]
 
 
 def _spawn(command: list[str], env: dict[str, str] | None) -> subprocess.Popen[str]:
@@ -160,8 +161,8 @@ def _spawn(command: list[str], env: dict[str, str] | None) -> subprocess.Popen[s
 
 
 def start(
-    slices: int,
-    chips: int,
+    slices: int | str,
+    chips: int = 0,
     *,
     socket_path: str | None = None,
     host: str | None = None,
@@ -170,7 +171,8 @@ def start(
     env: dict[str, str] | None = None,
     metrics_port: int | None = None,
 ) -> LocalServer:
-    """Starts ``pathways-local serve`` for ``slices`` x ``chips`` and waits for its first line.
+    """Starts ``pathways-local serve`` for ``slices`` x ``chips`` (or the slices ``slices`` names,
+    ``"v5p:2x2x1*2,v6e:2x2"``: ``core/tpu_kinds.py``) and waits for its first line.
 
     Without ``host`` it listens on a Unix socket (``socket_path``, or one in a new 0700
     directory). With ``metrics_port`` (0: a free one) it also serves libtpu's runtime metrics

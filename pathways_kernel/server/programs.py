@@ -189,6 +189,7 @@ def compile_program(request: Proto, topology: Topology) -> LoadedProgram:
     ids, replicas, _ = device_assignment(options_proto)
     for device in ids:
         topology.check_device(device)
+    topology.check_one_kind(ids)
     try:
         text, shapes, dtypes = _module_and_outputs(request.program.data)
     except ServerError:

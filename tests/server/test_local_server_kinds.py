@@ -1,0 +1,105 @@
+"""Slices of different TPU generations and shapes on one local Pathways server
+(``pathways-local serve --slices v5p:2x2x1*2,v6e:2x2``), seen through JAX's own proxy
+client: each device says the kind of chip it is and where it sits in its slice; a
+program runs on one kind's slices, one spanning two kinds is refused in one line, and
+weights move between the kinds on the server (a weight sync from a v5p trainer to a v6e
+rollout, with pathwaysutils' side channel).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import proxy_clients
+import pytest
+
+from pathways_kernel.server import launch
+
+HERE = __file__
+SPEC = "v5p:2x2x1*2,v6e:2x2"
+
+
+@pytest.fixture(scope="module")
+def server():
+    started = launch.start(SPEC)
+    yield started
+    started.stop()
+
+
+def client_kinds(target: str) -> dict:
+    import jax
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+    from pathwaysutils.experimental import reshard as experimental_reshard
+
+    from pathways_kernel.server import control
+
+    devices = jax.devices()
+    result: dict = {
+        "devices": [[d.id, d.device_kind, d.slice_index, list(d.coords)] for d in devices],
+        "status": {k: v for k, v in control.status(target).items() if k in ("slices", "kinds", "spec")},
+    }
+    v5p = Mesh(np.array(devices[:8]).reshape(2, 4), ("data", "model"))  # both v5p slices
+    v6e = Mesh(np.array(devices[8:]).reshape(1, 4), ("data", "model"))
+    value = np.arange(64 * 32, dtype=np.float32).reshape(64, 32)
+    x = jax.device_put(value, NamedSharding(v5p, P("data", "model")))
+    result["v5p_step"] = float(jax.jit(lambda a: (a * 2).sum())(x)) == float((value * 2).sum())
+    spanning = Mesh(np.array(devices[4:12]).reshape(2, 4), ("data", "model"))  # a v5p slice and the v6e one
+    try:
+        y = jax.device_put(value, NamedSharding(spanning, P("data", "model")))
+        float(jax.jit(lambda a: (a + 1).sum())(y))
+        result["spanning"] = "ran"
+    except jax.errors.JaxRuntimeError as error:
+        result["spanning"] = str(error).splitlines()[0]
+    before = control.status(target)["counts"]
+    synced = experimental_reshard.sidechannel_reshard_with_intermediate_sharding(
+        x, x.sharding, NamedSharding(v6e, P(None, "model"))
+    )
+    jax.block_until_ready(synced)
+    after = control.status(target)["counts"]
+    result["sync_bytes"] = [
+        after.get(k, 0) - before.get(k, 0) for k in ("host_bytes_from_client", "host_bytes_to_client")
+    ]
+    result["sync_devices"] = sorted(d.id for d in synced.sharding.device_set)
+    result["sync_equal"] = bool(np.array_equal(np.asarray(synced), value))
+    return result
+
+
+def test_slices_of_two_generations_report_their_chips_and_run_programs_per_kind(server):
+    got = proxy_clients.run_client(HERE, server.target, server.target)
+
+    kinds = [d[1] for d in got["devices"]]
+    assert kinds == ["TPU v5p"] * 8 + ["TPU v6 lite"] * 4, got["devices"]
+    assert [d[2] for d in got["devices"]] == [0] * 4 + [1] * 4 + [2] * 4
+    # a v5p slice of 2x2x1 and a v6e slice of 2x2: each chip's (x, y, z) in its grid
+    assert [d[3] for d in got["devices"][4:8]] == [[0, 0, 0], [1, 0, 0], [0, 1, 0], [1, 1, 0]]
+    assert [d[3] for d in got["devices"][8:]] == [[0, 0, 0], [1, 0, 0], [0, 1, 0], [1, 1, 0]]
+    assert got["status"] == {"slices": 3, "kinds": ["TPU v5p"] * 2 + ["TPU v6 lite"], "spec": SPEC}
+    assert got["v5p_step"] is True
+    assert "cannot span two kinds of chip (TPU v5p on slice 1, TPU v6 lite on slice 2)" in got["spanning"], got
+    assert got["sync_equal"] is True and got["sync_devices"] == [8, 9, 10, 11], got
+    assert got["sync_bytes"] == [0, 0], got
+
+
+def test_a_bad_slices_spec_is_one_line():
+    out = subprocess.run(
+        [sys.executable, "-m", "pathways_kernel.server", "serve", "--slices", "v5p:2x2,v6e:2x2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        "pathways-local serve: argument --slices: bad slices 'v5p:2x2,v6e:2x2': a v5p slice is a 3D grid AxBxC, "
+        "got 2x2 (see pathways-local serve --help)"
+    ], out.stderr
+
+
+if __name__ == "__main__":
+    import pathwaysutils
+
+    pathwaysutils.initialize()
+    print(json.dumps(client_kinds(sys.argv[1])), flush=True)
