@@ -90,6 +90,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
 const DASHBOARD_PLUGIN_ID = 'pathways-kernel:dashboard';
 const DASHBOARD_COMMAND = 'pathways:open-dashboard';
 const CHART_COMMAND = 'pathways:open-chart';
+/** Main-area width (CSS px) the dashboard wants; below it the left sidebar makes room. */
+const DASHBOARD_ROOM_PX = 900;
 
 /** "Pathways: Open Dashboard": a dockable main-area view of the active notebook's kernel, restored with the layout. */
 const dashboardPlugin: JupyterFrontEndPlugin<void> = {
@@ -163,7 +165,13 @@ const dashboardPlugin: JupyterFrontEndPlugin<void> = {
           dashboard.follow(asKernelView(labShell.currentWidget) ?? notebooks.currentWidget);
         }
         if (!widget.isAttached) {
-          app.shell.add(widget, 'main', { mode: 'split-right' });
+          // A tab of its own at the main area's full width (a split left each chart ~350 px at
+          // 1280x800); the file browser folds away when the charts would still be narrow.
+          app.shell.add(widget, 'main', { mode: 'tab-after' });
+          const main = document.getElementById('jp-main-dock-panel');
+          if (main && main.clientWidth < DASHBOARD_ROOM_PX && !labShell.leftCollapsed) {
+            labShell.collapseLeft();
+          }
         }
         app.shell.activateById(widget.id);
       }

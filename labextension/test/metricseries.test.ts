@@ -5,9 +5,15 @@ import { MetricSeries, ema } from '../src/model/metricseries';
 import { MetricPoint, MetricPointsMessage, MonitorEvent } from '../src/protocol/messages';
 
 let seq = 0;
-function point(run: string, step: number, value: number | null, name = 'loss'): MetricPoint {
+function point(
+  run: string,
+  step: number,
+  value: number | null,
+  name = 'loss',
+  cell: number | null = null
+): MetricPoint {
   seq++;
-  return { seq, run, step, time: 1000 + step, elapsed_s: step, name, value };
+  return { seq, run, step, time: 1000 + step, elapsed_s: step, name, value, cell };
 }
 function message(points: MetricPoint[], replay = false): MetricPointsMessage {
   return { v: 1, type: 'metric_points', replay, points };
@@ -34,13 +40,31 @@ test('runs overlay on the union of their steps, one column each', () => {
   m.add(message([point('a #1', 2, 1, 'acc')]));
   assert.deepEqual(m.names(), ['loss', 'acc']);
   assert.deepEqual(m.columns('loss', 0), {
-    labels: ['a #1', 'b #1'],
+    labels: ["run 'a' #1 · loss", "run 'b' #1 · loss"],
     data: [
       [0, 1, 2],
       [4, 2, null],
       [null, 8, 6]
     ]
   });
+});
+
+test('a run reads by its name, cell and metric; the run number only tells apart runs of one cell', () => {
+  const m = new MetricSeries();
+  m.add(
+    message([
+      point('params #1', 0, 4, 'loss', 4),
+      point('params #2', 0, 3, 'loss', 5),
+      point('sweep #1', 0, 2, 'loss', 6),
+      point('sweep #2', 0, 1, 'loss', 6)
+    ])
+  );
+  assert.deepEqual(m.columns('loss', 0).labels, [
+    "run 'params' (cell 4) · loss",
+    "run 'params' (cell 5) · loss",
+    "run 'sweep' (cell 6) #1 · loss",
+    "run 'sweep' (cell 6) #2 · loss"
+  ]);
 });
 
 test('a replay replaces what was held; live points already replayed are dropped', () => {

@@ -2,17 +2,22 @@
 
 ``session.connect`` switches backends; this module adds what a user of a
 remote cluster needs on top: ``reconnect()`` after the proxy went away,
-``connect_shared_service()`` for a shared Pathways service, and the notice
+``connect_shared_service()`` for a shared Pathways service, the notice
 that tells the user, after a ``disconnect`` event, what is gone and what to
-do next.
+do next, and the one line for an error of a connection that is gone
+(``error_line``). Both name one command, ``%pathways reconnect``: the
+snapshot store outlives the connection (``sessions.HostState``), and healing
+puts what it holds back on the new server.
 """
 
 from __future__ import annotations
 
 from pathways_kernel import backends
+from pathways_kernel.backends import local_server
+from pathways_kernel.backends.local_server import RECONNECT, LocalServerBackend
 from pathways_kernel.backends.proxy import ProxyBackend, clear_jax
 from pathways_kernel.backends.shared_service import ServiceRequest, SharedServiceBackend
-from pathways_kernel.core import sessions
+from pathways_kernel.core import lost_clients, sessions
 from pathways_kernel.core.errors import BackendError
 from pathways_kernel.core.eventlog import EventLog, format_bytes
 from pathways_kernel.core.sessions import Session, install, live_array_summary, session
@@ -124,11 +129,55 @@ class ConnectionNotice:
                 if event.kind == "disconnect":
                     self.post(
                         f"Pathways connection lost ({event.detail}). Device arrays and compiled functions of that "
-                        "connection are gone. Run `%pathways reconnect` (pw.reconnect()), then rebuild the mesh and "
-                        "restore state from a snapshot or checkpoint."
+                        f"connection are gone. {RECONNECT} for a new connection: variables with a snapshot come back on it"
                     )
         text, self.pending = self.pending, None
         return text
 
 
 NOTICE = ConnectionNotice()
+
+#: What JAX's proxy client says once its server is gone (its words depend on where the death fell).
+_GONE_WORDS = (
+    "Connection to IFRT proxy server was terminated",
+    "GrpcClientSession: writes no longer allowed",
+    "RpcHelper::Finish() already called",
+)
+#: Seconds the client's error may come before the server's exit is seen.
+_EXIT_SEEN_S = 2.0
+
+
+def error_line(error: BaseException) -> str | None:
+    """The one line for a JAX error whose own message does not say what to do, else None.
+
+    An error of a connection that is gone says why it went (the local server's pid, how it
+    ended, its last words) and the one command that recovers; once said, the notice of that
+    disconnect is not said again. Others: ``local_server.error_line``.
+    """
+    text = str(error)
+    if not any(words in text for words in _GONE_WORDS):
+        return local_server.error_line(error)
+    name = type(error).__name__
+    current = sessions.current()
+    backend = current.backend if current is not None else None
+    if isinstance(backend, LocalServerBackend):
+        message = backend.gone_message()
+        older = lost_clients.last_reason()
+        if message is None and older is not None:
+            # This server serves: the work used arrays or functions of one that is gone.
+            return (
+                f"{name}: this work used arrays of a Pathways server that is gone ({older}): their data is lost. "
+                "Variables with a snapshot were restored on the new server; recompute or reload the others"
+            )
+        if message is None:
+            message = backend.gone_message(_EXIT_SEEN_S)
+        if message is not None:
+            NOTICE.take()  # said here: not again under the next cell
+            return f"{name}: {message}"
+    if isinstance(backend, ProxyBackend):
+        said = " ".join(text.split())[:300]
+        return (
+            f"{name}: the Pathways connection ({backend.address.url}) is gone ({said}): its arrays and compiled "
+            f"functions are lost. {RECONNECT} for a new connection: variables with a snapshot come back on it"
+        )
+    return None

@@ -36,17 +36,18 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import signal
 import subprocess
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar
 
 from pathways_kernel.backends import preflight as preflight_lib
 from pathways_kernel.backends.proxy import ProxyBackend, device_slice
-from pathways_kernel.core import jaxcompat
+from pathways_kernel.core import jaxcompat, lost_clients
 from pathways_kernel.core.errors import BackendError
 from pathways_kernel.core.threads import ExitStop
 from pathways_kernel.emulator.faults import InjectedFaults
@@ -54,6 +55,10 @@ from pathways_kernel.emulator.faults import InjectedFaults
 SPEC_PREFIX = "local"
 #: Seconds a status call to the server may take when sampling memory.
 _STATUS_TIMEOUT_S = 2.0
+#: The one command that recovers from a dead server, wherever its death is told.
+RECONNECT = "Run `%pathways reconnect` (pw.reconnect())"
+#: Seconds a dead server's last stderr lines may take to reach the kernel.
+_LAST_WORDS_S = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +87,8 @@ class LocalServerBackend(InjectedFaults, ProxyBackend):
         # id -> array, for arrays the server dropped (jax arrays are not hashable).
         self._lost: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
         self._closing = False
+        self._gone: str | None = None  # why the server ended, once seen (``gone``)
+        self._gone_lock = threading.Lock()
         #: Set while the slices are bound to a Slurm job (``slurm_binding``): the job's id and time left.
         self.job_label: Callable[[], str] | None = None
         # The server is stopped at interpreter exit while it runs, if its session was not closed.
@@ -155,6 +162,7 @@ class LocalServerBackend(InjectedFaults, ProxyBackend):
         ).start()
 
     def close(self) -> None:
+        self.gone()  # a server that died before its session closed: its arrays are lost for that reason
         self._closing = True
         try:
             super().close()
@@ -170,31 +178,52 @@ class LocalServerBackend(InjectedFaults, ProxyBackend):
 
     def _watch(self, server: Any) -> None:
         """Report the server's death (one ``disconnect`` event), unless the session stopped it."""
-        code = server.process.wait()
-        if self._closing or self.events is None:
-            return
-        self.events.emit("disconnect", detail=f"{server.target}: {_died(server.pid, code)}")
+        server.process.wait()
+        self.gone(None)
+
+    def gone(self, wait_s: float | None = 0.0) -> str | None:
+        """Why the server is gone (its pid, how it ended, its last words), or None while it serves.
+
+        Waits up to ``wait_s`` seconds (``None``: until it ends) for it to end. The first caller
+        to see it gone reports it, once: a ``disconnect`` event (the monitor's timeline, the
+        notice under the next cell), and every array of its client lost (``lost_clients``).
+        """
+        server = self.server
+        if server is None:
+            return None
+        try:
+            code = server.process.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            return None
+        with self._gone_lock:
+            if self._gone is None:
+                _settle(server.stderr_lines)
+                self._gone = _died(server.pid, code, server.stderr_lines)
+                if self.client is not None:
+                    lost_clients.mark_lost(self.client, self._gone)
+                if not self._closing and self.events is not None:
+                    self.events.emit("disconnect", detail=f"{server.target}: {self._gone}")
+            return self._gone
 
     def _on_disconnect(self, status: Any) -> None:
         # The client reports a dead server too; the watcher says it better (pid, signal), once.
-        server = self.server
-        if server is not None:
-            try:
-                server.process.wait(1.0)
-                return
-            except subprocess.TimeoutExpired:
-                pass
-        super()._on_disconnect(status)
+        if self.gone(1.0) is None:
+            super()._on_disconnect(status)
+
+    def gone_message(self, wait_s: float = 0.0) -> str | None:
+        """The one line for work that met the dead server (``None`` while it serves)."""
+        why = self.gone(wait_s)
+        if why is None:
+            return None
+        return (
+            f"the local Pathways server ({self.spec}) is gone: {why}; its arrays and compiled functions are lost. "
+            f"{RECONNECT} for a new server: variables with a snapshot come back on it"
+        )
 
     def check(self) -> None:
         """Raise ``BackendError`` in one line once the server is gone."""
-        server = self.server
-        if server is not None and not server.alive():
-            raise BackendError(
-                f"the local Pathways server ({self.spec}) is gone: {_died(server.pid, server.process.returncode)}; "
-                f"its arrays and compiled functions are lost. Run `%pathways connect {self.spec} --force` "
-                f"(pw.connect('{self.spec}', force=True)) for a new server"
-            )
+        if (message := self.gone_message()) is not None:
+            raise BackendError(message)
 
     # -- devices --------------------------------------------------------------
     def devices(self) -> Sequence[Any]:
@@ -287,7 +316,23 @@ def error_line(error: BaseException) -> str | None:
     return None
 
 
-def _died(pid: int, code: int | None) -> str:
+def _settle(lines: Sequence[str]) -> None:
+    """Wait, at most ``_LAST_WORDS_S``, for a dead server's last stderr lines: they reach
+    ``lines`` (its stderr pump) a moment after its exit; done once none came for 0.1 s."""
+    deadline = time.monotonic() + _LAST_WORDS_S
+
+    def last() -> tuple[int, str | None]:
+        return len(lines), lines[-1] if lines else None
+
+    seen: tuple[int, str | None] | None = None
+    while last() != seen and time.monotonic() < deadline:
+        seen = last()
+        time.sleep(0.1)
+
+
+def _died(pid: int, code: int | None, stderr: Iterable[str] = ()) -> str:
+    """How the server ended, with its last words when it ended itself (an abort, an exit)."""
+    by_itself = code is None or code >= 0 or -code not in _KILLED_FROM_OUTSIDE
     if code is not None and code < 0:
         try:
             how = f"killed by {signal.Signals(-code).name}"
@@ -295,7 +340,22 @@ def _died(pid: int, code: int | None) -> str:
             how = f"killed by signal {-code}"
     else:
         how = f"exited with status {code}"
-    return f"server pid {pid} {how}"
+    said = _last_words(stderr) if by_itself else ""
+    return f"server pid {pid} {how}" + (f": {said}" if said else "")
+
+
+#: Signals another process sends (kill -9, the out-of-memory killer, a stop): the signal is the reason.
+_KILLED_FROM_OUTSIDE = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+#: A glog line of severity FATAL or ERROR (``F1204 12:00:00.000000  123 rendezvous.cc:161] ...``).
+_GLOG_ERROR = re.compile(r"^[FE]\d{4} ")
+
+
+def _last_words(stderr: Iterable[str]) -> str:
+    """The server's last line that says why it ended: its last fatal/error log line, else its last line."""
+    said = [line.strip() for line in stderr if line.strip()]
+    why = [line for line in said if _GLOG_ERROR.match(line) or "Check failed" in line]
+    line = (why or said or [""])[-1]
+    return line if len(line) <= 300 else line[:297] + "..."
 
 
 def _stop_at_exit(backend: LocalServerBackend) -> None:

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from pathways_kernel.backends import preflight as preflight_lib
-from pathways_kernel.core import jaxcompat
+from pathways_kernel.core import jaxcompat, lost_clients
 from pathways_kernel.core.backend import Backend, Placement
 from pathways_kernel.core.errors import BackendError, SpecError
 from pathways_kernel.emulator.local import grid_shape
@@ -78,6 +78,8 @@ class ProxyBackend(Backend):
         self.insecure = insecure_from_env() if insecure is None else bool(insecure)
         self.report: preflight_lib.Report | None = None
         self._previous: tuple[Any, Any, str | None] | None = None
+        #: JAX's client for this backend while it is active: its arrays are lost once it closes.
+        self.client: Any = None
 
     @classmethod
     def from_spec(cls, spec: str, timeout: float | None = None, insecure: bool | None = None) -> ProxyBackend:
@@ -117,7 +119,7 @@ class ProxyBackend(Backend):
         _register_factory(self)
         try:
             # Connect now, so a failure shows here and not in the user's next cell.
-            jax.devices()
+            self.client = jax.devices()[0].client
         except Exception as exc:  # the client raises RuntimeError/JaxRuntimeError
             self._restore()
             raise BackendError(
@@ -137,6 +139,10 @@ class ProxyBackend(Backend):
 
         platforms, target, insecure = self._previous
         self._previous = None
+        if self.client is not None:
+            # The client never reconnects: what it made is lost with this connection.
+            lost_clients.mark_lost(self.client, f"the connection to {self.address.url} was closed")
+            self.client = None
         clear_jax()
         jax.config.update("jax_platforms", platforms)
         jax.config.update("jax_backend_target", target)

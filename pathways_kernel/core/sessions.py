@@ -12,9 +12,9 @@ import dataclasses
 import html
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast, runtime_checkable
 
-from pathways_kernel.core import meshes, text
+from pathways_kernel.core import lost_clients, meshes, text
 from pathways_kernel.core.backend import Backend, reads_data_loss
 from pathways_kernel.core.display import TextDisplay
 from pathways_kernel.core.errors import BackendError, NotSupportedError, PathwaysError
@@ -48,6 +48,15 @@ def _backend(spec: str | None = None, **options: Any) -> Backend:
     if _from_spec is None or _default_spec is None:
         raise RuntimeError("no backend factory: import pathways_kernel, which sets it (sessions.use_backends)")
     return _from_spec(_default_spec() if spec is None else spec, **options)
+
+
+@runtime_checkable
+class HostState(Protocol):
+    """A component holding state in this process's host memory (the snapshot store): it
+    outlives its session, moving to the one that replaces it (a reconnect, a new server),
+    where healing puts what it holds back on the new devices."""
+
+    def moved_to(self, session: Session) -> None: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,6 +220,19 @@ class Session:
                 found = self._components[kind] = make(self)
             return cast(T, found)
 
+    def host_state(self) -> list[HostState]:
+        """The components that move to the session replacing this one (``HostState``)."""
+        with self._lock:
+            return [c for c in self._components.values() if isinstance(c, HostState)]
+
+    def adopt(self, state: Sequence[HostState]) -> None:
+        """Take over the host state of the session this one replaces."""
+        with self._lock:
+            for component in state:
+                self._components[type(component)] = component
+        for component in state:
+            component.moved_to(self)
+
     def on_close(self, closer: Callable[[], object]) -> None:
         self._closers.append(closer)
 
@@ -227,6 +249,9 @@ _current_lock = threading.RLock()
 # Process-wide because the process has one current session: who waits for a session to
 # start (a monitor view opened without a backend) subscribes here and unsubscribes itself.
 _start_listeners: list[Callable[[Session], None]] = []
+# Host state of a closed session, waiting for the next one to start (a connect that failed
+# after closing the old session must not drop the snapshots it held).
+_host_state: list[HostState] = []
 
 
 def on_start(listener: Callable[[Session], None]) -> Callable[[], None]:
@@ -266,6 +291,10 @@ def _start(backend: Backend) -> Session:
     backend.events = events
     backend.activate()
     s = Session(backend, events)
+    with _current_lock:
+        carried = list(_host_state)
+        _host_state.clear()
+    s.adopt(carried)
     events.emit("connect", detail=f"{backend.spec} ({backend.target})")
     with _current_lock:
         listeners = list(_start_listeners)
@@ -275,13 +304,16 @@ def _start(backend: Backend) -> Session:
 
 
 def is_lost(array: Any, wait: bool = True) -> bool:
-    """Whether reading ``array`` raises ``DATA_LOSS`` (it had a shard on a lost slice).
+    """Whether ``array``'s data is lost: it had a shard on a lost slice, or its server is gone.
 
-    Asked of the session's backend (a local server knows which arrays it
+    An array of a client whose server died or was replaced is lost without a
+    call into that client (``lost_clients``). Otherwise asked of the session's backend (a local server knows which arrays it
     lost); without a session, of the runtime. With ``wait`` (the default), a
     pending computation is waited for: its result may be lost too; without,
     a pending array counts as not lost. Never starts a session.
     """
+    if lost_clients.why_lost(array) is not None:
+        return True  # its server is gone: never asked (its client's calls may wait long)
     s = _current
     return s.backend.is_lost(array, wait) if s is not None else reads_data_loss(array, wait)
 
@@ -343,6 +375,7 @@ def install(backend: Backend, force: bool = False) -> Session:
                     f"(or pw.connect('{spec}', force=True)), or restart the kernel"
                 )
         if old is not None:
+            _host_state.extend(old.host_state())
             old.close()
             _current = None
         try:

@@ -246,14 +246,14 @@ def _show_one_line(
 
 def _show_error_lines(shell: InteractiveShell) -> Callable[[], None]:
     """Show the local server's JAX errors whose own message does not say what to do as one
-    red line (``local_server.error_line``: a host callback, every slice down), wherever IPython
+    red line (``connection.error_line``: a server gone, a host callback, every slice down), wherever IPython
     shows them: a cell's error, and a result whose display raised (the proxy client's dispatch
     is asynchronous, so a loss often surfaces in the result's repr)."""
     show = shell._showtraceback
     own = "_showtraceback" in vars(shell)  # wrapped already on this shell (by someone else)
 
     def showtraceback(etype: type[BaseException], value: BaseException, stb: list[str]) -> object:
-        from pathways_kernel.backends.local_server import error_line
+        from pathways_kernel.backends.connection import error_line
 
         line = None if isinstance(value, PathwaysError) else error_line(value)
         return show(etype, value, stb if line is None else [f"\x1b[0;31m{line}\x1b[0m"])

@@ -60,7 +60,7 @@ CLOSE_REASONS = ("stale", "evicted", "shutdown")
 PING_INTERVAL_S = 15
 STALE_AFTER_S = 60
 #: Fields of one training metric point (``metric_points``), as ``metric_log.Point`` names them.
-METRIC_POINT_FIELDS = ("seq", "run", "step", "time", "elapsed_s", "name", "value")
+METRIC_POINT_FIELDS = ("seq", "run", "step", "time", "elapsed_s", "name", "value", "cell")
 #: Newest metric points a new subscription catches up with (the rest are in ``pw.metrics()``).
 MAX_REPLAY_POINTS = 20_000
 #: Most chips one ``chip_history`` request may ask for (300 points x 2 bytes each: 2.4 MB at most).
@@ -341,6 +341,7 @@ def encode_metric_points(points: Sequence[Any], replay: bool) -> Message:
         # whole encoding, and a new dashboard waits for the 20,000-point catch-up.
         f = point if isinstance(point, dict) else point.__dict__
         value = float(f["value"])
+        cell = f.get("cell")
         rows.append(
             {
                 "seq": int(f["seq"]),
@@ -350,6 +351,8 @@ def encode_metric_points(points: Sequence[Any], replay: bool) -> Message:
                 "elapsed_s": float(f["elapsed_s"]),
                 "name": str(f["name"]),
                 "value": value if math.isfinite(value) else None,
+                # The cell the run started in, so views name it "run 'train' (cell 4)".
+                "cell": int(cell) if cell is not None else None,
             }
         )
     return {"v": VERSION, "type": "metric_points", "replay": bool(replay), "points": rows}, []

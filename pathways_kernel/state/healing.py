@@ -23,6 +23,12 @@ one is back restores them; an interrupted pass (Jupyter's interrupt during
 a long restore) says what is still lost, and the next cell's check goes on.
 Each variable is either still lost or rebound to its restored value, never
 in between, so ``pw.is_lost`` tells the truth throughout.
+
+A new server (``%pathways reconnect`` after the old one died, ``connect
+--force``) is healed onto as a repaired slice is: the snapshot store moves to
+the new session, every array of the old server is lost
+(``core/lost_clients.py``), and the first check in the new session restores
+the variables that hold one.
 """
 
 from __future__ import annotations
@@ -74,6 +80,9 @@ class HealingReport(TextDisplay):
         return bool(self.waiting) or self.interrupted is not None
 
     def header(self) -> str:
+        if not self.lost_slices:  # a new server: what the old one held is lost
+            lost = "the previous Pathways server's arrays are lost"
+            return f"{lost}: variables with data on it were healed" if self.restored else lost
         lost = ("slices " if len(self.lost_slices) > 1 else "slice ") + ", ".join(map(str, self.lost_slices))
         return f"{lost} lost: variables with data on it were healed" if self.restored else f"{lost} lost"
 
@@ -229,6 +238,8 @@ class Healer:
         self._seen = self._log.last(1)[0].seq if self._log is not None and len(self._log) else 0
         # Slices lost whose healing is not done yet (it waits for a slice, or was interrupted).
         self._due: set[int] = set()
+        # The session was replaced since the last check: variables may hold the old one's arrays.
+        self._replaced = False
         # Unusable variables already reported, with the arrays they held then:
         # one that is still lost is not announced again at the next loss. Weak
         # references, not ids: a new array may get a dead one's id.
@@ -253,6 +264,9 @@ class Healer:
         if running is None:
             return None
         if running.events is not self._log:
+            # A new session (a reconnect, a new server): arrays of the old one held in
+            # variables are lost (``sessions.is_lost``), and its snapshots came along.
+            self._replaced = self._log is not None
             self._log, self._seen, self._due = running.events, 0, set()
         new = self._log.since(self._seen)
         if new:
@@ -260,8 +274,9 @@ class Healer:
         lost = {
             i for e in new if e.kind == "slice_down" for i in set(e.slices_before or ()) - set(e.slices_after or ())
         }
-        if not lost and not self._due:
+        if not lost and not self._due and not self._replaced:
             return None
+        self._replaced = False
         self._due |= lost
         if not lost and not self._slice_up():
             return None  # still waiting for a slice; the block said so already

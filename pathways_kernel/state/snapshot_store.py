@@ -31,7 +31,9 @@ DEFAULT_KEEP = 2
 
 class SnapshotStore:
     """The session's snapshots: last ``keep`` completed per name, at most
-    ``max_bytes`` in all (oldest dropped first; ``None`` = no total bound)."""
+    ``max_bytes`` in all (oldest dropped first; ``None`` = no total bound).
+
+    A session that replaces this one (a reconnect, a new server) takes the store over."""
 
     def __init__(self, events: EventLog | None = None, keep: int = DEFAULT_KEEP, max_bytes: int | None = None):
         self.events = events
@@ -41,6 +43,11 @@ class SnapshotStore:
         self._origins: dict[str, Origin] = {}
         self.keep = keep
         self.max_bytes = max_bytes
+
+    def moved_to(self, session: Session) -> None:
+        """Go on in the session replacing this one's (``sessions.HostState``): the snapshots are
+        host memory, and outlive the server whose arrays they copied."""
+        self.events = session.events
 
     def configure(self, keep: int | None = None, max_bytes: int | None | str = "unchanged") -> None:
         if keep is not None:

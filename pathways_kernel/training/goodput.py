@@ -528,7 +528,9 @@ def _cell_number() -> int | None:
         return None
     shell = ipython.get_ipython()
     count = getattr(shell, "execution_count", None)
-    return count if isinstance(count, int) else None
+    # IPython counts the cell before running it: In [n] runs with execution_count n + 1
+    # (ipykernel's execute reply says ``shell.execution_count - 1`` for the same reason).
+    return count - 1 if isinstance(count, int) else None
 
 
 def _is_ready(tree: Any) -> bool:

@@ -15,7 +15,7 @@ summary) waits for the rest.
 
 Points go to the session's ``MetricLog`` (the newest ``MAX_POINTS``) and, as
 batches, to its listeners: the TensorBoard writer, and the monitor (each
-point's ``to_dict()``: run, step, time, elapsed_s, name, value).
+point's ``to_dict()``: run, step, time, elapsed_s, name, value, cell).
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ class Point:
     elapsed_s: float  # since the run started
     name: str
     value: float
+    cell: int | None = None  # the notebook cell (``In [n]``) the run started in, if any
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -185,7 +186,18 @@ class MetricLog:
                 if value is not None:
                     self._seq += 1  # only readers (under _reading) number points
                     accounts.append(item.account)
-                    points.append(Point(self._seq, item.run, item.step, item.time, item.elapsed_s, item.name, value))
+                    points.append(
+                        Point(
+                            self._seq,
+                            item.run,
+                            item.step,
+                            item.time,
+                            item.elapsed_s,
+                            item.name,
+                            value,
+                            getattr(item.account, "cell", None),
+                        )
+                    )
             with self._lock:
                 self._points.extend(points)
                 for point, account in zip(points, accounts, strict=True):

@@ -7,6 +7,7 @@ and the notebook itself loses slice 1 partway through.
 from __future__ import annotations
 
 import contextlib
+import re
 
 import lab as labtools
 import pytest
@@ -380,7 +381,7 @@ def test_the_loss_curve_grows_while_an_elastic_cell_runs_and_marks_the_recovery(
         for kind in ("slice_down", "reshard"):
             assert tab.locator(f".jp-PathwaysDashboard-marker[data-kind='{kind}']:not([hidden])").count() >= 1, kind
         legend = page.locator(f"{LOSS_CHART} .u-legend").inner_text()
-        assert "#1" in legend and "#2" in legend, legend
+        assert len(re.findall(r"run 'w' \(cell \d+\) · loss", legend)) == 2, legend
         wait_for_light_axis(page, LOSS_CHART)
         page.screenshot(path=str(ARTIFACTS / "dashboard-loss-1024-dark.png"))
 

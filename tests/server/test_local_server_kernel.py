@@ -3,7 +3,7 @@
 The kernel starts ``pathways-local`` as a child and reaches it through JAX's own
 proxy client (``JAX_PLATFORMS=proxy``, pathwaysutils), as a GKE user reaches
 Pathways; slices are lost in the server process. What a user sees is checked:
-devices, a sharded step, DATA_LOSS, healing, an elastic run, a killed server.
+devices, a sharded step, DATA_LOSS, healing, an elastic run (a killed server: test_server_death.py).
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import time
 
 import pytest
 from kernels import Kernel
@@ -148,73 +147,6 @@ def test_an_elastic_run_survives_a_slice_lost_in_the_server(server_kernel):
         assert check.text.strip() == "30.0 30.0 4", check.text + check.error
     finally:
         server_kernel.run("%pathways repair 1")
-
-
-def test_a_server_killed_mid_step_is_one_line_and_connect_force_starts_a_new_one(fresh_kernel):
-    # From the embedded backend, with last wave's --server (it means what local:2x4 does by itself).
-    reply = fresh_kernel.run("%pathways connect local:2x4 --server", timeout=240)
-    assert reply.status == "ok", reply.error
-    first = server_pid(fresh_kernel)
-    loop = (
-        "import jax, jax.numpy as jnp, numpy as np\n"
-        "x = jax.device_put(np.ones((64, 64), np.float32), jax.sharding.NamedSharding(pw.mesh(), jax.sharding.PartitionSpec('data')))\n"
-        "step = jax.jit(lambda a: jnp.tanh(a @ a.T) / 64)\n"
-        "for i in range(100000):\n"
-        "    x = step(x)\n"
-        "    if i == 20:\n"
-        "        print('stepping', flush=True)\n"
-        "    float(x[0, 0])\n"
-    )
-    fresh_kernel.kc.execute(loop)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        msg = fresh_kernel.iopub(1.0)
-        if msg and msg["msg_type"] == "stream" and "stepping" in msg["content"]["text"]:
-            break
-    else:
-        pytest.fail("the step loop never started")
-    os.kill(first, signal.SIGKILL)
-    assert wait_until(lambda: not alive(first))
-    # The cell that was stepping ends with the client's error; the kernel lives on.
-    assert fresh_kernel.kc.get_shell_msg(timeout=120)["content"]["status"] == "error"
-    seen: list[str] = []
-
-    def reported(count: int) -> bool:
-        reply = fresh_kernel.run("print(len(pw.events(kind='disconnect')))")
-        seen.append(reply.error)
-        return reply.text.strip() == str(count)
-
-    # The notice comes before the first cell after the death is known, in one line.
-    assert wait_until(lambda: reported(1), 60)
-    seen.append(fresh_kernel.run("print('next')").error)
-    notice = [line for text in seen for line in text.splitlines() if line.strip()]
-    assert len(notice) == 1 and f"server pid {first} killed by SIGKILL" in notice[0], seen
-    status = fresh_kernel.run("%pathways status")
-    lines = [line for line in status.error.splitlines() if line.strip()]
-    assert len(lines) == 1 and "the local Pathways server (local:2x4) is gone" in lines[0], status.error
-    assert "pw.connect('local:2x4', force=True)" in lines[0]
-    events = fresh_kernel.run("print(pw.events(kind='disconnect')[-1].detail)").text
-    assert f"server pid {first} killed by SIGKILL" in events
-    again = fresh_kernel.run("%pathways connect local:2x4 --force", timeout=240)
-    assert again.status == "ok", again.error
-    second = server_pid(fresh_kernel)
-    assert second != first and alive(second)
-    works = fresh_kernel.run("print(float(jnp.ones((8, 8)).sum()), [d.slice_index for d in jax.devices()])")
-    assert works.text.strip() == "64.0 [0, 0, 0, 0, 1, 1, 1, 1]", works.text + works.error
-    # What the notice says to do works too: `%pathways reconnect` starts a new server.
-    os.kill(second, signal.SIGKILL)
-    seen.clear()
-    # The session the connect started has its own log: the first server's death is not in it.
-    assert wait_until(lambda: reported(1), 60)
-    seen.append(fresh_kernel.run("print('next')").error)
-    assert "Run `%pathways reconnect`" in "".join(seen), seen
-    assert fresh_kernel.run("%pathways reconnect", timeout=240).status == "ok"
-    second = server_pid(fresh_kernel)
-    works = fresh_kernel.run("print(float(jnp.ones((8, 8)).sum()))")
-    assert works.text.strip() == "64.0", works.text + works.error
-    # Back to the embedded backend: the server goes with the session that started it.
-    assert fresh_kernel.run("%pathways connect embedded:2x4 --force").status == "ok"
-    assert wait_until(lambda: not alive(second), 30)
 
 
 def test_server_specs_and_a_server_for_a_remote_spec_is_one_line():

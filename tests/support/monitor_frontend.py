@@ -292,6 +292,7 @@ def decode_metric_points(data: dict[str, Any], buffers: Sequence[Any]) -> dict[s
             "elapsed_s": _number(o, "elapsed_s"),
             "name": _str(o, "name"),
             "value": None if _nullable(o, "value") is None else _number(o, "value"),
+            "cell": None if _nullable(o, "cell") is None else _int(o, "cell"),
         }
         for o in _list_of_dicts(data, "points")
     ]

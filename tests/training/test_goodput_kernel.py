@@ -140,10 +140,10 @@ def test_goodput_over_time_is_a_stacked_chart_under_the_cell_and_bad_windows_are
 for step in pw.steps(range(40), name="charted"):
     jnp.tanh(w @ w).block_until_ready()
     time.sleep(0.2 if step == 30 else 0.01)
-print(get_ipython().execution_count)
 """)
     assert reply.status == "ok", reply.error
-    cell = int(reply.text.strip().splitlines()[-1])
+    # The cell's number as the notebook shows it (In [n]), from the kernel's execute_input.
+    cell = next(m["content"]["execution_count"] for m in reply.messages if m["header"]["msg_type"] == "execute_input")
 
     shown = kernel.run("%pathways goodput --over-time --intervals 6")
     assert shown.status == "ok", shown.error

@@ -51,12 +51,18 @@ export interface ChartOptions {
   axis: string;
   /** Readout and axis text for a value. */
   format: (value: number) => string;
+  /** Axis text for a value, when it reads shorter than the readout's. */
+  tick?: (value: number) => string;
   /** Fixed value range; otherwise from 0 to the largest value shown. */
   range?: [number, number];
   /** Draw the last series dashed (a capacity line). */
   lastDashed?: boolean;
   /** Scale the value axis to every series but the last (a capacity line, drawn only when in range). */
   rangeOmitsLast?: boolean;
+  /** The top of the value axis while nothing is drawn yet (default 1), so its ticks read as the unit does. */
+  emptyTop?: number;
+  /** Tick spacings the value axis may use (uPlot's default: decimal); bytes tick in powers of two. */
+  incrs?: number[];
 }
 
 /** Pixels within which the readout names the event under the cursor. */
@@ -140,17 +146,19 @@ export class TimeChart extends PlotChart {
             o.range ??
             ((u, _min, max) => {
               const top = o.rangeOmitsLast ? largest(u.data.slice(1, -1)) : max;
-              return [0, top > 0 ? top * 1.1 : 1];
+              return [0, top > 0 ? top * 1.1 : (o.emptyTop ?? 1)];
             })
         }
       },
       axes: [
-        axis,
+        // Clock time of day, not uPlot's dates ("12/4/26 8:43pm"): the window is minutes long.
+        { ...axis, space: 80, values: (_u, splits) => clockTicks(splits) },
         {
           ...axis,
           label: o.axis,
-          size: 64,
-          values: (_u, splits) => splits.map(v => o.format(v))
+          size: 72,
+          incrs: o.incrs,
+          values: (_u, splits) => splits.map(v => (o.tick ?? o.format)(v))
         }
       ],
       legend: { show: true, live: true },
@@ -231,6 +239,19 @@ export class TimeChart extends PlotChart {
       : '';
   }
 }
+
+/** Time-axis ticks as clock time: "20:43" when every tick is on a whole minute, else "20:43:10". */
+export function clockTicks(splits: readonly number[]): string[] {
+  const parts = splits.map(v => {
+    const d = new Date(v * 1000);
+    return [d.getHours(), d.getMinutes(), d.getSeconds()].map(n => String(n).padStart(2, '0'));
+  });
+  const minutes = parts.every(p => p[2] === '00');
+  return parts.map(p => (minutes ? p.slice(0, 2) : p).join(':'));
+}
+
+/** Byte ticks on a chart axis: powers of two, read without a needless ".0" ("256 MiB", "1 GiB"). */
+export const BYTE_INCRS = Array.from({ length: 51 }, (_, k) => 2 ** k);
 
 /** The largest value in `columns` (nulls skipped), or 0. */
 function largest(columns: readonly ArrayLike<number | null | undefined>[]): number {

@@ -13,7 +13,7 @@
  */
 import { Widget } from '@lumino/widgets';
 
-import { TimeChart, TimeWindow } from './charts';
+import { BYTE_INCRS, TimeChart, TimeWindow } from './charts';
 import { CHART_HEIGHT } from './plotchart';
 import { ChartTab } from './charttab';
 import { CHIP_WINDOW_S, DashboardModel, SLICE_WINDOW_S, isEmulated } from '../model/dashboardmodel';
@@ -41,6 +41,15 @@ export const DASHBOARD_CHARTS = [
   { id: 'goodput', title: 'Goodput over time' },
   { id: 'goodput-step-time', title: 'Mean step time per interval' }
 ];
+
+/** The memory chart in bytes: ticks in powers of two, 0 to 1 GiB before any memory is reported. */
+const MEMORY_BYTES = {
+  axis: 'memory',
+  format: formatBytes,
+  tick: (v: number) => formatBytes(v).replace('.0 ', ' '),
+  incrs: BYTE_INCRS,
+  emptyTop: 2 ** 30
+};
 
 export class PathwaysDashboard extends Widget {
   readonly model = new MonitorModel();
@@ -179,8 +188,7 @@ export class PathwaysDashboard extends Widget {
       {
         title: 'Memory used vs capacity',
         description: 'bytes in use per slice and the slice capacity, last 15 minutes',
-        axis: 'memory',
-        format: formatBytes,
+        ...MEMORY_BYTES,
         lastDashed: true,
         rangeOmitsLast: true
       },
@@ -195,7 +203,7 @@ export class PathwaysDashboard extends Widget {
       this._memory.setOptions(
         this._memoryPercent
           ? { format: percent, range: [0, 100], axis: 'memory (% of capacity)', lastDashed: false }
-          : { format: formatBytes, range: undefined, axis: 'memory', lastDashed: true }
+          : { ...MEMORY_BYTES, range: undefined, lastDashed: true }
       );
       this._schedule();
     });

@@ -26,6 +26,9 @@ export interface StepMarker {
   event: MonitorEvent;
 }
 
+/** Tick spacings of the step axis: 1, 2, 5, 10, 20, 50, ... steps. */
+const STEP_INCRS = Array.from({ length: 24 }, (_, k) => [1, 2, 5][k % 3] * 10 ** Math.floor(k / 3));
+
 /** How an x value reads: "step 12", or "12.3 s" since the run started. */
 function xText(axis: XAxis, x: number): string {
   return axis === 'step' ? `step ${x}` : formatSeconds(x);
@@ -99,7 +102,12 @@ export class StepChart extends PlotChart {
         ],
         scales: { x: { time: false } },
         axes: [
-          { ...axis, label: xAxis === 'step' ? 'step' : 'seconds since the run started' },
+          {
+            ...axis,
+            label: xAxis === 'step' ? 'step' : 'seconds since the run started',
+            // Steps are whole: no "2.5" between step 2 and 3.
+            incrs: xAxis === 'step' ? STEP_INCRS : undefined
+          },
           { ...axis, label: this.name, size: 64, values: (_u, s) => s.map(v => format(v)) }
         ],
         legend: { show: true, live: true },

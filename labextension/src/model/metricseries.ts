@@ -12,6 +12,8 @@ export const MAX_RUN_POINTS = 20_000;
 export const DEFAULT_SMOOTHING = 0.6;
 
 interface RunSeries {
+  /** The notebook cell the run started in (null: outside a cell). */
+  cell: number | null;
   steps: number[];
   times: number[];
   elapsed: number[];
@@ -73,7 +75,7 @@ export class MetricSeries {
    */
   columns(name: string, weight: number, axis: XAxis = 'step'): StepColumns {
     const runs = this._byName.get(name) ?? new Map<string, RunSeries>();
-    const labels = [...runs.keys()];
+    const labels = [...runs.keys()].map(run => this.label(name, run));
     const xs = (r: RunSeries) => (axis === 'step' ? r.steps : r.elapsed);
     const x = [...new Set([...runs.values()].flatMap(xs))].sort((a, b) => a - b);
     const at = new Map(x.map((s, i) => [s, i]));
@@ -87,6 +89,22 @@ export class MetricSeries {
       data.push(column);
     }
     return { labels, data };
+  }
+
+  /**
+   * How a run's line of `name` reads in a legend: "run 'train' (cell 4) · loss",
+   * the kernel's run number added only when another run of that name started in the same cell.
+   */
+  label(name: string, run: string): string {
+    const runs = this._byName.get(name);
+    const cell = runs?.get(run)?.cell ?? null;
+    const { base, number } = splitRun(run);
+    const twins = [...(runs?.entries() ?? [])].filter(
+      ([key, r]) => splitRun(key).base === base && r.cell === cell
+    );
+    const where = cell === null ? '' : ` (cell ${cell})`;
+    const which = number && (cell === null || twins.length > 1) ? ` #${number}` : '';
+    return `run '${base}'${where}${which} · ${name}`;
   }
 
   /**
@@ -141,7 +159,7 @@ export class MetricSeries {
     }
     let run = runs.get(p.run);
     if (!run) {
-      run = { steps: [], times: [], elapsed: [], values: [] };
+      run = { cell: p.cell, steps: [], times: [], elapsed: [], values: [] };
       runs.set(p.run, run);
     }
     run.steps.push(p.step);
@@ -177,6 +195,12 @@ export function ema(values: readonly (number | null)[], weight: number): (number
     count++;
     return last / (1 - Math.pow(weight, count));
   });
+}
+
+/** The kernel's run key "train #2": its name and its number among the session's runs of that name. */
+function splitRun(run: string): { base: string; number: string } {
+  const m = /^(.*) #(\d+)$/.exec(run);
+  return m ? { base: m[1], number: m[2] } : { base: run, number: '' };
 }
 
 function lastAtOrBefore(sorted: readonly number[], x: number): number {

@@ -205,6 +205,8 @@ export interface MetricPoint {
   name: string;
   /** Null when not finite. */
   value: number | null;
+  /** The notebook cell (`In [n]`) the run started in; null outside a cell. */
+  cell: number | null;
 }
 
 /** Training metric points, oldest first; `replay`: the session's so far, replacing what was held. */
@@ -305,7 +307,8 @@ export function decodeMessage(data: unknown, buffers: readonly Buffer[] = []): K
             time: number(o.time, `${at}.time`),
             elapsed_s: number(o.elapsed_s, `${at}.elapsed_s`),
             name: string(o.name, `${at}.name`),
-            value: nullable(o.value, v => number(v, `${at}.value`))
+            value: nullable(o.value, v => number(v, `${at}.value`)),
+            cell: nullable(o.cell, v => integer(v, `${at}.cell`, -Infinity))
           };
         })
       };

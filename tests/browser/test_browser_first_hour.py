@@ -1,0 +1,124 @@
+"""A newcomer's first hour (issue #31) in a real JupyterLab at 1280x800, through Debian's Chromium.
+
+Each test is a step a new user takes: open the dashboard, read its axes and
+legends, read the events. Screenshots of each state land in test-artifacts/
+(first-hour-*), light and dark, at 1280x800 and 1920x1080.
+"""
+
+from __future__ import annotations
+
+import re
+
+import lab as labtools
+import pytest
+from test_browser import ARTIFACTS, PANEL, open_monitor, open_notebook
+from test_browser_dashboard import dark_theme, wait_for_light_axis
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(labtools.missing() is not None, reason=labtools.missing() or ""),
+]
+
+DASHBOARD = "#pathways-dashboard"
+MEMORY = f"{DASHBOARD} figure[data-chart='memory']"
+LOSS_CHART = f"{DASHBOARD} figure.jp-PathwaysDashboard-metric[data-metric='loss']"
+
+SETUP = """\
+import time, jax.numpy as jnp, pathways_kernel as pw
+params = jnp.zeros(())
+print('setup done')"""
+
+# The quickstart's shape: an elastic cell whose state is `params`, logging its loss, snapshotting every 10 steps.
+TRAIN = """\
+%%pathways elastic --steps 60 --state params --snapshot-every 10
+time.sleep(0.05)
+params = params + 1.0
+pw.log(loss=jnp.float32(1.0 / (step + 1)))"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lab-first-hour")
+    labtools.notebook(root / "params.ipynb", [SETUP, TRAIN])
+    lab = labtools.Lab(root)
+    yield lab
+    lab.stop()
+
+
+@pytest.fixture
+def page(server, tmp_path_factory):
+    with labtools.browser(tmp_path_factory.mktemp("chromium")) as context:
+        page = context.new_page()
+        page.set_default_timeout(60_000)
+        page.set_viewport_size({"width": 1280, "height": 800})
+        yield page
+
+
+def shoot(page, name: str) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"first-hour-{name}.png"))
+
+
+def dashboard_chart(page, key: str) -> str:
+    """A JS expression for one of the dashboard's chart objects (`_memory`, `_utilization`)."""
+    return (
+        f"[...window.jupyterapp.shell.widgets('main')].find(w => w.id === 'pathways-dashboard-area').content.{key}.plot"
+    )
+
+
+def axis_ticks(page, key: str, axis: int) -> list[str]:
+    """The tick labels uPlot drew on a chart's axis (0: time, 1: value)."""
+    return page.evaluate(f"() => [...({dashboard_chart(page, key)}.axes[{axis}]._values ?? [])].map(String)")
+
+
+def run_cell(page, index: int) -> None:
+    page.evaluate(
+        "() => { const app = window.jupyterapp;"
+        " const w = [...app.shell.widgets('main')].find(w => w.title.label === 'params.ipynb'); app.shell.activateById(w.id); }"
+    )
+    page.locator(".jp-Notebook .jp-Cell .jp-InputArea-editor").nth(index).click()
+    page.keyboard.press("Shift+Enter")
+
+
+def test_the_dashboard_opens_wide_with_axes_that_read_before_and_after_data(page, server):
+    open_notebook(page, server, "params.ipynb")
+    open_monitor(page)  # both sidebars open, as a newcomer has them
+    page.locator(f"{PANEL}[data-state='live']").wait_for(state="attached", timeout=90_000)
+    page.evaluate("window.jupyterapp.commands.execute('pathways:open-dashboard')")
+    page.locator(f"{DASHBOARD}[data-state='live']").wait_for(state="attached", timeout=60_000)
+    width = page.locator(DASHBOARD).bounding_box()["width"]
+    assert width >= 900, f"the dashboard got {width:.0f} px of a 1280 px window"
+    page.wait_for_function(f"() => ({dashboard_chart(page, '_memory')}.axes[1]._values ?? []).length >= 2")
+
+    # Before data: the memory axis counts bytes that mean something, the time axis reads clock time.
+    memory = axis_ticks(page, "_memory", 1)
+    assert len(set(memory)) == len(memory) and "1 B" not in memory, memory
+    assert memory[-1] in ("1 GiB", "1024 MiB"), memory
+    times = axis_ticks(page, "_utilization", 0)
+    assert times and all(re.fullmatch(r"\d\d:\d\d(:\d\d)?", t) for t in times), times
+    shoot(page, "dashboard-before-1280")
+
+    # After a run: its loss line is named by run, cell and metric.
+    run_cell(page, 0)
+    page.locator(".jp-OutputArea-output", has_text="setup done").first.wait_for(timeout=120_000)
+    run_cell(page, 1)
+    page.locator(".jp-OutputArea-output", has_text="60 steps in").first.wait_for(timeout=180_000)
+    prompt = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-InputPrompt")
+    page.wait_for_function("(p) => /\\[\\d+\\]/.test(p.textContent)", arg=prompt.element_handle(), timeout=30_000)
+    cell = re.search(r"\[(\d+)\]", prompt.inner_text()).group(1)
+    page.evaluate("window.jupyterapp.commands.execute('pathways:open-dashboard')")
+    legend = page.locator(f"{LOSS_CHART} .u-legend")
+    legend.filter(has_text=f"run 'params' (cell {cell}) · loss").wait_for(timeout=30_000)
+    assert "#1" not in legend.inner_text(), legend.inner_text()
+    times = axis_ticks(page, "_memory", 0)
+    assert times and all(re.fullmatch(r"\d\d:\d\d(:\d\d)?", t) for t in times), times
+    shoot(page, "dashboard-after-1280")
+    page.set_viewport_size({"width": 1920, "height": 1080})
+    page.wait_for_timeout(1_000)
+    shoot(page, "dashboard-after-1920")
+    with dark_theme(page):
+        wait_for_light_axis(page, f"{DASHBOARD} figure[data-chart='utilization']")
+        shoot(page, "dashboard-after-1920-dark")
+        page.set_viewport_size({"width": 1280, "height": 800})
+        page.wait_for_timeout(1_000)
+        shoot(page, "dashboard-after-1280-dark")
