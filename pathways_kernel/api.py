@@ -44,6 +44,7 @@ def mesh(
     ici: Sequence[int] | None = None,
     name: str | None = None,
     overwrite: bool = False,
+    kind: str | None = None,
 ) -> Mesh:
     """A multi-slice mesh over the live slices: DCN across slices, ICI within.
 
@@ -55,12 +56,15 @@ def mesh(
         puts all chips on the last axis.
       name: also bind the mesh to this name in the notebook's namespace.
       overwrite: allow ``name`` to replace a value of another type.
+      kind: only the slices of this kind of chip, a generation (``"v6e"``) or a device kind
+        (``"TPU v6 lite"``); needed where the live slices are of several kinds, since a program
+        runs on one kind of chip.
 
     Raises:
       MeshError: shapes that do not fit the live devices.
       NamespaceError: ``name`` clashes with an existing value.
     """
-    m: Mesh = session().mesh(axes, dcn, ici)
+    m: Mesh = session().mesh(axes, dcn, ici, kind)
     if name:
         namespace.bind(name, m, overwrite=overwrite)
     return m

@@ -88,6 +88,16 @@ def parse_local(body: str | None, kind: str = "local") -> tuple[int, int]:
     )
 
 
+def local_kinds(body: str, timeout: float | None = None) -> Backend:
+    """``local:v5p:2x2x1*2,v6e:2x2``: slices of TPU generations and shapes in a local server
+    (``core/tpu_kinds.py``); raises ``SpecError`` with the fix on bad input."""
+    from pathways_kernel.backends.local_server import LocalServerBackend
+    from pathways_kernel.core.tpu_kinds import format_slices, parse_slices
+
+    shapes = parse_slices(body, "local:")
+    return LocalServerBackend(len(shapes), max(s.chips for s in shapes), timeout, kinds=format_slices(shapes))
+
+
 def from_spec(
     spec: str, *, timeout: float | None = None, insecure: bool | None = None, server: bool = False
 ) -> Backend:
@@ -110,6 +120,8 @@ def from_spec(
     if match := _LOCAL.match(spec):
         from pathways_kernel.backends.local_server import LocalServerBackend
 
+        if ":" in (match.group("body") or ""):
+            return local_kinds(match.group("body"), timeout)
         return LocalServerBackend(*parse_local(match.group("body")), timeout=timeout)
     if match := _EMBEDDED.match(spec):
         from pathways_kernel.emulator.local import LocalBackend  # JAX's own import: only when asked for

@@ -79,10 +79,12 @@ class LocalServerBackend(InjectedFaults, ProxyBackend):
     supports_fault_injection: ClassVar[bool] = True
     reports_device_memory: ClassVar[bool] = True
 
-    def __init__(self, num_slices: int, chips_per_slice: int, timeout: float | None = None):
+    def __init__(self, num_slices: int, chips_per_slice: int, timeout: float | None = None, kinds: str | None = None):
         super().__init__(preflight_lib.Target("localhost", 1), timeout, insecure=True)
         self.num_slices = num_slices
         self.chips_per_slice = chips_per_slice
+        #: Slices of TPU generations, as the server's --slices names them (``v5p:2x2x1*2,v6e:2x2``), or None.
+        self.kinds = kinds
         self.server: Any = None  # launch.LocalServer while started
         # id -> array, for arrays the server dropped (jax arrays are not hashable).
         self._lost: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
@@ -96,7 +98,7 @@ class LocalServerBackend(InjectedFaults, ProxyBackend):
 
     @property
     def spec(self) -> str:
-        return f"{SPEC_PREFIX}:{self.num_slices}x{self.chips_per_slice}"
+        return f"{SPEC_PREFIX}:{self.kinds or f'{self.num_slices}x{self.chips_per_slice}'}"
 
     @property
     def target(self) -> str:
@@ -137,7 +139,9 @@ class LocalServerBackend(InjectedFaults, ProxyBackend):
         # Its devices are CPU devices, also in a kernel started with the Pathways variables
         # (JAX_PLATFORMS=proxy), which the server would otherwise inherit and fail on.
         self.server = launch.start(
-            self.num_slices, self.chips_per_slice, env={PARENT_ENV: str(os.getpid()), "JAX_PLATFORMS": "cpu"}
+            self.kinds or self.num_slices,
+            self.chips_per_slice,
+            env={PARENT_ENV: str(os.getpid()), "JAX_PLATFORMS": "cpu"},
         )
         self._exit_stop.arm()
         self.address = SocketTarget(self.server.target)  # type: ignore[assignment]

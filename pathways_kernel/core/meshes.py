@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from pathways_kernel.core import parsing
+from pathways_kernel.core import parsing, tpu_kinds
 from pathways_kernel.core.errors import MeshError
 from pathways_kernel.core.slices import Slice
 from pathways_kernel.core.text import count, shown
@@ -117,6 +117,32 @@ def build(
         raise MeshError(f"cannot lay out mesh {_fmt(p.shape)} on these slices: {exc}") from None
     devices = np.vectorize(lambda t: t.device, otypes=[object])(grid)
     return Mesh(devices, p.axes)
+
+
+def of_kind(slices: Sequence[Slice], kind: str | None) -> list[Slice]:
+    """The slices of chips of ``kind`` (a device kind, ``"TPU v6 lite"``, or a generation, ``"v6e"``);
+    with ``kind`` None, all of them if they are of one kind.
+
+    Raises:
+      MeshError: ``kind`` None and the slices are of several kinds (a program runs on one), or no
+        slice of ``kind``.
+    """
+    by_kind: dict[str, list[Slice]] = {}
+    for s in slices:
+        by_kind.setdefault(s.kind, []).append(s)
+    named = ", ".join(
+        f"{k or 'unknown'} on slice {','.join(str(s.index) for s in group)}" for k, group in by_kind.items()
+    )
+    if kind is None:
+        if len(by_kind) > 1:
+            raise MeshError(
+                f"the live slices are of {len(by_kind)} kinds ({named}): pick one, e.g. pw.mesh(kind='v5p')"
+            )
+        return list(slices)
+    wanted = tpu_kinds.GENERATIONS[kind].device_kind if kind in tpu_kinds.GENERATIONS else kind
+    if wanted not in by_kind:
+        raise MeshError(f"no live slice is {wanted} (live: {named or 'none'})")
+    return by_kind[wanted]
 
 
 def parse_shape(text: str) -> tuple[int, ...]:

@@ -179,10 +179,14 @@ class Session:
         )
 
     def mesh(
-        self, axes: Sequence[str] | None = None, dcn: Sequence[int] | None = None, ici: Sequence[int] | None = None
+        self,
+        axes: Sequence[str] | None = None,
+        dcn: Sequence[int] | None = None,
+        ici: Sequence[int] | None = None,
+        kind: str | None = None,
     ) -> Any:
-        """A multi-slice ``jax.sharding.Mesh`` over the slices that are up."""
-        return meshes.build(self.topology.up_slices, axes, dcn, ici)
+        """A multi-slice ``jax.sharding.Mesh`` over the slices that are up (those of ``kind``)."""
+        return meshes.build(meshes.of_kind(self.topology.up_slices, kind), axes, dcn, ici)
 
     def require_fault_injection(self, what: str) -> None:
         if not self.backend.supports_fault_injection:

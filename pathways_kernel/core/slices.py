@@ -105,6 +105,14 @@ class Topology(TextDisplay):
     def down_slices(self) -> list[Slice]:
         return [s for s in self.slices if not s.up]
 
+    @property
+    def kinds(self) -> dict[str, list[Slice]]:
+        """The slices by chip kind (``"TPU v5p"``), each kind's in slice order."""
+        by_kind: dict[str, list[Slice]] = {}
+        for s in self.slices:
+            by_kind.setdefault(s.kind, []).append(s)
+        return by_kind
+
     def slice(self, index: int) -> Slice:
         for s in self.slices:
             if s.index == index:
@@ -137,6 +145,12 @@ class Topology(TextDisplay):
     def to_text(self) -> str:
         count = _count(sum(s.physical_chips for s in self.slices), len(self.chips))
         lines = [f"{len(self.up_slices)}/{len(self.slices)} slices up, {count} ({self.platform})"]
+        if len(self.kinds) > 1:  # slices of several TPU generations: what each kind has
+            for kind, group in self.kinds.items():
+                up = sum(s.up for s in group)
+                chips = sum(s.physical_chips for s in group)
+                indices = ",".join(str(s.index) for s in group)
+                lines.append(f"  {kind}: slices {indices} ({up}/{len(group)} up, {_count(chips, chips)})")
         for s in self.slices:
             shape = "x".join(map(str, s.shape)) or "-"
             kind = f" {s.kind}" if s.kind else ""

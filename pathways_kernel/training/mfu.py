@@ -3,31 +3,22 @@
 
 from __future__ import annotations
 
+import collections
 import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pathways_kernel.core import runs
+from pathways_kernel.core import runs, tpu_kinds
 from pathways_kernel.core.errors import PathwaysError
 
 if TYPE_CHECKING:
     from pathways_kernel.core.sessions import Session
 
-#: Peak dense bf16 FLOP/s per chip, from Google Cloud's TPU pages
-#: (cloud.google.com/tpu/docs/v5e, /v5p, /v6e, /tpu7x; checked 2026-12):
-#: v5e 197 TFLOP/s, v5p 459, v6e (Trillium) 918, TPU7x (Ironwood) 2307
-#: (4614 at fp8). Keys are ``device.device_kind`` as JAX reports it (v5p is
-#: "TPU v5", v5e "TPU v5 lite"), with the marketing names too.
-PEAK_BF16_FLOPS = {
-    "TPU v5 lite": 197e12,
-    "TPU v5e": 197e12,
-    "TPU v5": 459e12,
-    "TPU v5p": 459e12,
-    "TPU v6 lite": 918e12,
-    "TPU v6e": 918e12,
-    "TPU7x": 2307e12,
-}
+#: Peak dense bf16 FLOP/s per chip by ``device.device_kind``, from Google Cloud's TPU pages
+#: (``core/tpu_kinds.py``, the table in docs/backends.md): v5e 197 TFLOP/s, v5p 459,
+#: v6e (Trillium) 918, TPU7x (Ironwood) 2307 (4614 at fp8).
+PEAK_BF16_FLOPS = tpu_kinds.PEAK_BF16_FLOPS
 
 
 # -- MFU ---------------------------------------------------------------------
@@ -52,11 +43,17 @@ def flops(fn: Any, *args: Any, **kwargs: Any) -> float:
 
 
 def peak_flops_per_chip(session: Session) -> tuple[float, str]:
-    """Peak FLOP/s of one chip and where the figure comes from."""
+    """Peak FLOP/s of one chip and where the figure comes from: with slices of several kinds,
+    the mean over the live chips of each kind's peak (so that chip-seconds x it is their sum)."""
     devices = session.live_devices() or session.devices()
-    kind = devices[0].device_kind
-    if kind in PEAK_BF16_FLOPS:
-        return PEAK_BF16_FLOPS[kind], f"{kind} bf16 peak (Google Cloud TPU docs)"
+    kinds = collections.Counter(str(d.device_kind) for d in devices)
+    if kinds and all(kind in PEAK_BF16_FLOPS for kind in kinds):
+        if len(kinds) == 1:
+            kind = next(iter(kinds))
+            return PEAK_BF16_FLOPS[kind], f"{kind} bf16 peak (Google Cloud TPU docs)"
+        total = sum(PEAK_BF16_FLOPS[kind] * n for kind, n in kinds.items())
+        each = ", ".join(f"{n} {kind} at {PEAK_BF16_FLOPS[kind] / 1e12:g}" for kind, n in kinds.items())
+        return total / len(devices), f"bf16 peaks by kind: {each} TFLOP/s (Google Cloud TPU docs)"
     measured = session.component(_MeasuredPeak)
     return measured.flops, measured.how
 

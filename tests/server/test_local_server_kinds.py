@@ -98,6 +98,45 @@ def test_a_bad_slices_spec_is_one_line():
     ], out.stderr
 
 
+KERNEL_STEPS = """
+import jax, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+from pathways_kernel.training.mfu import peak_flops_per_chip
+trainer, rollout = pw.mesh(kind="v5p"), pw.mesh(kind="TPU v6 lite")
+w = jax.device_put(np.arange(32.0).reshape(8, 4), NamedSharding(trainer, P("data", "model")))
+synced = jax.device_put(jax.jit(lambda a: a * 2)(w), NamedSharding(rollout, P(None, "model")))
+print("trainer", dict(trainer.shape), sorted(d.id for d in trainer.devices.flat))
+print("rollout", dict(rollout.shape), sorted(d.id for d in rollout.devices.flat))
+print("synced", np.array_equal(np.asarray(synced), np.arange(32.0).reshape(8, 4) * 2))
+print("peak", peak_flops_per_chip(pw.session()))
+"""
+
+
+def test_a_kernel_on_slices_of_two_kinds_groups_them_and_builds_a_mesh_per_kind():
+    from kernels import Kernel
+
+    k = Kernel("pathways", backend=f"local:{SPEC}")
+    try:
+        shown = k.run("print(pw.topology())", timeout=240)
+        assert shown.status == "ok", shown.error
+        assert "TPU v5p: slices 0,1 (2/2 up, 8 chips)" in shown.text, shown.text
+        assert "TPU v6 lite: slices 2 (1/1 up, 4 chips)" in shown.text, shown.text
+        assert "slice 2: up   4 chips TPU v6 lite grid 2x2x1" in shown.text, shown.text
+        ran = k.run(KERNEL_STEPS, timeout=240)
+        assert ran.status == "ok", ran.error
+        assert "trainer {'data': 2, 'model': 4} [0, 1, 2, 3, 4, 5, 6, 7]" in ran.text, ran.text
+        assert "rollout {'data': 1, 'model': 4} [8, 9, 10, 11]" in ran.text, ran.text
+        assert "synced True" in ran.text, ran.text
+        # MFU's peak: each kind's, 8 v5p chips at 459 TFLOP/s and 4 v6e at 918
+        assert f"peak ({(8 * 459e12 + 4 * 918e12) / 12!r}" in ran.text, ran.text
+        mixed = k.run("pw.mesh()")
+        assert mixed.status == "error"
+        assert "the live slices are of 2 kinds (TPU v5p on slice 0,1, TPU v6 lite on slice 2)" in mixed.error
+        assert len(mixed.error.strip().splitlines()) == 1, mixed.error
+    finally:
+        k.shutdown()
+
+
 if __name__ == "__main__":
     import pathwaysutils
 
