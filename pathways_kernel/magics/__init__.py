@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 from IPython.core import magic_arguments as ipython_arguments
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
-from IPython.core.magic import Magics, line_cell_magic, magics_class
+from IPython.core.magic import Magics, line_cell_magic, magics_class, needs_local_scope, no_var_expand
 from IPython.core.magic_arguments import MagicArgumentParser
+from IPython.utils.text import DollarFormatter
 
 from pathways_kernel.core import parsing, sessions, shellhooks
 from pathways_kernel.core.errors import PathwaysError, one_line
@@ -207,7 +208,7 @@ def dispatch(shell: InteractiveShell, line: str, cell: str | None) -> object:
     sub = SUBCOMMANDS.get(name)
     if sub is None:
         known = ", ".join(sorted(SUBCOMMANDS))
-        raise UsageError(f"%pathways: unknown subcommand '{name}'; choose one of: {known} (or --help)")
+        raise UsageError(f"%pathways: unknown subcommand {shown(name, 20)}; choose one of: {known} (or --help)")
     if "-h" in rest or "--help" in rest:
         # IPython's formatter starts usage with a reST "::" block; show plain "usage:".
         return Text("usage: " + sub.parser.format_help().lstrip(": \n").rstrip())
@@ -216,19 +217,48 @@ def dispatch(shell: InteractiveShell, line: str, cell: str | None) -> object:
     try:
         args = sub.parser.parse_args(rest)
     except UsageError as exc:
-        raise UsageError(f"%pathways {name}: {exc} (see %pathways {name} --help)") from None
+        # argparse repeats what it did not recognize: cut, so that the line stays one a user reads.
+        message = str(exc) if len(str(exc)) <= 200 else str(exc)[:200] + "..."
+        raise UsageError(f"%pathways {name}: {message} (see %pathways {name} --help)") from None
     return sub.func(shell, args, cell)
+
+
+#: Longest ``%pathways`` line taken: options and URLs are far shorter, and IPython's
+#: ``$var`` expansion takes time quadratic in the line (8,000 characters: 0.4 s; 100,000: minutes).
+MAX_LINE = 10_000
+
+
+def expand(shell: InteractiveShell, line: str, local_ns: dict[str, object] | None) -> str:
+    """``line`` with IPython's ``$name`` and ``{expr}`` expanded from the user's namespace, as
+    IPython expands a magic's line; a line over ``MAX_LINE`` characters is refused in one line."""
+    if len(line) > MAX_LINE:
+        raise UsageError(
+            f"%pathways: the line is {len(line):,} characters, more than the {MAX_LINE:,} a %pathways line may have "
+            f"(it starts {shown(line)}); put long values in a variable and use the Python API"
+        )
+    if "$" not in line and "{" not in line:
+        return line  # nothing to expand
+    namespace = {**shell.user_ns, **(local_ns or {})}
+    try:
+        expanded: str = DollarFormatter().vformat(line, args=[], kwargs=namespace)
+    except Exception:  # what IPython does too: a line that does not format is taken as typed
+        return line
+    return expanded
 
 
 @magics_class
 class PathwaysMagics(Magics):
+    # IPython's own expansion runs before the magic sees the line, hence no bound of ours
+    # could apply: the magic expands (``expand``) after checking the length.
+    @no_var_expand
+    @needs_local_scope
     @line_cell_magic
-    def pathways(self, line: str, cell: str | None = None) -> None:
+    def pathways(self, line: str, cell: str | None = None, local_ns: dict[str, object] | None = None) -> None:
         """Drive a multi-slice JAX session; ``%pathways --help`` lists subcommands."""
         from IPython.display import display
 
         assert self.shell is not None  # registered with the shell: IPython gives it to every Magics
-        result = dispatch(self.shell, line, cell)
+        result = dispatch(self.shell, expand(self.shell, line, local_ns), cell)
         if result is not None:
             display(result)
 

@@ -6,7 +6,7 @@ import argparse
 
 from IPython.core.interactiveshell import InteractiveShell
 
-from pathways_kernel.magics import argument, magic_arguments, non_empty, subcommand
+from pathways_kernel.magics import argument, magic_arguments, non_empty, number, subcommand, whole_number
 from pathways_kernel.training import accounting, goodput_report
 from pathways_kernel.training.goodput_logging import cloud_logging
 
@@ -25,8 +25,10 @@ from pathways_kernel.training.goodput_logging import cloud_logging
     action="store_true",
     help="goodput and badput over the run (default: the latest) as a stacked chart, and its step times",
 )
-@argument("--intervals", type=int, default=None, help="with --over-time: this many equal intervals (default 20)")
-@argument("--window", metavar="SECONDS", type=float, default=None, help="with --over-time: intervals of SECONDS")
+@argument(
+    "--intervals", type=whole_number, default=None, help="with --over-time: this many equal intervals (default 20)"
+)
+@argument("--window", metavar="SECONDS", type=number, default=None, help="with --over-time: intervals of SECONDS")
 @argument(
     "--cloud-logging",
     metavar="JOB|off",

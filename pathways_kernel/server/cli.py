@@ -16,11 +16,15 @@ import ipaddress
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import stat
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
+
+from pathways_kernel.core import parsing
+from pathways_kernel.core.text import shown
 
 if TYPE_CHECKING:
     import grpc
@@ -37,14 +41,37 @@ def _loopback(host: str) -> bool:
         return False
 
 
+#: Most devices one server emulates (as ``local:SxC`` in a kernel): each is a CPU device of this process.
+MAX_DEVICES = 4096
+
+
 def _slices(text: str) -> tuple[int, int]:
+    match = re.fullmatch(r"([0-9]+)x([0-9]+)", text.strip().lower())  # ASCII digits: int() takes "１" and "١" too
+    if match is None:
+        raise argparse.ArgumentTypeError(f"{shown(text)} is not SLICESxCHIPS (digits 0-9), e.g. 2x4")
+    digits = [group.lstrip("0") for group in match.groups()]
+    if not all(digits):
+        raise argparse.ArgumentTypeError(f"{shown(text)}: slices and chips must be at least 1, e.g. 2x4")
+    # Numbers this long are too many devices anyway; int() of thousands of digits is slow or refused.
+    huge = any(len(d) > 9 for d in digits)
+    if huge or int(digits[0]) * int(digits[1]) > MAX_DEVICES:
+        devices = "more than the" if huge else f"{int(digits[0]) * int(digits[1])} devices, more than the"
+        raise argparse.ArgumentTypeError(f"{shown(text)} is {devices} {MAX_DEVICES} devices a local server emulates")
+    return int(digits[0]), int(digits[1])
+
+
+def _port(text: str) -> int:
     try:
-        slices, chips = (int(part) for part in text.lower().split("x"))
+        return parsing.whole_number(text, 0, 65535)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not SLICESxCHIPS, e.g. 2x4") from None
-    if slices < 1 or chips < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: slices and chips must be at least 1")
-    return slices, chips
+        raise argparse.ArgumentTypeError(f"{shown(text)} is not a port from 0 to 65535 (0: a free one)") from None
+
+
+def _slice_index(text: str) -> int:
+    try:
+        return parsing.whole_number(text, 0, MAX_DEVICES - 1)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{error} (a slice index)") from None
 
 
 def _slice_shapes(text: str) -> list[SliceShape]:
@@ -153,15 +180,15 @@ def serve(args: argparse.Namespace) -> int:
             return 1
         target = f"grpc://unix:{path}"
     else:
-        if not _loopback(args.host):
+        # Bind once ourselves first: gRPC's own failure is a multi-line log without the reason.
+        refused = _cannot_bind(args.host, args.port)
+        if not refused and not _loopback(args.host):
             print(
                 f"pathways-local: WARNING: --host {args.host} serves without authentication or encryption: "
                 f"anyone who can reach it can run programs as {getpass.getuser()} and read your arrays",
                 file=sys.stderr,
                 flush=True,
             )
-        # Bind once ourselves first: gRPC's own failure is a multi-line log without the reason.
-        refused = _cannot_bind(args.host, args.port)
         try:
             port = 0 if refused else grpc_server.add_insecure_port(f"{args.host}:{args.port}")
         except RuntimeError:
@@ -251,11 +278,18 @@ def _control(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, its errors one line (argparse prints the whole usage above each)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(
+    top = _Parser(
         prog="pathways-local", description="Serve emulated Pathways slices to JAX's proxy client; fail or repair them."
     )
-    commands = top.add_subparsers(dest="command", required=True)
+    commands = top.add_subparsers(dest="command", required=True, parser_class=_Parser)
     serve_cmd = commands.add_parser("serve", help="serve S slices of C chips (CPU devices) to JAX's proxy client")
     serve_cmd.add_argument(
         "--slices",
@@ -266,18 +300,18 @@ def parser() -> argparse.ArgumentParser:
     serve_cmd.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)"
     )
-    serve_cmd.add_argument("--port", type=int, default=0, help="port (default 0: a free one, printed)")
+    serve_cmd.add_argument("--port", type=_port, default=0, help="port (default 0: a free one, printed)")
     serve_cmd.add_argument("--socket", help="listen on this Unix socket instead (its directory must be 0700)")
     serve_cmd.add_argument(
         "--metrics-port",
-        type=int,
-        default=int(os.environ[METRICS_PORT_ENV]) if os.environ.get(METRICS_PORT_ENV) else None,
+        type=_port,
+        default=os.environ.get(METRICS_PORT_ENV) or None,  # argparse converts a string default with _port
         help="also serve libtpu's runtime metrics (duty cycle, HBM; read-only) on localhost:PORT for tpu-info "
         f"(8431 is libtpu's; default ${METRICS_PORT_ENV}); any user of this machine can read them there",
     )
     for name, text in (("fail", "lose a slice"), ("repair", "bring a lost slice back, empty")):
         cmd = commands.add_parser(name, help=text)
-        cmd.add_argument("slice", type=int)
+        cmd.add_argument("slice", type=_slice_index)
         cmd.add_argument("--server", required=True, help="the server's target, grpc://HOST:PORT or grpc://unix:PATH")
     status_cmd = commands.add_parser("status", help="slices, which are down, bytes on each device")
     status_cmd.add_argument("--server", required=True)

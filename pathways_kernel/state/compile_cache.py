@@ -14,14 +14,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import tempfile
 import threading
 from typing import Any
 
 from pathways_kernel.core import locations, objectstore, storage_errors
 from pathways_kernel.core.display import TextDisplay
-from pathways_kernel.core.errors import NotSupportedError, PathwaysError, one_line
+from pathways_kernel.core.errors import NotSupportedError, PathwaysError, StorageError, one_line
 from pathways_kernel.core.sessions import session
-from pathways_kernel.core.text import count
+from pathways_kernel.core.text import count, shown
 
 #: Environment variable a kernelspec sets to turn the cache on at start.
 ENV = "PATHWAYS_COMPILE_CACHE"
@@ -134,6 +135,7 @@ def enable(location: str, min_compile_s: float = DEFAULT_MIN_COMPILE_S) -> Cache
         objectstore.objects_for(where).check(where)
         if where.scheme == "file":
             os.makedirs(where.path, exist_ok=True)
+            _check_writable(where.path, location)
     _listen()
     jax.config.update("jax_enable_compilation_cache", True)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_s))
@@ -142,6 +144,24 @@ def enable(location: str, min_compile_s: float = DEFAULT_MIN_COMPILE_S) -> Cache
     cc.set_cache_dir(where.url)
     _status.location = where.url
     return status()
+
+
+def _check_writable(path: str, typed: str) -> None:
+    """Write and remove a file in ``path``: JAX's cache fails to write silently (every program
+    a miss), and a directory can refuse writes its permissions allow (``/proc``, as root).
+
+    Raises:
+      StorageError: naming the directory, and what was typed when that was a relative path.
+    """
+    try:
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        came_from = "" if typed.strip() in (path, "file://" + path) else f" (from {shown(typed)})"
+        raise StorageError(
+            f"cannot write JAX's compilation cache to {path}{came_from}: {exc.strerror or exc}; "
+            "choose a directory you can write, or gs://BUCKET/PREFIX"
+        ) from None
 
 
 def disable() -> CacheStatus:

@@ -125,6 +125,14 @@ def test_mesh_is_bound_into_the_namespace(kernel):
         ("%%pathways elastic --steps 2 --state pw\npass", "'pw' is the module pathways_kernel"),
         ("%%pathways elastic --steps 2 --state step\npass", "--state step: the loop binds"),
         ("%%pathways elastic --steps 2 --state mesh\npass", "--state mesh: the loop binds"),
+        ("%pathways goodput --intervals \u0661\u0660", "argument --intervals: expected a whole number (digits 0-9)"),
+        ("%pathways goodput --over-time --window \u0661", "argument --window: expected a number (digits 0-9)"),
+        ("%%pathways sidecar --timeout nan\n1", "argument --timeout: expected a finite number"),
+        ("%%pathways sidecar --timeout 0\n1", "argument --timeout: must be more than 0 s"),
+        ("%%pathways sidecar --timeout 1e300\n1", "argument --timeout: must be at most 86400 s"),
+        ("%pathways cache " + "../" * 40 + "proc", "cannot write JAX's compilation cache to /proc (from '../../"),
+        ("%pathways " + "y" * 9000, "unknown subcommand 'yyy"),
+        ("%pathways status " + "z" * 9000, "unrecognized arguments: zzz"),
     ],
 )
 def test_bad_input_is_one_clear_line_and_the_kernel_stays_healthy(kernel, code, fragment):
@@ -132,6 +140,17 @@ def test_bad_input_is_one_clear_line_and_the_kernel_stays_healthy(kernel, code, 
     assert fragment in line
     assert len(line) < 300  # what the user typed is not echoed back whole
     assert kernel.run("print(pw.status().devices, type(pw).__name__)").text.split() == ["8", "module"]
+
+
+def test_a_huge_magic_line_is_refused_at_once_and_short_ones_still_expand_variables(kernel):
+    # IPython's $var expansion takes time quadratic in the line: 100,000 characters hung the kernel.
+    for code in ("%pathways status " + "x" * 100_000, "%%pathways profile " + "x" * 100_000 + "\n1"):
+        line = one_line(kernel.run(code, timeout=30))
+        assert "the line is 100,0" in line and "more than the 10,000 a %pathways line may have" in line
+        assert len(line) < 300
+    reply = kernel.run("sub, name = 'mesh', 'm'\n%pathways $sub --name {name + '_expanded'}\nprint(m_expanded.size)")
+    assert reply.status == "ok", reply.error
+    assert "bound to 'm_expanded'" in reply.text and reply.text.split()[-1] == "8"
 
 
 def test_an_elastic_cell_that_deletes_its_state_is_one_line_and_the_state_is_kept(kernel):
