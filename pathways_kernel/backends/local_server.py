@@ -48,13 +48,12 @@ from typing import Any, ClassVar
 from pathways_kernel.backends import preflight as preflight_lib
 from pathways_kernel.backends.proxy import ProxyBackend, device_slice
 from pathways_kernel.core import jaxcompat, lost_clients
+from pathways_kernel.core.backend import ChipMetrics
 from pathways_kernel.core.errors import BackendError
 from pathways_kernel.core.threads import ExitStop
 from pathways_kernel.emulator.faults import InjectedFaults
 
 SPEC_PREFIX = "local"
-#: Seconds a status call to the server may take when sampling memory.
-_STATUS_TIMEOUT_S = 2.0
 #: The one command that recovers from a dead server, wherever its death is told.
 RECONNECT = "Run `%pathways reconnect` (pw.reconnect())"
 #: Seconds a dead server's last stderr lines may take to reach the kernel.
@@ -77,7 +76,6 @@ class LocalServerBackend(InjectedFaults, ProxyBackend):
 
     name: ClassVar[str] = "local"
     supports_fault_injection: ClassVar[bool] = True
-    reports_device_memory: ClassVar[bool] = True
 
     def __init__(self, num_slices: int, chips_per_slice: int, timeout: float | None = None, kinds: str | None = None):
         super().__init__(preflight_lib.Target("localhost", 1), timeout, insecure=True)
@@ -275,18 +273,15 @@ class LocalServerBackend(InjectedFaults, ProxyBackend):
         return bool(down) and any(device_slice(d) in down for d in array.sharding.device_set)
 
     # -- telemetry ------------------------------------------------------------
-    def device_memory(self) -> Sequence[int] | None:
-        """The server's bytes of live arrays per device id; None while it does not answer."""
-        from pathways_kernel.server import control
+    def chip_metrics(self) -> ChipMetrics | None:
+        """The server's runtime metric service, on its socket: what tpu-info reads of a TPU host."""
+        from pathways_kernel.backends.runtime_metrics import RuntimeMetrics
+        from pathways_kernel.server.metric_service import WINDOW_S
 
         server = self.server
-        if server is None or not server.alive():
+        if server is None:
             return None
-        try:
-            per_device: list[int] = control.status(server.target, timeout=_STATUS_TIMEOUT_S)["bytes_per_device"]
-        except (BackendError, KeyError):
-            return None
-        return per_device
+        return RuntimeMetrics(server.target.removeprefix("grpc://"), WINDOW_S, name="runtime metrics (pathways-local)")
 
 
 #: What JAX's proxy client says, before asking the server, when a program has a host callback

@@ -18,11 +18,9 @@ what an interactive session needs around it:
 Utilization on this backend is the telemetry hub's client-side measure
 (``telemetry.ClientSource``: live arrays' readiness and shard bytes, plus
 ``memory_stats()`` where the proxy's devices report it). The seam for the
-server's own per-device figures (once the proxy exposes them) is
-``Backend.device_memory()`` with ``reports_device_memory`` (the local server
-defines them): the hub then samples through telemetry's ``ServerSource``, and
-nothing downstream (the protocol, the monitor) changes. It is deliberately not
-defined here yet.
+chips' own figures is ``Backend.chip_metrics()`` (the local server's runtime
+metric service defines it): the hub then samples through telemetry's
+``ChipSource``, and nothing downstream (the protocol, the monitor) changes.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, cast
 
 from pathways_kernel.core.errors import NotSupportedError
@@ -56,6 +56,34 @@ class Placement:
     kind: str = ""
 
 
+@dataclasses.dataclass(frozen=True)
+class ChipReadings:
+    """What a chip-metrics service said of the backend's chips, by device id (chips it did not
+    name are left out): the fraction of its window each spent executing programs (0..1), the
+    bytes in use, and the bytes it has."""
+
+    duty_cycle: Mapping[int, float]
+    memory_used: Mapping[int, int]
+    memory_total: Mapping[int, int]
+    #: Seconds each duty cycle is measured over (the service's resolution).
+    window_s: float
+
+
+class ChipMetrics(abc.ABC):
+    """A service that measures the backend's chips themselves (``Backend.chip_metrics``): libtpu's
+    runtime metric service, which the local server serves too, or Cloud Monitoring."""
+
+    #: What views say measured the figures (``metrics.source``), with its resolution.
+    name: str = "chip metrics"
+
+    @abc.abstractmethod
+    def read(self) -> ChipReadings:
+        """The figures now; raises ``BackendError`` in one line when the service does not answer."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook, deliberately a no-op by default
+        """Release the channel the reader holds."""
+
+
 class Backend(abc.ABC):
     """One source of devices for the session's single JAX client."""
 
@@ -63,8 +91,6 @@ class Backend(abc.ABC):
     name: ClassVar[str]
     #: whether ``fail_slice``/``repair_slice`` may be injected (emulators only).
     supports_fault_injection: ClassVar[bool] = False
-    #: whether ``device_memory`` asks a server: telemetry then reports memory as the server counts it.
-    reports_device_memory: ClassVar[bool] = False
     #: the log a backend reports connection lifecycle events to; set by the session.
     events: Any = None
 
@@ -112,12 +138,9 @@ class Backend(abc.ABC):
     def close(self) -> None:  # noqa: B027 - optional hook, deliberately a no-op by default
         """Release what ``activate`` acquired; the default holds nothing."""
 
-    def device_memory(self) -> Sequence[int] | None:
-        """Bytes in use on each device, indexed by device id, as the backend's server counts them.
-
-        None where there is no server to ask, or it did not answer: telemetry then counts
-        the bytes of the client's live arrays (``monitoring/telemetry.py``).
-        """
+    def chip_metrics(self) -> ChipMetrics | None:
+        """A new reader of the chips' own figures (duty cycle, memory), or None where the backend
+        has none: telemetry then measures from the client (``monitoring/telemetry.py``)."""
         return None
 
     # -- slice loss: what layers above ask instead of reaching into emulator/ --

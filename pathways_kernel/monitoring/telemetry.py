@@ -9,27 +9,22 @@ subscribed; after the last subscriber leaves it goes on sampling once a
 second to keep the metrics history (``monitoring/history.py``: 15 minutes
 per slice, 5 per chip, bounded), so a view that comes back shows the past.
 
-The default source, ``ClientSource``, measures from the client alone, so it
-works on every backend: a chip is busy at a sample instant when a live array
-with a shard on it is not ready yet (dispatched work not complete; readiness is
-read per array: reading it per shard would make jax cache one array per shard
-on the array, live as long as it, which these figures would count twice), and its
-memory is the bytes of live array shards on it (or ``memory_stats()`` where the
-backend reports it; CPU devices report nothing); arrays lost with a slice hold
-nothing usable and count for nothing, even after the slice is restored: an
-array with a shard on a down slice counts nowhere from the moment the slice is
-down (its buffers may be swapped a moment later), nor do the buffers a loss
-keeps for readers in flight (the backend's ``is_leftover``). A backend whose server
-counts each device's bytes (the local server: ``reports_device_memory``) gets
-``ServerSource``: memory as ``Backend.device_memory()`` says, busy from the client.
+A backend whose chips are measured by a service (``Backend.chip_metrics``: libtpu's
+runtime metric service, which the local server serves too; Cloud Monitoring) gets
+``ChipSource``: each chip's duty cycle and memory as the service says. Elsewhere, and
+while the service does not answer, ``ClientSource`` measures from the client alone: a
+chip is busy at a sample instant when a live array with a shard on it is not ready yet
+(readiness read per array: per shard, jax would cache one array per shard, counted
+twice), and its memory is the bytes of live array shards on it (or ``memory_stats()``
+where the backend reports it; CPU devices do not); arrays lost with a slice count for
+nothing, even after its repair, from the moment it is down, nor do the buffers a loss
+keeps for readers in flight (the backend's ``is_leftover``).
 
-Cost: one pass over ``jax.live_arrays()`` per sample (~2 us per array), numpy
-work per distinct sharding, no Python loop over chips, except
-``memory_stats()`` (one call per chip, every ``STATS_EVERY`` samples) where a
-backend has it. If a sample costs more than
-``MAX_DUTY`` of the sampling period, the hub samples less often.
+Cost: one pass over ``jax.live_arrays()`` per sample (~2 us per array), numpy work per
+distinct sharding, no Python loop over chips except ``memory_stats()`` (every
+``STATS_EVERY`` samples); above ``MAX_DUTY`` of the period in CPU, the hub samples less often.
 
-Over 600 lines: the sources (``MetricsSource``, ``ClientSource``, ``ServerSource``)
+Over 600 lines: the sources (``MetricsSource``, ``ClientSource``, ``ChipSource``)
 and the hub (``TelemetryHub``: subscriptions, windows, history) are its two seams.
 """
 
@@ -48,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from pathways_kernel.core.backend import Backend
+from pathways_kernel.core.backend import Backend, ChipMetrics
 from pathways_kernel.core.errors import PathwaysError
 from pathways_kernel.core.eventlog import Event
 from pathways_kernel.core.sessions import Session
@@ -115,12 +110,15 @@ class Sample:
     ``busy``: 1.0 where the chip had work in flight (or a fraction when the
     source measures over an interval). ``memory``: bytes in use, or ``None``
     when unknown. ``memory_limit``: bytes the chip can hold, or ``None``.
+    ``window_s``: set where ``busy`` is already a duty cycle over that window
+    (the hub shows it as it is), else the hub averages instants over its own.
     """
 
     time: float
     busy: np.ndarray
     memory: np.ndarray | None
     memory_limit: np.ndarray | None = None
+    window_s: float | None = None
 
 
 class MetricsSource(abc.ABC):
@@ -247,30 +245,39 @@ class ClientSource(MetricsSource):
         return cached[1]
 
 
-class ServerSource(ClientSource):
-    """Memory as the backend's server counts it (bytes of live arrays per device); busy from the client.
+class ChipSource(ClientSource):
+    """Each chip's duty cycle and memory as the backend's ``ChipMetrics`` says; while it does not
+    answer, the client's measure, and the name says so (its error logged once per outage)."""
 
-    The server knows what each device holds (lost arrays hold nothing there);
-    it does not time device work, so utilization stays the client's measure.
-    While the server does not answer, memory is the client's measure too.
-    """
-
-    name = "server"
-
-    def __init__(self, backend: Backend) -> None:
-        super().__init__()
-        self._backend = backend
+    def __init__(self, backend: Backend, metrics: ChipMetrics) -> None:
+        super().__init__(backend.is_leftover)
+        self._metrics = metrics
+        self.name = metrics.name
+        self._failing = False
 
     def sample(self, layout: Layout) -> Sample:
-        sample = super().sample(layout)
-        per_device = self._backend.device_memory()
-        if per_device is None or sample.memory is None:
-            return sample
-        memory = sample.memory.copy()
+        try:
+            readings = self._metrics.read()
+        except PathwaysError as error:
+            if not self._failing:  # the views say it (the source's name); a loaded server's late answer is no alarm
+                _log().info("%s; showing the client's measure meanwhile", error)
+            self._failing = True
+            self.name = f"client ({self._metrics.name} unavailable)"
+            return super().sample(layout)
+        self._failing = False
+        self.name = self._metrics.name
+        n = layout.chips
+        busy = np.zeros(n, np.float32)
+        memory = np.zeros(n, np.int64)
+        limit = np.zeros(n, np.int64)
         for device_id, position in layout.position.items():
-            if 0 <= device_id < len(per_device):
-                memory[position] = per_device[device_id]
-        return dataclasses.replace(sample, memory=memory)
+            busy[position] = readings.duty_cycle.get(device_id, 0.0)
+            memory[position] = readings.memory_used.get(device_id, 0)
+            limit[position] = readings.memory_total.get(device_id, 0)
+        return Sample(time.time(), busy, memory, limit if limit.any() else None, readings.window_s)
+
+    def close(self) -> None:
+        self._metrics.close()
 
 
 def _devices_of(sharding: Sharding) -> Sequence[jax.Device]:
@@ -473,6 +480,13 @@ class TelemetryHub:
     def source(self) -> MetricsSource:
         return self._source
 
+    def use_source(self, source: MetricsSource) -> None:
+        """Sample through ``source`` from the next sample on; the previous source is closed."""
+        with self._lock:
+            previous, self._source = self._source, source
+            self._reset_window()
+        previous.close()
+
     @property
     def layout(self) -> Layout:
         return self._layout
@@ -577,9 +591,12 @@ class TelemetryHub:
                     next_sample = now + 1.0
                     continue
                 self.last_sample_s = time.perf_counter() - started
-                self.sample_cpu_s += time.thread_time() - cpu_started
+                cpu = time.thread_time() - cpu_started
+                self.sample_cpu_s += cpu
                 period = 1.0 / self.sample_hz if subs else 1.0
-                next_sample = now + max(period, self.last_sample_s / MAX_DUTY)
+                # Backs off by what a sample costs the process (CPU), not by its wall time: a chip
+                # service's answer waited for on a loaded machine (280 ms at load 18) costs nothing.
+                next_sample = now + max(period, cpu / MAX_DUTY)
                 self._record(metrics, now)
                 _call(self._step_rate.poll)
                 now = time.monotonic()
@@ -629,16 +646,19 @@ class TelemetryHub:
         with self._lock:
             if self._window.shape[1] != layout.chips:
                 self._reset_window()
-            row = self._window[self._window_pos]
-            self._window_sum += sample.busy - row
-            row[:] = sample.busy
-            self._window_pos = (self._window_pos + 1) % len(self._window)
-            self._window_filled = min(self._window_filled + 1, len(self._window))
-            utilization = (self._window_sum / self._window_filled).astype(np.float32)
+            if sample.window_s is None:
+                row = self._window[self._window_pos]
+                self._window_sum += sample.busy - row
+                row[:] = sample.busy
+                self._window_pos = (self._window_pos + 1) % len(self._window)
+                self._window_filled = min(self._window_filled + 1, len(self._window))
+                utilization = (self._window_sum / self._window_filled).astype(np.float32)
+                window = self._window_filled / self.sample_hz
+            else:  # a duty cycle the source measured: shown as it is
+                utilization, window = sample.busy, sample.window_s
             self._seq += 1
             seq, topology_seq = self._seq, self._topology_seq
         memory = sample.memory if sample.memory is not None else np.zeros(layout.chips, np.int64)
-        window = self._window_filled / self.sample_hz
         metrics = aggregate(
             layout,
             topology_seq,
@@ -666,8 +686,9 @@ def _log() -> logging.Logger:
 
 
 def _source_for(backend: Backend) -> MetricsSource:
-    if backend.reports_device_memory:
-        return ServerSource(backend)
+    metrics = backend.chip_metrics()
+    if metrics is not None:
+        return ChipSource(backend, metrics)
     return ClientSource(backend.is_leftover)
 
 

@@ -73,7 +73,7 @@ def test_the_kernel_runs_jax_s_proxy_client_against_its_own_server(server_kernel
         "print(np.allclose(np.asarray(f(jax.device_put(x, w.sharding))), np.tanh(x @ x.T).sum(axis=0)))"
     )
     assert step.text.strip() == "True", step.error
-    # Memory figures are the server's own count of bytes on each device.
+    # Memory figures are the server's own count of bytes on each device, read through its runtime metric service.
     memory = server_kernel.run(
         "from pathways_kernel.monitoring import telemetry\n"
         "from pathways_kernel.server import control\n"
@@ -83,7 +83,7 @@ def test_the_kernel_runs_jax_s_proxy_client_against_its_own_server(server_kernel
         "print(source.name, sample == control.status(pw.session().backend.server.target)['bytes_per_device'],"
         " sample[0] > sample[1] > 0)"
     )
-    assert memory.text.strip() == "server True True", memory.text + memory.error
+    assert memory.text.strip() == "runtime metrics (pathways-local), 1 s True True", memory.text + memory.error
 
 
 def test_a_host_callback_is_one_line_naming_the_limit_and_the_embedded_backend(server_kernel):

@@ -1,0 +1,126 @@
+"""What the monitor shows of chips on ``local:``, read through libtpu's runtime metric protocol.
+
+A real kernel on ``local:2x4`` whose server also serves its runtime metrics on a loopback
+port (``PATHWAYS_LOCAL_METRICS_PORT=0``), so this test reads them with ``tpu-info``'s own
+client while the kernel's monitor reads them on the server's socket: both must show the
+same chips the same way, and chips that run nothing must read 0 %.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+from kernels import SERVER, Kernel
+from tpu_info import metrics as tpu_metrics
+
+# A subscription to the hub, as the panel's comm makes one: (time, per-chip utilization, memory, source).
+WATCH = """
+from pathways_kernel.monitoring import telemetry
+seen = []
+sub = telemetry.hub().subscribe(on_metrics=lambda m: seen.append(
+    (m.time, m.utilization.tolist(), m.memory.tolist(), m.source)), rate=4)
+"""
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    k = Kernel("pathways", backend=SERVER, env={"PATHWAYS_LOCAL_METRICS_PORT": "0"})
+    reply = k.run(
+        "import json, time, jax, jax.numpy as jnp, numpy as np\n"
+        "from jax.sharding import Mesh, NamedSharding, PartitionSpec as P\n"
+        "print(pw.session().backend.server.metrics_address)",
+        timeout=240,
+    )
+    assert reply.status == "ok", reply.error
+    k.metrics_address = reply.text.strip().splitlines()[0]
+    yield k
+    k.shutdown()
+
+
+def printed(reply) -> object:
+    """The JSON line a cell printed last (other lines are the kernel's notices)."""
+    return json.loads([line for line in reply.text.splitlines() if line.startswith(("{", "["))][-1])
+
+
+def tpu_info_reads(kernel) -> list[tpu_metrics.Usage]:
+    return tpu_metrics.get_chip_usage_new(None, kernel.metrics_address)
+
+
+def test_idle_chips_read_zero_when_the_monitor_opens_after_a_run(kernel):
+    # What a notebook leaves behind (a few training steps, arrays never read, a slice lost and
+    # repaired under an array), then the monitor opens once the work is over. The client-side
+    # measure took arrays whose readiness it had not asked yet for work in flight: 25 % on every
+    # chip for a second, then 12 %, with nothing running.
+    reply = kernel.run(
+        "f = jax.jit(lambda a: jnp.tanh(a @ a))\n"
+        "kept = [f(jnp.ones((256, 256)) * i) for i in range(5)]\n"
+        "mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ('data', 'model'))\n"
+        "params = jax.device_put(np.ones((64, 64), np.float32), NamedSharding(mesh, P(None, 'model')))\n"
+        "for _ in range(5):\n"
+        "    params = f(params); float(params.sum())\n"
+        "unread = jnp.ones((1024, 1024))\n"
+        "on1 = jax.device_put(np.ones((512, 512), np.float32), pw.topology().slices[1].devices[0])\n"
+        "pw.fail_slice(1); pw.repair_slice(1)\n"
+        "time.sleep(1.5)\n" + WATCH + "time.sleep(2.5)\n"
+        "print(json.dumps([{'util': m[1], 'source': m[3]} for m in seen]))",
+        timeout=180,
+    )
+    assert reply.status == "ok", reply.error
+    shown = printed(reply)
+    assert len(shown) >= 4 and {m["source"] for m in shown} == {"runtime metrics (pathways-local), 1 s"}, shown
+    assert all(m["util"] == [0.0] * 8 for m in shown), shown
+    assert all(u.duty_cycle_pct == 0.0 for u in tpu_info_reads(kernel))
+
+
+def test_monitor_figures_equal_tpu_info_s_within_one_sample_window(kernel):
+    reads: list[tuple[float, list[float], list[int]]] = []
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.is_set():
+            usage = tpu_info_reads(kernel)
+            reads.append((time.time(), [u.duty_cycle_pct / 100 for u in usage], [u.memory_usage for u in usage]))
+            time.sleep(0.1)
+
+    assert kernel.run(WATCH + "mark = len(seen)").status == "ok"
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    try:
+        # Slice 0 computes for ~4 s, then everything idles for 2 s.
+        reply = kernel.run(
+            "mesh = Mesh(np.array(jax.devices()[:4]), ('x',))\n"
+            "x = jax.device_put(np.ones((4, 256, 256), np.float32), NamedSharding(mesh, P('x')))\n"
+            "step = jax.jit(lambda a: jnp.tanh(a @ a) * 0.5)\n"
+            "x = step(x).block_until_ready()\n"
+            "end = time.time() + 4\n"
+            "while time.time() < end:\n"
+            "    x = step(step(step(x))); x.block_until_ready()\n"
+            "time.sleep(2)\n"
+            "print(json.dumps(seen[mark:]))",
+            timeout=180,
+        )
+    finally:
+        stop.set()
+        poller.join(10)
+    assert reply.status == "ok", reply.error
+    shown = printed(reply)
+    period = 0.25  # the hub's 4 Hz samples: one sample window
+    compared = busy = 0
+    for at, duty, memory in reads:
+        near = [m for m in shown if abs(m[0] - at) <= period]
+        if not near:
+            continue
+        compared += 1
+        busy += duty[0] > 0.2
+        # The same service read at most a sample apart: a 1 s duty cycle moves at most by a quarter then,
+        # and bytes that stayed put meanwhile (arrays were made and freed around it) are the same bytes.
+        steady = all(r[2] == memory for r in reads if abs(r[0] - at) <= period)
+        assert any(
+            all(abs(a - b) <= period + 0.02 for a, b in zip(m[1], duty, strict=True)) and (m[2] == memory or not steady)
+            for m in near
+        ), (at, duty, memory, near)
+    assert compared >= 20 and busy >= 10, (compared, busy)
+    assert shown[-1][1] == [0.0] * 8, shown[-1]
