@@ -34,6 +34,7 @@ from pathways_kernel.colocated.data_loader import Loader, loader
 from pathways_kernel.colocated.sidecars import Sidecar, SidecarError, SidecarTimeout, run_sidecar, sidecar
 from pathways_kernel.core import sessions as _sessions
 from pathways_kernel.core.errors import PathwaysError
+from pathways_kernel.monitoring.chip_metrics import chip_metrics
 from pathways_kernel.monitoring.widget import monitor
 
 # Profiling: a trace of one block, summarized inline, opened in XProf.
@@ -113,6 +114,7 @@ __all__ = [
     "chaos_off",
     "health",
     "monitor",
+    "chip_metrics",
     "profile",
     "profiles",
     "ProfileError",

@@ -6,6 +6,7 @@ import argparse
 
 from IPython.core.interactiveshell import InteractiveShell
 
+import pathways_kernel.magics.chip_metrics  # noqa: F401  (adds --metrics to connect)
 from pathways_kernel.magics import argument, magic_arguments, number, subcommand, whole_number
 from pathways_kernel.monitoring.widget import monitor as show_monitor
 
