@@ -128,12 +128,14 @@ def plain_capture(args, loop) -> tuple[int, float, float, float]:
         n, body_end = loop()
     jax.profiler.stop_trace()
     stopped = time.perf_counter()
-    (path,) = glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb"))
-    with open(path, "rb") as f:
-        data = f.read()
+    # The kernel's trace and, on local:, the server's (it traces its own process into the same run).
+    data = []
+    for path in sorted(glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb"))):
+        with open(path, "rb") as f:
+            data.append(f.read())
     slice_of = {d.id: s.index for s in pw.session().topology.slices for d in s.devices}
-    summary_lib.summarize([data], "plain", slice_of)
-    return n, time.perf_counter() - body_end, stopped - body_end, len(data) / 2**20
+    summary_lib.summarize(data, "plain", slice_of)
+    return n, time.perf_counter() - body_end, stopped - body_end, sum(map(len, data)) / 2**20
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ from pathways_kernel.core.display import TextDisplay
 from pathways_kernel.core.errors import PathwaysError, StorageError
 from pathways_kernel.core.eventlog import format_bytes
 from pathways_kernel.core.sessions import session
+from pathways_kernel.profiling import jax_trace  # jax.profiler.trace(DIR) on local: (installs itself)
 from pathways_kernel.profiling import summary as summary_lib
 from pathways_kernel.server.plugins import SERVER_TRACE
 
@@ -46,8 +47,7 @@ if TYPE_CHECKING:
     from jax.profiler import ProfileOptions
 
 ROOT_ENV = "PATHWAYS_PROFILE_DIR"
-#: Where jax.profiler and the Pathways workers put one run under a log dir.
-RUNS_DIR = "plugins/profile"
+RUNS_DIR = jax_trace.RUNS_DIR
 #: What pip installs XProf for the JupyterLab tab.
 EXTRA = "pip install 'pathways-kernel[profile]'"
 
@@ -238,10 +238,6 @@ class _JaxTracer:
         return xspace
 
 
-#: Seconds the capture waits for it after the server was asked to stop.
-SERVER_TRACE_WAIT_S = 30.0
-
-
 class _LocalServerTracer:
     """The local Pathways server: as a Pathways worker does, the server traces its own
     process (where the devices' work runs) into the capture's run directory, sent the
@@ -282,15 +278,10 @@ class _LocalServerTracer:
             _write_xspace(self._run_dir, xspace)
         # The client does not wait for a profile request's result, so the server may still be
         # writing its trace: the capture's size and summary need it there.
-        server_trace = Path(self._run_dir) / SERVER_TRACE
-        deadline = time.monotonic() + SERVER_TRACE_WAIT_S
-        while not server_trace.exists():
-            if time.monotonic() > deadline:
-                raise ProfileError(
-                    f"the local Pathways server did not write its trace to {server_trace} within "
-                    f"{SERVER_TRACE_WAIT_S:g} s: the capture has the kernel's side only"
-                )
-            time.sleep(0.05)
+        try:
+            jax_trace.wait_for(Path(self._run_dir) / SERVER_TRACE)
+        except PathwaysError as exc:
+            raise ProfileError(str(exc)) from None
 
     @staticmethod
     def _stop_server() -> None:

@@ -416,3 +416,36 @@ def test_the_python_twin_refuses_an_empty_name_or_dir_instead_of_a_default(local
     with pytest.raises(ProfileError, match=says), profile(**kwargs):
         pass
     assert len(captures()) == before  # nothing was captured under a default
+
+
+# -- jax.profiler itself on local:2x4 -----------------------------------------
+# Not under load: what is checked is which directory a trace may go to, not how long it takes.
+@pytest.mark.kernel
+def test_jax_profiler_trace_into_a_local_dir_on_the_local_server_traces_both_processes(tmp_path):
+    k = Kernel("pathways", backend="local:2x4")
+    try:
+        assert k.run(LOOP + "import os\nos.chdir(" + repr(str(tmp_path)) + ")").status == "ok"
+        # pathwaysutils' own check (right on GKE) refused it: "ValueError: Path must be a GCS path".
+        traced = k.run("with jax.profiler.trace('relative/trace'):\n    x = train_step(x)\nfloat(x.sum())")
+        assert traced.status == "ok", traced.error
+        # Both are there when the block ends: the kernel's, and the server's (it resolves the
+        # relative path from the kernel's working directory, not its own).
+        (run,) = glob.glob(str(tmp_path / "relative" / "trace" / "plugins" / "profile" / "*"))
+        assert {"pathways-local-server.xplane.pb", f"{os.uname().nodename}.xplane.pb"} <= set(os.listdir(run))
+        started = k.run(
+            "jax.profiler.start_trace(" + repr(str(tmp_path / "started")) + ")\n"
+            "x = train_step(x)\n"
+            "jax.profiler.stop_trace()"
+        )
+        assert started.status == "ok", started.error
+        assert glob.glob(str(tmp_path / "started" / "plugins" / "profile" / "*" / "pathways-local-server.xplane.pb"))
+        remote = one_line_error(k.run("with jax.profiler.trace('gs://bucket/trace'):\n    x = train_step(x)"))
+        assert remote.startswith(
+            "TraceDirError: cannot trace into gs://bucket/trace on local:2x4: its Pathways server "
+        )
+        assert "use jax.profiler.trace('/tmp/trace') (or %%pathways profile)" in remote
+        # Nothing was left tracing: a capture of the magic works after all three.
+        again = k.run("%%pathways profile --name after\nx = train_step(x)")
+        assert again.status == "ok" and "profile after:" in again.text, again.error
+    finally:
+        k.shutdown()
