@@ -122,6 +122,8 @@ class ConnectionNotice:
         """The notice, once, if one was posted since the last call."""
         current = sessions.current()
         if current is not None:
+            if isinstance(current.backend, LocalServerBackend):
+                current.backend.gone()  # a server that just died is told now, not a cell later
             if current.events is not self._log:
                 self._log, self._seen, self.pending = current.events, 0, None
             for event in self._log.since(self._seen):
@@ -155,25 +157,25 @@ def error_line(error: BaseException) -> str | None:
     disconnect is not said again. Others: ``local_server.error_line``.
     """
     text = str(error)
-    if not any(words in text for words in _GONE_WORDS):
-        return local_server.error_line(error)
-    name = type(error).__name__
     current = sessions.current()
     backend = current.backend if current is not None else None
+    name = type(error).__name__
     if isinstance(backend, LocalServerBackend):
         message = backend.gone_message()
         older = lost_clients.last_reason()
-        if message is None and older is not None:
+        if message is None and older is not None and any(words in text for words in _GONE_WORDS):
             # This server serves: the work used arrays or functions of one that is gone.
             return (
                 f"{name}: this work used arrays of a Pathways server that is gone ({older}): their data is lost. "
                 "Variables with a snapshot were restored on the new server; recompute or reload the others"
             )
-        if message is None:
+        if message is None and (text.startswith("UNAVAILABLE") or any(words in text for words in _GONE_WORDS)):
             message = backend.gone_message(_EXIT_SEEN_S)
         if message is not None:
             NOTICE.take()  # said here: not again under the next cell
             return f"{name}: {message}"
+    if not any(words in text for words in _GONE_WORDS):
+        return local_server.error_line(error)
     if isinstance(backend, ProxyBackend):
         said = " ".join(text.split())[:300]
         return (

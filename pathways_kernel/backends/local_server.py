@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import select
 import signal
 import subprocess
 import threading
@@ -58,6 +59,8 @@ SPEC_PREFIX = "local"
 RECONNECT = "Run `%pathways reconnect` (pw.reconnect())"
 #: Seconds a dead server's last stderr lines may take to reach the kernel.
 _LAST_WORDS_S = 1.0
+#: Seconds to reap a server known to have exited (its watcher may not be scheduled yet, under load).
+_REAP_S = 5.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +92,8 @@ class LocalServerBackend(InjectedFaults, ProxyBackend):
         self._closing = False
         self._gone: str | None = None  # why the server ended, once seen (``gone``)
         self._gone_lock = threading.Lock()
+        # The server's pidfd: readable once it exits, seen without reaping it (``gone``).
+        self._pidfd: int | None = None
         #: Set while the slices are bound to a Slurm job (``slurm_binding``): the job's id and time left.
         self.job_label: Callable[[], str] | None = None
         # The server is stopped at interpreter exit while it runs, if its session was not closed.
@@ -142,6 +147,7 @@ class LocalServerBackend(InjectedFaults, ProxyBackend):
             env={PARENT_ENV: str(os.getpid()), "JAX_PLATFORMS": "cpu"},
         )
         self._exit_stop.arm()
+        self._pidfd = _open_pidfd(self.server.pid)
         self.address = SocketTarget(self.server.target)  # type: ignore[assignment]
         try:
             self._check_server()
@@ -176,6 +182,9 @@ class LocalServerBackend(InjectedFaults, ProxyBackend):
         if server is not None:
             self._closing = True
             server.stop()
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
         self._exit_stop.disarm()
 
     def _watch(self, server: Any) -> None:
@@ -191,12 +200,10 @@ class LocalServerBackend(InjectedFaults, ProxyBackend):
         notice under the next cell), and every array of its client lost (``lost_clients``).
         """
         server = self.server
-        if server is None:
+        if server is None or not _exited(self._pidfd, server, wait_s):
             return None
-        try:
-            code = server.process.wait(wait_s)
-        except subprocess.TimeoutExpired:
-            return None
+        # It has exited: the watcher's wait reaps it at once (bounded, for a watcher not yet scheduled).
+        code = server.process.wait(_REAP_S)
         with self._gone_lock:
             if self._gone is None:
                 _settle(server.stderr_lines)
@@ -313,6 +320,33 @@ def error_line(error: BaseException) -> str | None:
         if slices and not any(s.up for s in slices):
             return one_line(slice_down_error(no_slice_up_message(s.index for s in slices)))
     return None
+
+
+def _open_pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):  # not Linux >= 5.3: ``_exited`` polls instead
+        return None
+
+
+def _exited(pidfd: int | None, server: Any, wait_s: float | None) -> bool:
+    """Whether ``server`` has exited, waiting up to ``wait_s`` seconds (``None``: until it does).
+
+    Not ``Popen.poll``: while the watcher thread waits for the process, ``poll`` and
+    ``wait(timeout)`` cannot take its lock and say it runs, dead or not (under load, for as
+    long as the watcher is not scheduled). A pidfd turns readable at the exit, lock-free.
+    """
+    if pidfd is None:
+        try:
+            server.process.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+    try:
+        readable, _, _ = select.select([pidfd], [], [], wait_s)
+    except (OSError, ValueError):  # closed meanwhile: the session stopped it, which is no death
+        return False
+    return bool(readable)
 
 
 def _settle(lines: Sequence[str]) -> None:

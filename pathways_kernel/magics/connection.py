@@ -10,7 +10,6 @@ from IPython.core.interactiveshell import InteractiveShell
 import pathways_kernel.magics.slurm  # noqa: F401  (adds the Slurm options to connect)
 from pathways_kernel import api
 from pathways_kernel.backends import connection
-from pathways_kernel.backends.local_server import RECONNECT
 from pathways_kernel.core import shellhooks
 from pathways_kernel.magics import argument, magic_arguments, preflight_seconds, subcommand
 
@@ -29,14 +28,12 @@ def reconnect(shell: InteractiveShell, args: argparse.Namespace, cell: str | Non
     return api.status()
 
 
-def _show_notice(result: object = None) -> None:
-    notice = connection.NOTICE.take()
-    # A cell whose error said the server is gone, and what to do, has said the notice already.
-    said = str(getattr(result, "error_in_exec", None) or "")
-    if notice and RECONNECT not in said:
+def _show_notice(*_: object) -> None:
+    if notice := connection.NOTICE.take():
         print(notice, file=sys.stderr)
 
 
 def install(shell: InteractiveShell) -> None:
-    """Show the disconnect notice under the cell during or before which it came (once per disconnect)."""
-    shellhooks.of(shell).register("post_run_cell", _show_notice)
+    """Show the disconnect notice before the next cell runs (once per disconnect; not after a
+    cell whose error said it already, ``connection.error_line``)."""
+    shellhooks.of(shell).register("pre_run_cell", _show_notice)
