@@ -154,7 +154,7 @@ def serve(args: argparse.Namespace) -> int:
     metrics = metric_service.handlers(
         activity,
         lambda: backend.status()["bytes_per_device"],
-        lambda device: "cpu",  # the kind InitRequest gives every device (device_requests.py)
+        backend.topology.device_kind,  # the kind InitRequest gives each device (device_requests.py)
     )
     # The sessions' streams run on an event loop (fewer thread hand-offs per message than
     # gRPC's threaded server); the other methods run on its thread pool.

@@ -42,11 +42,15 @@ _TICK_S = 0.05
 
 _GIB = 1 << 30
 #: HBM per chip by JAX's ``device_kind`` (Cloud TPU's published figures).
+#: (``core/tpu_kinds.py`` names the kinds a server's slices report; a TPU VM's v5p says "TPU v5".)
 HBM_BYTES: dict[str, int] = {
     "TPU v4": 32 * _GIB,
-    "TPU v5 lite": 16 * _GIB,  # v5e
-    "TPU v5": 95 * _GIB,  # v5p
-    "TPU v6 lite": 32 * _GIB,  # v6e (Trillium)
+    "TPU v5 lite": 16 * _GIB,
+    "TPU v5e": 16 * _GIB,
+    "TPU v5": 95 * _GIB,
+    "TPU v5p": 95 * _GIB,
+    "TPU v6 lite": 32 * _GIB,
+    "TPU v6e": 32 * _GIB,
     "TPU7x": 192 * _GIB,
 }
 #: Any other kind, the server's own ``cpu`` devices among them: a v5e chip's.

@@ -88,6 +88,15 @@ def test_the_server_names_what_it_serves_for_another_metric(server):
     assert metric_service.DUTY_CYCLE in raised.value.details()
 
 
+def test_each_kind_of_chip_has_its_own_hbm():
+    mixed = launch.start("v5p:2x2x1,v6e:2x2", metrics_port=0)
+    try:
+        totals = [u.total_memory for u in usage(mixed)]
+    finally:
+        mixed.stop()
+    assert totals == [95 << 30] * 4 + [32 << 30] * 4
+
+
 def busy_client(ready: str) -> None:
     """Keeps 64 MiB on device 0 and slice 0 (devices 0-3) computing until killed."""
     import jax
