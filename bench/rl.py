@@ -1,0 +1,238 @@
+"""RL across slices on the local Pathways server against in-process JAX: weight sync,
+rollout throughput, rollout and training side by side.
+
+Two sides, each a fresh process on the same machine: in-process CPU JAX with 2 devices,
+and JAX's own proxy client (``JAX_PLATFORMS=proxy`` + pathwaysutils) against
+``pathways-local serve --slices 2x1`` (one chip per slice, so both fit a 2-core machine).
+The trainer lives on slice 0 (device 0), the rollout on slice 1 (device 1).
+
+  * weight sync: 64 MiB of parameters (4 x 16 MiB float32) from the trainer to the rollout,
+    as an RL framework moves them every step: in-process ``jax.device_put``, on the server
+    pathwaysutils' side channel (``experimental.reshard.reshard``, the ``reshardRequest`` Tunix
+    sends, plans cached), median of 7; the server counts the bytes that passed through
+    the client meanwhile (goal 0);
+  * rollout: a small decoder (2 layers, width 512, vocabulary 512) generating 64 tokens for
+    a batch of 32 with a KV cache, one jitted decode step per token (cache and position stay
+    on the device), greedy; tokens/s;
+  * overlap: a training loop (30 steps) on slice 0 and a rollout phase (one generation) on
+    slice 1 in two threads at once,
+    against the longer of the two alone (on disjoint slices they should not wait for each other).
+
+The machine is shared: the sides alternate, twice, and each keeps its best figure; the load
+average is printed. Ratios last: sync time server/in-process (goal <= 1.5), rollout tokens/s
+server/in-process (goal >= 0.5), overlap both/longer alone on the server (goal <= 1.3).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+SYNC_MIB = 64
+SYNC_REPEATS = 7
+BATCH, WIDTH, VOCAB, LAYERS, TOKENS = 32, 512, 512, 2, 64
+ROLLOUTS = 1  # generations per rollout phase
+TRAIN_STEPS = 30
+
+
+def measure(target: str | None) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import SingleDeviceSharding
+
+    trainer, rollout = (SingleDeviceSharding(d) for d in sorted(jax.devices(), key=lambda d: d.id)[:2])
+    rng = np.random.default_rng(0)
+    side = int((SYNC_MIB << 20) / 4 / 4) ** 0.5
+    weights = {f"w{i}": rng.normal(size=(int(side), int(side))).astype(np.float32) for i in range(4)}
+    params = jax.block_until_ready({k: jax.device_put(v, trainer) for k, v in weights.items()})
+    to_rollout = {k: rollout for k in params}
+
+    if target is None:
+
+        def sync():
+            return jax.device_put(params, to_rollout)
+    else:
+        from pathwaysutils.experimental import reshard as experimental_reshard
+
+        def sync():
+            return experimental_reshard.reshard(params, to_rollout, cache_resharding_plans=True)
+
+    def client_bytes() -> int:
+        if target is None:
+            return 0
+        from pathways_kernel.server import control
+
+        counts = control.status(target)["counts"]
+        return counts.get("host_bytes_from_client", 0) + counts.get("host_bytes_to_client", 0)
+
+    jax.block_until_ready(sync())
+    before = client_bytes()
+    times = []
+    for _ in range(SYNC_REPEATS):
+        start = time.perf_counter()
+        synced = jax.block_until_ready(sync())
+        times.append(time.perf_counter() - start)
+    sync_bytes = client_bytes() - before
+    equal = all(np.array_equal(np.asarray(synced[k]), weights[k]) for k in weights)
+
+    # -- rollout: a tiny decoder with a KV cache on the rollout device -------------
+    model = jax.device_put(
+        {
+            "embed": rng.normal(size=(VOCAB, WIDTH)).astype(np.float32) * 0.05,
+            "qkv": rng.normal(size=(LAYERS, WIDTH, 3 * WIDTH)).astype(np.float32) * 0.05,
+            "out": rng.normal(size=(LAYERS, WIDTH, WIDTH)).astype(np.float32) * 0.05,
+        },
+        rollout,
+    )
+
+    @jax.jit
+    def decode(model, cache, token, position):  # the position stays on the device, as the cache does
+        h = model["embed"][token]
+        keys, values = cache
+        for layer in range(LAYERS):
+            q, k, v = jnp.split(h @ model["qkv"][layer], 3, axis=-1)
+            keys = keys.at[layer, :, position].set(k)
+            values = values.at[layer, :, position].set(v)
+            scores = jnp.einsum("bd,btd->bt", q, keys[layer]) / WIDTH**0.5
+            scores = jnp.where(jnp.arange(TOKENS) <= position, scores, -1e9)
+            h = h + jnp.tanh(jnp.einsum("bt,btd->bd", jax.nn.softmax(scores), values[layer]) @ model["out"][layer])
+        return (keys, values), jnp.argmax(h @ model["embed"].T, axis=-1).astype(jnp.int32), position + 1
+
+    def generate() -> jax.Array:
+        shape = (LAYERS, BATCH, TOKENS, WIDTH)
+        cache = (jax.device_put(jnp.zeros(shape), rollout), jax.device_put(jnp.zeros(shape), rollout))
+        token = jax.device_put(jnp.arange(BATCH, dtype=jnp.int32), rollout)
+        position = jax.device_put(jnp.int32(0), rollout)
+        out = []
+        for _ in range(TOKENS):
+            cache, token, position = decode(model, cache, token, position)
+            out.append(token)
+        return jax.block_until_ready(jnp.stack(out))
+
+    def rollout_phase() -> None:
+        for _ in range(ROLLOUTS):
+            generate()
+
+    generate()
+    rollouts = []
+    for _ in range(3):
+        start = time.perf_counter()
+        generate()
+        rollouts.append(time.perf_counter() - start)
+
+    # -- training on slice 0 while the rollout runs on slice 1 ------------------------
+    w = jax.device_put(rng.normal(size=(768, 768)).astype(np.float32) * 0.01, trainer)
+    x = jax.device_put(rng.normal(size=(256, 768)).astype(np.float32), trainer)
+
+    @jax.jit
+    def train_step(w, x):
+        loss, grad = jax.value_and_grad(lambda w: jnp.mean(jnp.tanh(jnp.tanh(x @ w) @ w) ** 2))(w)
+        return w - 0.01 * grad, loss
+
+    def train() -> None:
+        nonlocal w
+        for _ in range(TRAIN_STEPS):
+            w, loss = train_step(w, x)
+            loss.block_until_ready()
+
+    train()
+
+    def timed(*work) -> float:
+        threads = [threading.Thread(target=fn) for fn in work]
+        start = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return time.perf_counter() - start
+
+    alone_train = min(timed(train) for _ in range(2))
+    alone_rollout = min(timed(rollout_phase) for _ in range(2))
+    together = min(timed(train, rollout_phase) for _ in range(2))
+    return {
+        "sync_ms": statistics.median(times) * 1e3,
+        "sync_client_bytes": sync_bytes,
+        "sync_equal": equal,
+        "rollout_tokens_s": BATCH * TOKENS / min(rollouts),
+        "train_alone_s": alone_train,
+        "rollout_alone_s": alone_rollout,
+        "together_s": together,
+        "overlap": together / max(alone_train, alone_rollout),
+    }
+
+
+def run(env: dict[str, str], target: str | None) -> dict:
+    command = [sys.executable, __file__, "--child", *([target] if target else [])]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode or not lines:
+        raise SystemExit(f"measurement failed:\n{out.stderr[-3000:]}")
+    return {**json.loads(lines[-1]), "load": os.getloadavg()[0]}
+
+
+def best(runs: list[dict]) -> dict:
+    """Each figure's best run (least time, most throughput); the highest load average seen."""
+    pick = {"rollout_tokens_s": max, "load": max, "sync_equal": min, "sync_client_bytes": max}
+    return {key: pick.get(key, min)(r[key] for r in runs) for key in runs[0]}
+
+
+def main() -> None:
+    from pathways_kernel.server import launch
+
+    print(f"load average at start: {os.getloadavg()[0]:.1f} (2-core machine, shared)", flush=True)
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
+    server = launch.start(2, 1)
+    try:
+        sides = {
+            "in-process": ({**base, "JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "2"}, None),
+            "local server": (launch.client_env(server.target, connect_timeout_s=60), server.target),
+        }
+        runs: dict[str, list[dict]] = {side: [] for side in sides}
+        for _ in range(2):
+            for side, (env, target) in sides.items():
+                runs[side].append(run(env, target))
+    finally:
+        server.stop()
+    figures = {side: best(side_runs) for side, side_runs in runs.items()}
+    print(f"{'':32}" + "".join(f"{side:>16}" for side in figures))
+    for key, label in (
+        ("sync_ms", f"weight sync {SYNC_MIB} MiB (ms)"),
+        ("sync_client_bytes", "  bytes through the client"),
+        ("rollout_tokens_s", "rollout (tokens/s)"),
+        ("train_alone_s", "training alone (s)"),
+        ("rollout_alone_s", "rollout alone (s)"),
+        ("together_s", "both at once (s)"),
+        ("load", "load average (max)"),
+    ):
+        print(f"{label:32}" + "".join(f"{float(f[key]):16.1f}" for f in figures.values()))
+    local, server_side = figures["in-process"], figures["local server"]
+    assert server_side["sync_equal"] and local["sync_equal"], "the synced weights differ"
+    print()
+    print(f"in-process overlap both/longer alone: {local['overlap']:.2f} (for reference)")
+    print(
+        f"weight sync time server/in-process: {server_side['sync_ms'] / local['sync_ms']:.2f} (goal <= 1.5), "
+        f"{server_side['sync_client_bytes']} bytes through the client (goal 0)"
+    )
+    print(
+        f"rollout tokens/s server/in-process: {server_side['rollout_tokens_s'] / local['rollout_tokens_s']:.2f} "
+        "(goal >= 0.5)"
+    )
+    print(f"overlap on the server both/longer alone: {server_side['overlap']:.2f} (goal <= 1.3)")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--child"]:
+        target = sys.argv[2] if len(sys.argv) > 2 else None
+        if target is not None:
+            import pathwaysutils
+
+            pathwaysutils.initialize()
+        print(json.dumps(measure(target)), flush=True)
+    else:
+        main()
