@@ -48,13 +48,16 @@ from typing import Any, ClassVar
 
 from pathways_kernel.backends import preflight as preflight_lib
 from pathways_kernel.backends.proxy import ProxyBackend, device_slice
-from pathways_kernel.core import jaxcompat, lost_clients
+from pathways_kernel.core import heap, jaxcompat, lost_clients
 from pathways_kernel.core.backend import ChipMetrics
 from pathways_kernel.core.errors import BackendError
 from pathways_kernel.core.threads import ExitStop
 from pathways_kernel.emulator.faults import InjectedFaults
 
 SPEC_PREFIX = "local"
+#: JAX's proxy client assembles each read in small heap blocks that glibc keeps once freed (256 MiB
+#: read, then deleted: +264 MiB held): this gives them back (core/heap.py), for the whole process.
+_HEAP_TRIMMER = heap.HeapTrimmer()
 #: The one command that recovers from a dead server, wherever its death is told.
 RECONNECT = "Run `%pathways reconnect` (pw.reconnect())"
 #: Seconds a dead server's last stderr lines may take to reach the kernel.
@@ -168,6 +171,7 @@ class LocalServerBackend(InjectedFaults, ProxyBackend):
         threading.Thread(
             target=self._watch, args=(self.server,), name="pathways-local-server-watch", daemon=True
         ).start()
+        _HEAP_TRIMMER.start()
 
     def close(self) -> None:
         self.gone()  # a server that died before its session closed: its arrays are lost for that reason

@@ -25,6 +25,7 @@ from jax._src import array as jax_array
 from jax._src.sharding_impls import GSPMDSharding
 from jaxlib import xla_client as xc
 
+from pathways_kernel.core import heap
 from pathways_kernel.server import protos
 from pathways_kernel.server.errors import INVALID_ARGUMENT, UNIMPLEMENTED, ServerError
 from pathways_kernel.server.protos import Proto
@@ -186,6 +187,8 @@ class Poisoned:
 _released: queue.SimpleQueue[list[ServerArray | Poisoned]] = queue.SimpleQueue()
 _releaser_lock = threading.Lock()
 _releaser: threading.Thread | None = None
+# Gives big arrays' memory back once they are dropped (core/heap.py says what kept it).
+_reclaimer = heap.Reclaimer()
 
 
 def _drop_released() -> None:
@@ -199,6 +202,9 @@ def _release(entries: list[ServerArray | Poisoned]) -> None:
     hold up the session's requests (those computed are dropped here: waking that thread
     costs more)."""
     global _releaser
+    _reclaimer.released(
+        sum(shard.nbytes for entry in entries if isinstance(entry, ServerArray) for shard in entry.shards)
+    )
     if all(_computed(entry) for entry in entries):
         return
     with _releaser_lock:
