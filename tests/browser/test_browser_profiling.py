@@ -69,11 +69,12 @@ def xprof_pids(server) -> set[str]:
     }
 
 
-def xprof_listeners(server) -> list[str]:
-    """Listening sockets of those processes."""
-    out = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True).stdout
+def xprof_listeners(server, flags: str) -> list[str]:
+    """Listening sockets of those processes (``ss`` ``-Hltnp``: TCP, ``-Hlxp``: Unix)."""
+    out = subprocess.run(["ss", flags], capture_output=True, text=True).stdout
     pids = xprof_pids(server)
-    return [line.split()[3] for line in out.splitlines() if any(f"pid={p}," in line for p in pids)]
+    column = 4 if "x" in flags else 3
+    return [line.split()[column] for line in out.splitlines() if any(f"pid={p}," in line for p in pids)]
 
 
 def test_open_in_xprof_shows_the_captured_run_and_its_trace(page, server):
@@ -114,9 +115,11 @@ def test_open_in_xprof_shows_the_captured_run_and_its_trace(page, server):
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "xprof.png"))
 
-    # XProf listens on 127.0.0.1 only, and nothing else (no gRPC worker port).
-    listeners = xprof_listeners(server)
-    assert listeners and all(addr.startswith("127.0.0.1:") for addr in listeners), listeners
+    # XProf listens on its private Unix socket only: no TCP port (no gRPC worker port either),
+    # so only the Jupyter server reaches it (tests/profiling/test_xprof_access.py tries as nobody).
+    assert xprof_listeners(server, "-Hltnp") == []
+    sockets = xprof_listeners(server, "-Hlxp")
+    assert len(sockets) == 1 and (Path(sockets[0]).parent.stat().st_mode & 0o777) == 0o700, sockets
 
 
 def test_panel_lists_the_capture_and_its_button_opens_the_latest(page, server):
