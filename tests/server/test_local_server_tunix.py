@@ -1,6 +1,6 @@
 """Tunix's RL, unchanged, against the local Pathways server: ``RLCluster`` with the actor and
-reference on slice 0 and the rollout on slice 1, trained by ``GRPOLearner`` as Tunix's own
-disaggregated GRPO test does. With ``JAX_PLATFORMS=proxy`` Tunix syncs the weights with
+reference on slice 0 (a v5p) and the rollout on slice 1 (a v6e), trained by ``GRPOLearner`` as
+Tunix's own disaggregated GRPO test does. With ``JAX_PLATFORMS=proxy`` Tunix syncs the weights with
 pathwaysutils' ``reshardRequest`` side channel after every step; after each sync the
 rollout model's weights equal the trainer's, and no weight byte passed through the client.
 
@@ -21,6 +21,7 @@ import pytest
 from pathways_kernel.server import launch
 
 HERE = __file__
+SPEC = "v5p:2x2x1,v6e:2x2"
 TUNIX_DIR = os.path.join(os.path.dirname(sys.executable), "..", "tunix-0.1.7")
 
 pytestmark = pytest.mark.skipif(
@@ -31,7 +32,8 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def server():
-    started = launch.start(2, 4)
+    # The trainer's slice is a v5p, the rollout's a Trillium v6e (device ids 0-3 and 4-7, as on 2x4).
+    started = launch.start(SPEC)
     yield started
     started.stop()
 
@@ -106,10 +108,14 @@ def client_grpo(target: str) -> dict:
         not np.array_equal(a, np.asarray(b))
         for a, b in zip(jax.tree.leaves(initial), jax.tree.leaves(trained), strict=True)
     )
-    return {"should_sync": learner.should_sync_weights, "syncs": syncs, "trained": changed}
+    kinds = {
+        "trainer": sorted({d.device_kind for d in trainer_mesh.devices.flat}),
+        "rollout": sorted({d.device_kind for d in rollout_mesh.devices.flat}),
+    }
+    return {"should_sync": learner.should_sync_weights, "syncs": syncs, "trained": changed, "kinds": kinds}
 
 
-def test_tunix_grpo_with_rollout_on_its_own_slice_syncs_weights_on_the_server(server):
+def test_tunix_grpo_with_trainer_on_a_v5p_slice_and_rollout_on_a_v6e_slice_syncs_on_the_server(server):
     env = launch.client_env(server.target)
     env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(TUNIX_DIR), env.get("PYTHONPATH", "")])
     got = proxy_clients.run_client(HERE, server.target, server.target, env=env, timeout=600)
@@ -120,6 +126,7 @@ def test_tunix_grpo_with_rollout_on_its_own_slice_syncs_weights_on_the_server(se
         assert sync["equal"] is True, got["syncs"]
         assert sync["bytes"] == [0, 0], got["syncs"]
         assert sync["trainer_devices"] == [0, 1, 2, 3] and sync["rollout_devices"] == [4, 5, 6, 7], sync
+    assert got["kinds"] == {"trainer": ["TPU v5p"], "rollout": ["TPU v6 lite"]}, got
 
 
 if __name__ == "__main__":
