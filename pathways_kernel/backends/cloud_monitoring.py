@@ -48,8 +48,8 @@ _POD_INDEX = "batch.kubernetes.io/job-completion-index"
 
 
 class CloudMonitoring(ChipMetrics):
-    """TPU series of ``project`` (one GKE ``cluster``'s, or every TPU VM's), placed on ``slices``
-    (each slice's device ids)."""
+    """TPU series of ``project`` (one GKE ``cluster``'s, or TPU VMs'; of pods or nodes named
+    ``workers*`` when given), placed on ``slices`` (each slice's device ids)."""
 
     name = f"Cloud Monitoring, {RESOLUTION_S:g} s"
 
@@ -59,11 +59,11 @@ class CloudMonitoring(ChipMetrics):
         slices: Callable[[], Sequence[Sequence[int]]],
         *,
         cluster: str | None = None,
-        pod_prefix: str | None = None,
+        workers: str | None = None,
         endpoint: str | None = None,
     ):
         self.cluster = cluster
-        self.pod_prefix = pod_prefix
+        self.workers = workers
         self._slices = slices
         self._client, self.project = _client(project, endpoint or os.environ.get(ENDPOINT_ENV))
         self._lock = threading.Lock()
@@ -137,8 +137,9 @@ class CloudMonitoring(ChipMetrics):
             conditions = [f'metric.type = "{family}{metric}"']
             if family == GKE and self.cluster:
                 conditions.append(f'resource.labels.cluster_name = "{self.cluster}"')
-            if family == GKE and self.pod_prefix:
-                conditions.append(f'resource.labels.pod_name = starts_with("{self.pod_prefix}")')
+            if self.workers:  # the job's own: its pods, or its nodes' TPU VMs
+                label = "pod_name" if family == GKE else "node_id"
+                conditions.append(f'resource.labels.{label} = starts_with("{self.workers}")')
             now = int(time.time())
             try:
                 found = list(

@@ -26,7 +26,10 @@ _parser.add_argument(
 _parser.add_argument("--metrics-project", default=None, help="cloud-monitoring: project (default: the credentials')")
 _parser.add_argument("--metrics-cluster", default=None, help="cloud-monitoring: GKE cluster of the Pathways workers")
 _parser.add_argument(
-    "--metrics-pods", default=None, metavar="PREFIX", help="cloud-monitoring: the workers' pod names start with PREFIX"
+    "--metrics-workers",
+    default=None,
+    metavar="PREFIX",
+    help="cloud-monitoring: only the workers whose names start with PREFIX (GKE pods, a Slurm job's TPU VM nodes)",
 )
 
 
@@ -36,7 +39,7 @@ def connect(shell: InteractiveShell, args: argparse.Namespace, cell: str | None)
     if args.metrics:
         print(
             use_chip_metrics(
-                args.metrics, project=args.metrics_project, cluster=args.metrics_cluster, pods=args.metrics_pods
+                args.metrics, project=args.metrics_project, cluster=args.metrics_cluster, workers=args.metrics_workers
             )
         )
     return shown

@@ -25,13 +25,13 @@ def chip_metrics(
     *,
     project: str | None = None,
     cluster: str | None = None,
-    pods: str | None = None,
+    workers: str | None = None,
 ) -> str:
     """Makes the session's monitor read chips from ``source``; returns the one line that says what it reads.
 
     ``cloud-monitoring`` reads the TPU series of ``project`` (default: the credentials' project)
-    with Application Default Credentials: GKE's, of ``cluster`` and pods named ``pods*``
-    (a Pathways JobSet's workers), else Cloud TPU VMs'.
+    with Application Default Credentials: GKE's, of ``cluster`` (a Pathways JobSet's worker pods),
+    else Cloud TPU VMs' (a Slurm job's nodes); of the pods or nodes named ``workers*`` when given.
     """
     if source not in SOURCES:
         raise PathwaysError(f"chip metrics source {source!r}: choose one of {', '.join(SOURCES)}")
@@ -52,7 +52,7 @@ def chip_metrics(
         return [[chip.device.id for chip in s.chips] for s in session.topology.slices]
 
     try:
-        reader = CloudMonitoring(project, slices, cluster=cluster, pod_prefix=pods)
+        reader = CloudMonitoring(project, slices, cluster=cluster, workers=workers)
         readings = reader.check()
     except BackendError as error:
         fallback = telemetry.ClientSource(backend.is_leftover)

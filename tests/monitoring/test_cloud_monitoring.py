@@ -30,8 +30,13 @@ def monitoring():
             "gke-project": gke_series(
                 "pathways", slices=2, hosts=1, chips=4, duty=[75, 25], used=[3 * GIB, 1 * GIB], total=16 * GIB
             ),
+            # A Slurm job's two nodes, and a TPU VM of someone else's in the same project (first by name).
             "tpu-vm-project": tpu_vm_series(
-                nodes=["pw-slice-a", "pw-slice-b"], chips=4, duty=[10, 90], used=[GIB, 2 * GIB], total=32 * GIB
+                nodes=["job7-node-a", "job7-node-b", "another-vm"],
+                chips=4,
+                duty=[10, 90, 50],
+                used=[GIB, 2 * GIB, GIB],
+                total=32 * GIB,
             ),
             "empty-project": [],
         }
@@ -75,7 +80,9 @@ def panel_metrics(kernel, source: str) -> monitor_frontend.MetricsMessage:
 
 
 def test_gke_series_of_a_pathways_jobset_show_per_slice(kernel, monitoring):
-    reply = connect(kernel, "--metrics-project gke-project --metrics-cluster pw-cluster --metrics-pods pathways-worker")
+    reply = connect(
+        kernel, "--metrics-project gke-project --metrics-cluster pw-cluster --metrics-workers pathways-worker"
+    )
     assert "monitor: chips from Cloud Monitoring, 60 s (cluster pw-cluster, project gke-project): 8 chips" in reply.text
     metrics = panel_metrics(kernel, "Cloud Monitoring, 60 s")
     assert metrics.window_s == 60
@@ -88,8 +95,8 @@ def test_gke_series_of_a_pathways_jobset_show_per_slice(kernel, monitoring):
     )
 
 
-def test_tpu_vm_series_show_per_slice(kernel):
-    reply = connect(kernel, "--metrics-project tpu-vm-project")
+def test_tpu_vm_series_of_a_slurm_job_s_nodes_show_per_slice(kernel):
+    reply = connect(kernel, "--metrics-project tpu-vm-project --metrics-workers job7-node")
     assert "8 chips" in reply.text
     metrics = panel_metrics(kernel, "Cloud Monitoring, 60 s")
     assert [s.utilization for s in metrics.slices] == pytest.approx([0.1, 0.9])

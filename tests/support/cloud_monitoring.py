@@ -21,6 +21,7 @@ from google.cloud import monitoring_v3
 METHOD = "/google.monitoring.v3.MetricService/ListTimeSeries"
 _TYPE = re.compile(r'metric\.type = "([^"]+)"')
 _CLUSTER = re.compile(r'resource\.labels\.cluster_name = "([^"]+)"')
+_STARTS = re.compile(r'resource\.labels\.(pod_name|node_id) = starts_with\("([^"]+)"\)')
 
 
 def point(value: float | int) -> dict:
@@ -126,6 +127,7 @@ class StandIn:
             context.abort(grpc.StatusCode.NOT_FOUND, f"Project {project} not found")
         wanted = _TYPE.search(request.filter)
         cluster = _CLUSTER.search(request.filter)
+        starts = _STARTS.search(request.filter)
         return monitoring_v3.ListTimeSeriesResponse(
             time_series=[
                 s
@@ -133,6 +135,7 @@ class StandIn:
                 if wanted
                 and s.metric.type == wanted.group(1)
                 and (not cluster or s.resource.labels.get("cluster_name") == cluster.group(1))
+                and (not starts or s.resource.labels.get(starts.group(1), "").startswith(starts.group(2)))
             ]
         )
 
