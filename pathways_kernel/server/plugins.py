@@ -36,6 +36,8 @@ from pathways_kernel.server.reshard_plugin import ReshardProgram, compile_reshar
 if TYPE_CHECKING:
     import jax
 
+    from pathways_kernel.server.devices import Topology
+
 PREFIX = b"__serialized_plugin_program "
 # The server's trace file in a run directory (XProf shows it as host "pathways-local-server").
 SERVER_TRACE = "pathways-local-server.xplane.pb"
@@ -119,9 +121,11 @@ class ProfileProgram:
         return [ServerArray(np.dtype(np.int8), (1,), self.output_shardings[0], [value])]
 
 
-def compile_plugin(data: bytes) -> ProfileProgram | PersistenceProgram | ReshardProgram:
-    """The program a plugin program's ``data`` asks for; raises ServerError naming the request
-    if it is not one this server serves."""
+def compile_plugin(
+    data: bytes, topology: Topology | None = None
+) -> ProfileProgram | PersistenceProgram | ReshardProgram:
+    """The program a plugin program's ``data`` asks for (``topology``: the server's slices, which a
+    reshard checks are up); raises ServerError naming the request if it is not one this server serves."""
     try:
         request = json.loads(data.removeprefix(PREFIX))
         kind = next(iter(request)) if isinstance(request, dict) and request else None
@@ -147,5 +151,5 @@ def compile_plugin(data: bytes) -> ProfileProgram | PersistenceProgram | Reshard
     if kind in (WRITE, READ) or kind in SINGLE:
         return compile_persistence(kind, request[kind])
     if kind == RESHARD:
-        return compile_reshard(request[kind])
+        return compile_reshard(request[kind], topology)
     raise ServerError(UNIMPLEMENTED, f"{kind}: the local Pathways server does not serve it")

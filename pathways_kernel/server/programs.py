@@ -171,7 +171,7 @@ def compile_program(request: Proto, topology: Topology) -> LoadedProgram:
     """Compiles a CompileRequest for the server's devices; raises ServerError with the
     compiler's message if XLA rejects it."""
     if request.program.type_name == "xla::ifrt::PluginProgram":
-        return compile_plugin(request.program.data)
+        return compile_plugin(request.program.data, topology)
     if request.program.type_name == "xla::ifrt::CustomCallProgram":
         return compile_colocated(request.program.data)
     if request.program.type_name != "xla::ifrt::XlaProgram":

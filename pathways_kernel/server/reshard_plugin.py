@@ -12,8 +12,9 @@ client's response wants them; a program is built for one set of avals, cached or
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
@@ -21,6 +22,9 @@ from jaxlib import xla_client as xc
 
 from pathways_kernel.server.arrays import ServerArray, Sharding
 from pathways_kernel.server.errors import ServerError
+
+if TYPE_CHECKING:
+    from pathways_kernel.server.devices import Topology
 
 KIND = "reshardRequest"
 
@@ -57,6 +61,9 @@ class ReshardProgram:
     output_shapes: list[tuple[int, ...]] = field(default_factory=list)
     output_dtypes: list[np.dtype[Any]] = field(default_factory=list)
     runs_in_background: bool = False
+    # Raises DATA_LOSS for devices on a slice that is down (``Topology.check_up``): a sync onto a
+    # lost rollout slice fails, as its future says on Pathways, instead of leaving lost arrays.
+    check_up: Callable[[Iterable[int]], None] | None = None
 
     @property
     def output_shardings(self) -> list[Sharding]:
@@ -65,6 +72,9 @@ class ReshardProgram:
     def run(self, args: list[ServerArray]) -> list[ServerArray]:
         if len(args) != len(self.out_shardings):
             raise ServerError.invalid(f"{KIND} names {len(self.out_shardings)} arrays, got {len(args)}")
+        if self.check_up is not None:
+            for after in self.out_shardings:
+                self.check_up(after.device_ids)
         outputs = []
         for i, (arg, before, after) in enumerate(zip(args, self.in_shardings, self.out_shardings, strict=True)):
             arg.check_live()
@@ -83,7 +93,7 @@ class ReshardProgram:
         return outputs
 
 
-def compile_reshard(body: dict[str, Any]) -> ReshardProgram:
+def compile_reshard(body: dict[str, Any], topology: Topology | None = None) -> ReshardProgram:
     """The program of a ``reshardRequest``'s JSON body; raises ServerError if it is malformed."""
     count = len(jax.devices())
     try:
@@ -100,6 +110,8 @@ def compile_reshard(body: dict[str, Any]) -> ReshardProgram:
     for sharding in ins:
         devices.extend(d for d in sharding.device_ids if d not in devices)
     program = ReshardProgram(ins, outs, donate, device_ids=tuple(devices))
+    if topology is not None:
+        program.check_up = topology.check_up
     # Placeholders until the first execution says the shapes (see the module's docstring).
     program.output_shapes = [()] * len(outs)
     program.output_dtypes = [np.dtype(np.float32)] * len(outs)

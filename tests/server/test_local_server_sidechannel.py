@@ -32,6 +32,7 @@ def client_sync(target: str) -> dict:
     import jax
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
+    from pathwaysutils.elastic import elastic
     from pathwaysutils.experimental import reshard as experimental_reshard
 
     from pathways_kernel.server import control
@@ -109,12 +110,26 @@ def client_sync(target: str) -> dict:
         result["donated"]["source_usable"] = True
     except (RuntimeError, ValueError):
         result["donated"]["source_usable"] = False
+    # The rollout's slice is lost: the sync itself fails with the slice-down error an elastic RL
+    # loop waits for, and once the slice is back the next sync lands there again.
+    control.fail(target, 1)
+    try:
+        experimental_reshard.reshard(params["w"], NamedSharding(rollout, P()))
+        result["onto_lost"] = "synced"
+    except jax.errors.JaxRuntimeError as error:
+        result["onto_lost"] = str(error).splitlines()[0]
+        result["onto_lost_is_slice_down"] = elastic.is_error_due_to_slice_down(error)
+    control.repair(target, 1)
+    after = experimental_reshard.reshard(params["w"], NamedSharding(rollout, P()))
+    result["after_repair"] = bool(np.array_equal(np.asarray(after), expected["w"]))
     return result
 
 
 def test_weight_sync_through_the_side_channel_moves_no_bytes_through_the_client(server):
     got = proxy_clients.run_client(HERE, server.target, server.target)
 
+    onto_lost, is_slice_down = got.pop("onto_lost"), got.pop("onto_lost_is_slice_down", None)
+    after_repair = got.pop("after_repair")
     for case, sync in got.items():
         assert all(sync["equal"]), (case, sync)
         assert sync["bytes"] == [0, 0], (case, sync)
@@ -124,6 +139,8 @@ def test_weight_sync_through_the_side_channel_moves_no_bytes_through_the_client(
     assert "compile_request" not in got["pytree2"]["requests"], got["pytree2"]
     assert "remap_arrays_request" in got["intermediate"]["requests"], got["intermediate"]
     assert got["donated"]["source_deleted"] is True and got["donated"]["source_usable"] is False, got["donated"]
+    assert "DATA_LOSS: slice 1 is down" in onto_lost and is_slice_down is True, onto_lost
+    assert after_repair is True
 
 
 if __name__ == "__main__":
