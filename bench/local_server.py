@@ -11,7 +11,11 @@ in-process CPU JAX with 8 devices, and JAX's own proxy client
     collectives on a 2-core machine), median of 5 repeats of 40 steps;
   * dispatch: ``x + 1`` on a 4-element array, waited on each time (round trip);
   * host->device: ``device_put`` of 64 MiB to one device; device->host:
-    ``np.asarray`` of a fresh 64 MiB device array.
+    ``np.asarray`` of a fresh 64 MiB device array;
+  * the floor under the tiny op: a bare gRPC round trip over a Unix socket in a
+    directory like the server's, to a gRPC asyncio server as the local server's
+    (unary, and one message each way on an open bidirectional stream, as the
+    IFRT session's requests travel), from gRPC's Python client, 64-byte messages.
 
 The machine is shared, so the two sides alternate, twice, and each keeps its
 best figure; the load average is printed with each figure. ``--baseline REV``
@@ -23,7 +27,7 @@ its warm floor (``bench/elastic_recovery.py`` with a 0.25 GiB state) and the
 goodput of ``pw.elastic`` under slice losses (``bench/goodput.py --only a``,
 ``--goodput-seconds`` of wall time).
 
-Prints the ratios last: server/in-process step time (goal <= 1.3),
+Prints the ratios last: tiny op / stream floor (goal <= 2), server/in-process step time (goal <= 1.2),
 server/in-process transfer throughput (goal >= 0.5), recovery/warm floor on the
 server (goal <= 1.5) and goodput (a) on the server (goal >= 0.90).
 """
@@ -39,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 
 STEPS = 40
 REPEATS = 5
@@ -122,6 +127,85 @@ def measure() -> dict:
     }
 
 
+FLOOR_ROUNDS = 300
+
+
+def floor_server(path: str) -> None:
+    """A bare gRPC asyncio server on ``unix:path``: an echo method, unary and streaming."""
+    import asyncio
+
+    import grpc
+
+    async def unary(request: bytes, context: object) -> bytes:
+        return request
+
+    async def stream(requests: AsyncIterator[bytes], context: object) -> AsyncIterator[bytes]:
+        async for request in requests:
+            yield request
+
+    async def serve() -> None:
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers(
+            [
+                grpc.method_handlers_generic_handler(
+                    "floor.Echo",
+                    {
+                        "Unary": grpc.unary_unary_rpc_method_handler(unary),
+                        "Stream": grpc.stream_stream_rpc_method_handler(stream),
+                    },
+                )
+            ]
+        )
+        server.add_insecure_port(f"unix:{path}")
+        await server.start()
+        print("serving", flush=True)
+        await server.wait_for_termination()
+
+    asyncio.run(serve())
+
+
+def floor() -> dict:
+    """Median round trips (us) of a bare gRPC unary call and of one message on an open stream."""
+    import queue
+
+    import grpc
+
+    with tempfile.TemporaryDirectory(prefix="bench-floor-") as directory:
+        path = os.path.join(directory, "floor.sock")
+        server = subprocess.Popen([sys.executable, __file__, "--floor-server", path], stdout=subprocess.PIPE, text=True)
+        try:
+            assert server.stdout is not None and server.stdout.readline().strip() == "serving"
+            channel = grpc.insecure_channel(f"unix:{path}")
+            payload = b"x" * 64
+            unary = channel.unary_unary("/floor.Echo/Unary")
+            unary(payload, timeout=30)
+            rounds = []
+            for _ in range(FLOOR_ROUNDS):
+                start = time.perf_counter()
+                unary(payload, timeout=30)
+                rounds.append(time.perf_counter() - start)
+            requests: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+            responses = channel.stream_stream("/floor.Echo/Stream")(iter(requests.get, None))
+            requests.put(payload)
+            next(responses)
+            trips = []
+            for _ in range(FLOOR_ROUNDS):
+                start = time.perf_counter()
+                requests.put(payload)
+                next(responses)
+                trips.append(time.perf_counter() - start)
+            requests.put(None)
+            channel.close()
+        finally:
+            server.terminate()
+            server.wait(10)
+    return {
+        "unary_us": statistics.median(rounds) * 1e6,
+        "stream_us": statistics.median(trips) * 1e6,
+        "load": os.getloadavg()[0],
+    }
+
+
 def run(env: dict[str, str]) -> dict:
     out = subprocess.run([sys.executable, __file__, "--child"], capture_output=True, text=True, timeout=900, env=env)
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
@@ -188,9 +272,11 @@ def main() -> None:
             servers.append(launch.start(2, 4))
             sides["local server"] = launch.client_env(servers[-1].target, connect_timeout_s=60)
             runs: dict[str, list[dict]] = {side: [] for side in sides}
+            floors = []
             for _ in range(2):
                 for side, env in sides.items():
                     runs[side].append(run(env))
+                floors.append(floor())
         finally:
             for server in servers:
                 server.stop()
@@ -205,6 +291,11 @@ def main() -> None:
     ):
         print(f"{label:24}" + "".join(f"{f[key]:16.1f}" for f in figures.values()))
     in_process, proxied = figures["in-process"], figures["local server"]
+    bare = best(floors)
+    print(
+        f"bare gRPC round trip on a Unix socket (floor): unary {bare['unary_us']:.1f} us, "
+        f"one message each way on a stream {bare['stream_us']:.1f} us (load average {bare['load']:.1f})"
+    )
     ratios = []
     if not args.skip_elastic:
         lines = script(
@@ -237,15 +328,18 @@ def main() -> None:
     h2d = proxied["h2d_mib_s"] / in_process["h2d_mib_s"]
     d2h = proxied["d2h_mib_s"] / in_process["d2h_mib_s"]
     print()
-    print(f"host->device throughput server/in-process: {h2d:.2f} (goal >= 0.5)")
+    print(f"tiny op round trip / stream floor: {proxied['dispatch_us'] / bare['stream_us']:.2f} (goal <= 2)")
+    print(f"host->device throughput server/in-process: {h2d:.2f} (goal >= 0.8)")
     print(f"device->host throughput server/in-process: {d2h:.2f} (goal >= 0.5)")
-    print(f"step time server/in-process: {step:.2f} (goal <= 1.3)")
+    print(f"step time server/in-process: {step:.2f} (goal <= 1.2)")
     for line in ratios:
         print(line)
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--child"]:
+    if sys.argv[1:2] == ["--floor-server"]:
+        floor_server(sys.argv[2])
+    elif sys.argv[1:] == ["--child"]:
         if os.environ.get("JAX_PLATFORMS") == "proxy":
             import pathwaysutils
 
