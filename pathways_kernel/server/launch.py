@@ -12,7 +12,6 @@ other user can connect; ``stop`` ends it by its pid and removes the directory.
 from __future__ import annotations
 
 import os
-import queue
 import shutil
 import signal
 import subprocess
@@ -20,9 +19,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import IO
 
 from pathways_kernel.core.errors import BackendError
 
@@ -45,6 +43,53 @@ def client_env(target: str, connect_timeout_s: int = 30) -> dict[str, str]:
     return env
 
 
+#: How often the server's output files are read for new lines (its first line, its prints).
+_POLL_S = 0.05
+#: The last lines of the server's stderr a report keeps; at most this many bytes are read for them.
+_LAST_LINES = 200
+_TAIL_BYTES = 64 * 1024
+
+
+class Output:
+    """What the server writes to stdout or stderr: an unlinked temporary file, never a pipe.
+
+    A pipe needs a reader here, and a reader here is a Python thread, which needs the GIL.
+    JAX's proxy client holds the GIL while it waits for the server (``Array.is_deleted()``
+    is a blocking request), so a server that filled a pipe (64 KiB of log lines) while the
+    kernel waited for it would wait for a reader waiting for the kernel: both hung (a decode
+    loop's read, while the server logged each failed destruct). A file never makes the server wait.
+    """
+
+    def __init__(self) -> None:
+        self.file: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 (open as long as the server runs)
+        self._offset = 0  # what ``new_lines`` has read
+        self._partial = b""
+        self._lock = threading.Lock()
+
+    def new_lines(self) -> list[str]:
+        """The complete lines written since the last call."""
+        with self._lock:
+            try:
+                size = os.fstat(self.file.fileno()).st_size
+                data = os.pread(self.file.fileno(), size - self._offset, self._offset) if size > self._offset else b""
+            except (OSError, ValueError):  # closed: the server was stopped
+                return []
+            self._offset += len(data)
+            *lines, self._partial = (self._partial + data).split(b"\n")
+        return [line.decode(errors="replace").rstrip("\r") for line in lines]
+
+    def last_lines(self, count: int = _LAST_LINES) -> list[str]:
+        """Its last ``count`` lines (read from at most its last 64 KiB)."""
+        try:
+            size = os.fstat(self.file.fileno()).st_size
+            start = max(size - _TAIL_BYTES, 0)
+            data = os.pread(self.file.fileno(), size - start, start)
+        except (OSError, ValueError):
+            return []
+        lines = data.decode(errors="replace").splitlines()
+        return lines[1:][-count:] if start and lines else lines[-count:]
+
+
 @dataclass
 class LocalServer:
     """A running server: its target (for ``JAX_BACKEND_TARGET``), pid and process."""
@@ -54,9 +99,14 @@ class LocalServer:
     directory: str | None = None
     #: ``localhost:PORT`` where the runtime metric service is served alone (``metrics_port``), for tpu-info.
     metrics_address: str | None = None
-    # The last lines only: a long-lived server (a sidecar that logs) must not grow the kernel's memory;
-    # its last words are what a crash report needs.
-    stderr_lines: deque[str] = field(default_factory=lambda: deque(maxlen=200))
+    stdout: Output = field(default_factory=Output)
+    stderr: Output = field(default_factory=Output)
+
+    @property
+    def stderr_lines(self) -> list[str]:
+        """Its last 200 stderr lines: its last words are what a crash report needs (the kernel
+        keeps none of it in memory, however long the server logs)."""
+        return self.stderr.last_lines()
 
     @property
     def pid(self) -> int:
@@ -64,6 +114,16 @@ class LocalServer:
 
     def alive(self) -> bool:
         return self.process.poll() is None
+
+    def forward(self) -> None:
+        """Passes on what the server printed since the last call to this process's own stderr.
+
+        Once it serves, what the server prints is its users' code (a colocated function's
+        print): it goes to a kernel's log, as a Pathways sidecar's goes to its log."""
+        lines = self.stdout.new_lines()
+        if lines and sys.__stderr__ is not None:
+            sys.__stderr__.write("".join(f"pathways-local: {line}\n" for line in lines))
+            sys.__stderr__.flush()
 
     def stop(self, timeout: float = 10.0) -> None:
         """Ends the server (SIGTERM, then SIGKILL after ``timeout``) and removes its socket directory."""
@@ -74,8 +134,18 @@ class LocalServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        if self.target:
+            self.forward()  # its last prints
         if self.directory:
             shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _forward_while_alive(server: LocalServer) -> None:
+    """Forwards the server's prints every ``_POLL_S`` until it ends (then once more)."""
+    while server.process.poll() is None:
+        server.forward()
+        time.sleep(_POLL_S)
+    server.forward()
 
 
 @dataclass
@@ -88,6 +158,11 @@ class _Early:
     socket_path: str
     directory: str
     process: subprocess.Popen[str]
+    stdout: Output
+    stderr: Output
+
+    def server(self) -> LocalServer:
+        return LocalServer("", self.process, self.directory, stdout=self.stdout, stderr=self.stderr)
 
 
 _early: _Early | None = None
@@ -113,18 +188,22 @@ def start_early(slices: int | str, chips: int, env: dict[str, str] | None = None
     global _early
     directory = tempfile.mkdtemp(prefix="pathways-local-")  # mkdtemp makes it 0700
     socket_path = os.path.join(directory, "server.sock")
-    process = _spawn([*_serve_command(slices, chips), "--socket", socket_path], env)
+    stdout, stderr = Output(), Output()
+    process = _spawn([*_serve_command(slices, chips), "--socket", socket_path], env, stdout, stderr)
     with _early_lock:
-        previous, _early = _early, _Early(slices, chips, dict(env or {}), socket_path, directory, process)
+        previous, _early = (
+            _early,
+            _Early(slices, chips, dict(env or {}), socket_path, directory, process, stdout, stderr),
+        )
     if previous is not None:
-        LocalServer("", previous.process, previous.directory).stop()
+        previous.server().stop()
 
 
 def discard_early() -> None:
     """Stops the server ``start_early`` started if no ``start`` adopted it (the session chose another backend)."""
     early = _take_early(None, None, None)
     if early is not None:
-        LocalServer("", early.process, early.directory).stop()
+        early.server().stop()
 
 
 def _take_early(slices: int | str | None, chips: int | None, env: dict[str, str] | None) -> _Early | None:
@@ -139,7 +218,7 @@ def _take_early(slices: int | str | None, chips: int | None, env: dict[str, str]
         _early = None
     if slices is not None and early.process.poll() is not None:
         # It died before it was asked for (its reason is in its stderr, unread): start a fresh one.
-        LocalServer("", early.process, early.directory).stop()
+        early.server().stop()
         return None
     return early
 
@@ -149,11 +228,11 @@ def _serve_command(slices: int | str, chips: int) -> list[str]:
     return [sys.executable, "-m", "pathways_kernel.server", "serve", "--slices", body]
 
 
-def _spawn(command: list[str], env: dict[str, str] | None) -> subprocess.Popen[str]:
+def _spawn(command: list[str], env: dict[str, str] | None, stdout: Output, stderr: Output) -> subprocess.Popen[str]:
     return subprocess.Popen(
         command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stdout=stdout.file,
+        stderr=stderr.file,
         text=True,
         env={**os.environ, **(env or {})},
         start_new_session=True,  # an interrupt in the parent does not reach the server
@@ -192,39 +271,26 @@ def start(
         command += ["--socket", socket_path]
     if metrics_port is not None:
         command += ["--metrics-port", str(metrics_port)]
-    process = early.process if early is not None else _spawn(command, env)
-    lines: queue.Queue[str] = queue.Queue()
-    server = LocalServer("", process, directory)
-
-    def pump(stream: Iterable[str], sink: Callable[[str], None]) -> None:
-        for line in stream:
-            sink(line.rstrip("\n"))
-
-    def output(line: str) -> None:
-        # Once it serves, what the server prints is its users' code (a colocated function's
-        # print): it goes to this process's own stderr (a kernel's log), as a Pathways sidecar's
-        # goes to its log, instead of piling up unread here.
-        if server.target and sys.__stderr__ is not None:
-            print(f"pathways-local: {line}", file=sys.__stderr__, flush=True)
-        else:
-            lines.put(line)
-
-    threading.Thread(target=pump, args=(process.stdout, output), daemon=True).start()
-    errors = threading.Thread(target=pump, args=(process.stderr, server.stderr_lines.append), daemon=True)
-    errors.start()
+    if early is not None:
+        server = early.server()
+    else:
+        stdout, stderr = Output(), Output()
+        server = LocalServer("", _spawn(command, env, stdout, stderr), directory, stdout=stdout, stderr=stderr)
+    # Waits for the server's first line, polling its stdout file, at most ``timeout`` seconds.
     deadline = time.monotonic() + timeout
     while True:
-        try:
-            line = lines.get(timeout=0.2)
-        except queue.Empty:
-            line = None
-        if line and line.startswith(METRICS_LINE):
-            server.metrics_address = line.rsplit(" ", 1)[1]
-        if line and line.startswith(FIRST_LINE):
-            server.target = line.rsplit(" ", 1)[1]
+        for line in server.stdout.new_lines():
+            if line.startswith(METRICS_LINE):
+                server.metrics_address = line.rsplit(" ", 1)[1]
+            if line.startswith(FIRST_LINE):
+                server.target = line.rsplit(" ", 1)[1]
+        if server.target:
+            threading.Thread(
+                target=_forward_while_alive, args=(server,), name="pathways-local-output", daemon=True
+            ).start()
             return server
-        if process.poll() is not None or time.monotonic() > deadline:
-            server.stop()
-            errors.join(5.0)  # its stderr ends with it: the pump has its last line then
+        if server.process.poll() is not None or time.monotonic() > deadline:
+            server.stop()  # its stderr file has all it wrote once it has ended
             said = next((s for s in reversed(server.stderr_lines) if s.strip()), "no output")
             raise BackendError(f"the local Pathways server did not start: {said}")
+        time.sleep(_POLL_S)
