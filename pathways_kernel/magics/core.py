@@ -56,6 +56,7 @@ def devices(shell: InteractiveShell, args: argparse.Namespace, cell: str | None)
 @argument("--name", type=non_empty, default="mesh", help="bind the mesh to this name in the namespace (default: mesh)")
 @argument("--no-bind", action="store_true", help="do not bind the mesh into the namespace")
 @argument("--overwrite", action="store_true", help="let --name replace a value of another type")
+@argument("--kind", type=non_empty, default=None, help="only slices of this kind of chip, e.g. v5p or 'TPU v6 lite'")
 def mesh(shell: InteractiveShell, args: argparse.Namespace, cell: str | None) -> object:
     """Build a multi-slice mesh over the live slices: a DCN axis across slices, ICI axes within."""
     m = api.mesh(
@@ -64,6 +65,7 @@ def mesh(shell: InteractiveShell, args: argparse.Namespace, cell: str | None) ->
         None if args.ici is None else meshes.parse_shape(args.ici),
         name=None if args.no_bind else args.name,
         overwrite=args.overwrite,
+        kind=args.kind,
     )
     bound = "" if args.no_bind else f" -> bound to '{args.name}'"
     return Text(meshes.describe(m) + bound)

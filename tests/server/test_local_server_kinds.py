@@ -129,6 +129,10 @@ def test_a_kernel_on_slices_of_two_kinds_groups_them_and_builds_a_mesh_per_kind(
         assert "synced True" in ran.text, ran.text
         # MFU's peak: each kind's, 8 v5p chips at 459 TFLOP/s and 4 v6e at 918
         assert f"peak ({(8 * 459e12 + 4 * 918e12) / 12!r}" in ran.text, ran.text
+        magic = k.run("%pathways mesh --kind v6e --name rollout_mesh\nprint(rollout_mesh.devices.flat[0].device_kind)")
+        assert magic.status == "ok", magic.error
+        assert "Mesh(data=1, model=4) over 4 devices -> bound to 'rollout_mesh'" in magic.text, magic.text
+        assert "TPU v6 lite" in magic.text, magic.text
         mixed = k.run("pw.mesh()")
         assert mixed.status == "error"
         assert "the live slices are of 2 kinds (TPU v5p on slice 0,1, TPU v6 lite on slice 2)" in mixed.error
