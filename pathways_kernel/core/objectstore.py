@@ -22,6 +22,9 @@ from pathways_kernel.core.storage_errors import no_credentials
 
 #: Requests in flight at once.
 CONCURRENCY = 16
+#: Modes of what a snapshot or a trace writes in a local directory: its owner's alone.
+PRIVATE_DIR = 0o700
+PRIVATE_FILE = 0o600
 
 
 # -- where manifests live -----------------------------------------------------
@@ -52,6 +55,13 @@ class ObjectStore:
 
     def kvstore(self, location: Location) -> dict[str, Any]:
         raise NotImplementedError
+
+    def make_private_dirs(self, location: Location) -> None:
+        """Create ``location``'s directory and the missing ones above it, each readable by its owner only
+        (nothing to do in a bucket: IAM decides there)."""
+
+    def make_private(self, location: Location) -> None:
+        """Make what was written under ``location`` its owner's only (nothing to do in a bucket)."""
 
 
 class GcsObjects(ObjectStore):
@@ -137,10 +147,10 @@ class LocalObjects(ObjectStore):
 
     def create(self, key: str, data: bytes) -> int | None:
         target = Path(key)
-        target.parent.mkdir(parents=True, exist_ok=True)
+        private_dirs(target.parent)
         tmp = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
         try:
-            with open(tmp, "wb") as f:
+            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE), "wb") as f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
@@ -194,6 +204,37 @@ class LocalObjects(ObjectStore):
 
     def kvstore(self, location: Location) -> dict[str, Any]:
         return {"driver": "file", "path": location.path + "/"}
+
+    def make_private_dirs(self, location: Location) -> None:
+        private_dirs(location.path)
+
+    def make_private(self, location: Location) -> None:
+        make_private(location.path)
+
+
+def private_dirs(path: str | Path) -> None:
+    """Create ``path`` and its missing parents, each ``PRIVATE_DIR`` (``mkdir(parents=True)`` and
+    ``os.makedirs`` give the parents the umask's mode, 0755 as a rule)."""
+    missing = []
+    directory = Path(path)
+    while not directory.exists():
+        missing.append(directory)
+        directory = directory.parent
+    for made in reversed(missing):
+        made.mkdir(mode=PRIVATE_DIR, exist_ok=True)  # exist_ok: made meanwhile by another writer
+
+
+def make_private(path: str | Path) -> None:
+    """Directories under ``path`` (itself included) ``PRIVATE_DIR``, files ``PRIVATE_FILE``: what
+    tensorstore and the profiler wrote there has the umask's modes (0755, 0644 as a rule)."""
+    root = Path(path)
+    for entry in [root, *root.rglob("*")]:
+        if entry.is_symlink():
+            continue
+        try:
+            entry.chmod(PRIVATE_DIR if entry.is_dir() else PRIVATE_FILE)
+        except (FileNotFoundError, PermissionError):  # gone meanwhile, or another user's
+            continue
 
 
 def remove_empty(made: Sequence[str]) -> None:

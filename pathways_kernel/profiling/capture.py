@@ -365,7 +365,7 @@ def tracer_for(backend: Backend, logdir: str | None) -> tuple[Tracer, str, str]:
 
 def _make_dir(path: str) -> None:
     try:
-        Path(path).mkdir(parents=True, exist_ok=True)
+        objectstore.private_dirs(path)  # a trace holds the program and its timings: its owner's only
     except OSError as exc:  # /proc, a name that is a file, a full or read-only disk
         raise ProfileError(f"cannot write profiles there: cannot create {path}: {exc.strerror or exc}") from None
 
@@ -376,9 +376,10 @@ def _write_xspace(run_dir: str, xspace: bytes) -> None:
     path = Path(run_dir) / f"{socket.gethostname()}.xplane.pb"
     partial = path.with_name(f".{path.name}.partial")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        objectstore.private_dirs(path.parent)
         try:
-            partial.write_bytes(xspace)
+            with open(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, objectstore.PRIVATE_FILE), "wb") as f:
+                f.write(xspace)
             partial.replace(path)
         finally:
             partial.unlink(missing_ok=True)  # what a full disk left of it
@@ -486,7 +487,20 @@ def profile(
             _record(capture)
 
 
+def _private(capture: Capture) -> None:
+    """The run's directory and files (the server's and JAX's own, written with the umask's modes),
+    and the two directories above it, its owner's only."""
+    run = Path(capture.where)
+    if not capture.local or not run.is_dir():
+        return
+    objectstore.make_private(run)
+    for above in (run.parent, run.parent.parent):  # <log dir>/plugins/profile, <log dir>/plugins
+        with contextlib.suppress(OSError):  # another user's
+            above.chmod(objectstore.PRIVATE_DIR)
+
+
 def _record(capture: Capture) -> None:
+    _private(capture)
     try:
         capture.size = _size(capture.where)
     except StorageError as exc:

@@ -169,6 +169,9 @@ def _upload(transfer: Transfer, snapshot: Any, location: Location, target: Locat
     made = objects.missing_dirs(target)
     data = target.key(f"data.{token}") + "/"
     try:
+        # Readable by this user alone (a snapshot holds the notebook's arrays): made first, so that
+        # nothing is reachable while tensorstore writes its files with the umask's modes.
+        objects.make_private_dirs(target)
         manifest = _write_data(transfer, snapshot, objects, target, snapshot_id, token)
     except BaseException:
         # Nothing will ever refer to these bytes, and a full disk would stay full.
@@ -191,6 +194,7 @@ def _upload(transfer: Transfer, snapshot: Any, location: Location, target: Locat
         if location.scheme == "file":
             objects.discard(data, made)
         raise
+    objects.make_private(target)
     manifest["manifest_generation"] = generation
     return snapshot_info(target, manifest)
 

@@ -444,8 +444,13 @@ def test_jax_profiler_trace_into_a_local_dir_on_the_local_server_traces_both_pro
             "TraceDirError: cannot trace into gs://bucket/trace on local:2x4: its Pathways server "
         )
         assert "use jax.profiler.trace('/tmp/trace') (or %%pathways profile)" in remote
-        # Nothing was left tracing: a capture of the magic works after all three.
-        again = k.run("%%pathways profile --name after\nx = train_step(x)")
+        # Nothing was left tracing: a capture of the magic works after all three; one with --logdir
+        # is its owner's only, the server's file too (they were 0755 directories and 0644 files).
+        again = k.run(f"%%pathways profile --name after --logdir {tmp_path / 'mine'}\nx = train_step(x)")
         assert again.status == "ok" and "profile after:" in again.text, again.error
+        made = [tmp_path / "mine", *(tmp_path / "mine").rglob("*")]
+        assert any(p.name == "pathways-local-server.xplane.pb" for p in made), made
+        wrong = {str(p): oct(p.stat().st_mode & 0o777) for p in made if p.stat().st_mode & 0o777 not in (0o700, 0o600)}
+        assert not wrong and all(p.stat().st_mode & 0o777 == 0o700 for p in made if p.is_dir()), wrong
     finally:
         k.shutdown()

@@ -161,6 +161,22 @@ def test_local_paths_work_the_same_way(tmp_path):
     assert same(snap, load(url + "/state"))
 
 
+def modes(root: Path) -> dict[str, int]:
+    """Permission bits of ``root`` and of everything under it, by path relative to ``root``'s parent."""
+    return {str(p.relative_to(root.parent)): p.stat().st_mode & 0o777 for p in [root, *root.rglob("*")]}
+
+
+def test_a_snapshot_persisted_to_a_directory_is_its_owners_only(tmp_path):
+    # Directories made on the way and by tensorstore were 0755 and its files 0644: readable by every user.
+    persist(host_snapshot(4), str(tmp_path / "new" / "snaps"))
+    found = modes(tmp_path / "new")
+    assert any(name.endswith("/manifest.json") for name in found) and len(found) > 5, found
+    wrong = {
+        name: oct(mode) for name, mode in found.items() if mode != (0o700 if (tmp_path / name).is_dir() else 0o600)
+    }
+    assert not wrong, wrong
+
+
 def test_duplicate_id_is_refused_never_overwritten(gcs_server):
     url = gcs_server.make_bucket("dupes") + "/p"
     first = host_snapshot(10)
