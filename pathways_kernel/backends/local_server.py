@@ -51,6 +51,7 @@ from pathways_kernel.backends.proxy import ProxyBackend, device_slice
 from pathways_kernel.core import heap, jaxcompat, lost_clients
 from pathways_kernel.core.backend import ChipMetrics
 from pathways_kernel.core.errors import BackendError
+from pathways_kernel.core.sessions import COPIES
 from pathways_kernel.core.threads import ExitStop
 from pathways_kernel.emulator.faults import InjectedFaults
 
@@ -251,7 +252,10 @@ class LocalServerBackend(InjectedFaults, ProxyBackend):
         from pathways_kernel.server import control
 
         self.check()
-        control.fail(self.server.target, index)
+        with COPIES.lock:
+            if COPIES:
+                self._reads_reach_server(index)
+            control.fail(self.server.target, index)
         lost = [
             array
             for array in jax.live_arrays()
@@ -259,6 +263,16 @@ class LocalServerBackend(InjectedFaults, ProxyBackend):
         ]
         self._lost.update((id(array), array) for array in lost)
         return len(lost), sum(array.nbytes for array in lost)
+
+    def _reads_reach_server(self, index: int) -> None:
+        """Wait until the server has taken every request this client sent so far (host copies'
+        reads among them), by a round trip behind them: the session serves its requests in order."""
+        import jax
+        import numpy as np
+
+        on_slice = next((d for d in jax.devices() if device_slice(d) == index), None)
+        if on_slice is not None:
+            jax.device_put(np.zeros((), np.float32), on_slice).block_until_ready()
 
     def restore_slice(self, index: int) -> None:
         """Brings slice ``index`` back on the server, empty."""

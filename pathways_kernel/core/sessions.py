@@ -248,6 +248,38 @@ class Session:
         self.backend.close()
 
 
+class CopiesInFlight:
+    """Host copies whose device reads are requested and not all done (``host_copy.take``).
+
+    A copy requests every read at once, under ``lock``; a backend that injects a loss (the
+    local server) takes ``lock`` too and, while copies are in flight, first lets the reads
+    already requested reach its server, which then completes them from the buffers it holds.
+    So a loss lands before a copy's reads are asked for or after, never between, and takes
+    nothing a copy already asked for: the state an elastic run was given is kept until its
+    first copy is complete, however long the copy takes.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self._count = 0
+        self._count_lock = threading.Lock()
+
+    def started(self) -> None:
+        with self._count_lock:
+            self._count += 1
+
+    def finished(self) -> None:
+        with self._count_lock:
+            self._count -= 1
+
+    def __bool__(self) -> bool:
+        with self._count_lock:
+            return self._count > 0
+
+
+#: The process's host copies in flight (one JAX client, one set of copies).
+COPIES = CopiesInFlight()
+
 _current: Session | None = None
 _current_lock = threading.RLock()
 # Process-wide because the process has one current session: who waits for a session to

@@ -4,10 +4,13 @@ A snapshot records, per leaf, the array's bytes (a real copy: on CPU,
 ``np.asarray`` of a device array is a read-only view of the device buffer) and
 where it lived: its ``PartitionSpec`` and the axes of its mesh.
 
-``take`` starts device-to-host transfers (``copy_to_host_async``) and returns
-at once; a worker thread copies each shard into one host buffer per leaf (one
-copy per byte; numpy releases the GIL), taken from the pool of dead leaves'
-buffers (``host_buffers.py``). ``Snapshot.wait()`` blocks until the copy is
+``take`` requests the device-to-host transfer of every distinct shard at once
+(``copy_to_host_async`` of each shard's array, under ``sessions.COPIES.lock``, so
+that an injected loss lands before or after them, never between: the server
+completes reads it was asked for, and a loss mid-copy takes nothing the copy
+needed) and returns; a worker thread copies each shard into one host buffer per
+leaf (one copy per byte; numpy releases the GIL), taken from the pool of dead
+leaves' buffers (``host_buffers.py``). ``Snapshot.wait()`` blocks until the copy is
 complete and raises what the copy raised (e.g. a ``JaxRuntimeError`` with
 ``DATA_LOSS`` if a slice was lost before the bytes were read).
 """
@@ -26,6 +29,7 @@ import numpy as np
 from pathways_kernel.core import jaxcompat
 from pathways_kernel.core.errors import PathwaysError
 from pathways_kernel.core.eventlog import format_bytes
+from pathways_kernel.core.sessions import COPIES
 from pathways_kernel.core.text import count
 from pathways_kernel.state.host_buffers import BUFFERS, Owned
 from pathways_kernel.state.placement import MeshAxes, is_device_array, layout_of
@@ -227,15 +231,28 @@ class Snapshot:
         p.text(self.summary())
 
 
-def _copy_array(array: Any, out: np.ndarray) -> None:
-    """Copy the distinct shards of ``array`` into ``out`` (one memcpy each)."""
-    if out.ndim == 0 or array.is_fully_replicated:
-        shard = array.addressable_shards[0]
-        np.copyto(out, np.asarray(shard.data))
-        return
-    for shard in array.addressable_shards:
-        if shard.replica_id == 0:
-            out[shard.index] = np.asarray(shard.data)
+#: One leaf's reads: the distinct shards' arrays, each with where it goes (``None``: all of it).
+Reads = list[tuple[Any, Any]]
+
+
+def _request_reads(array: Any) -> Reads:
+    """Request the host copy of each distinct shard of ``array`` now; returns them to read."""
+    if array.ndim == 0 or array.is_fully_replicated:
+        reads: Reads = [(None, array.addressable_shards[0].data)]
+    else:
+        reads = [(shard.index, shard.data) for shard in array.addressable_shards if shard.replica_id == 0]
+    for _, data in reads:
+        data.copy_to_host_async()
+    return reads
+
+
+def _copy_array(reads: Reads, out: np.ndarray) -> None:
+    """Copy the requested shards into ``out`` (one memcpy each)."""
+    for index, data in reads:
+        if index is None:
+            np.copyto(out, np.asarray(data))
+        else:
+            out[index] = np.asarray(data)
 
 
 def _copy_all(snap: Snapshot, arrays: list[Any], on_done: Callable[[Snapshot], None] | None) -> None:
@@ -246,6 +263,8 @@ def _copy_all(snap: Snapshot, arrays: list[Any], on_done: Callable[[Snapshot], N
         # the (often lost) device arrays alive until the next garbage collection.
         arrays.clear()
         raise error.with_traceback(None) from None
+    finally:
+        COPIES.finished()
     arrays.clear()
     if on_done is not None:
         on_done(snap)
@@ -278,36 +297,41 @@ def take(
 
     pairs, treedef = jax.tree_util.tree_flatten_with_path(tree)
     leaves, arrays = [], []
-    for path, value in pairs:
-        key = jax.tree_util.keystr(path)
-        if is_device_array(value):
-            spec, axes = layout_of(value)
-            leaves.append(Leaf(key, tuple(value.shape), np.dtype(value.dtype), spec, axes))
-            # Read through an alias: the per-shard arrays a read caches die
-            # with it, not with the user's array (a snapshot is host memory).
-            value = jaxcompat.alias(value)
-            value.copy_to_host_async()
-        elif isinstance(value, jax.core.Tracer):
-            raise PathwaysError(
-                f"cannot snapshot {key or 'a value'} inside a traced function (jit/grad); snapshot outside it"
-            )
-        else:
-            host = np.array(value, copy=True) if isinstance(value, np.ndarray) else value
-            leaves.append(
-                Leaf(
-                    key,
-                    tuple(np.shape(value)),
-                    np.result_type(value) if _numeric(value) else np.dtype(object),
-                    None,
-                    (),
-                    host,
-                    on_device=False,
+    with COPIES.lock:
+        for path, value in pairs:
+            key = jax.tree_util.keystr(path)
+            if is_device_array(value):
+                spec, axes = layout_of(value)
+                leaves.append(Leaf(key, tuple(value.shape), np.dtype(value.dtype), spec, axes))
+                # Read through an alias: the per-shard arrays a read caches die
+                # with it, not with the user's array (a snapshot is host memory).
+                value = _request_reads(jaxcompat.alias(value))
+            elif isinstance(value, jax.core.Tracer):
+                raise PathwaysError(
+                    f"cannot snapshot {key or 'a value'} inside a traced function (jit/grad); snapshot outside it"
                 )
-            )
-        arrays.append(value)
+            else:
+                host = np.array(value, copy=True) if isinstance(value, np.ndarray) else value
+                leaves.append(
+                    Leaf(
+                        key,
+                        tuple(np.shape(value)),
+                        np.result_type(value) if _numeric(value) else np.dtype(object),
+                        None,
+                        (),
+                        host,
+                        on_device=False,
+                    )
+                )
+            arrays.append(value)
+        COPIES.started()
     snap = Snapshot(name, step, treedef, leaves, run=run)
     BUFFERS.note_snapshot(snap.nbytes)
-    snap._future = _COPIER.submit(_copy_all, snap, arrays, on_done)
+    try:
+        snap._future = _COPIER.submit(_copy_all, snap, arrays, on_done)
+    except BaseException:
+        COPIES.finished()
+        raise
     return snap
 
 
