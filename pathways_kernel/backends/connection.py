@@ -145,6 +145,8 @@ _GONE_WORDS = (
     "GrpcClientSession: writes no longer allowed",
     "RpcHelper::Finish() already called",
 )
+#: What JAX says of an eager host callback (``jax.debug.print`` outside jit) with no local CPU device.
+EAGER_HOST_CALLBACK = "jax.debug.callback failed to find a local CPU device"
 #: Seconds the client's error may come before the server's exit is seen.
 _EXIT_SEEN_S = 2.0
 
@@ -174,6 +176,10 @@ def error_line(error: BaseException) -> str | None:
         if message is not None:
             NOTICE.take()  # said here: not again under the next cell
             return f"{name}: {message}"
+    if EAGER_HOST_CALLBACK in text:
+        # Outside jit JAX looks for a local CPU device to run the callback on, which a proxy
+        # client has none of; inside jit the client refuses it: one line for both.
+        return local_server.error_line(type(error)(local_server.HOST_CALLBACK_REFUSED))
     if not any(words in text for words in _GONE_WORDS):
         return local_server.error_line(error)
     if isinstance(backend, ProxyBackend):

@@ -276,7 +276,8 @@ def _show_one_line(
 
 def _show_error_lines(shell: InteractiveShell) -> Callable[[], None]:
     """Show the local server's JAX errors whose own message does not say what to do as one
-    red line (``connection.error_line``: a server gone, a host callback, every slice down), wherever IPython
+    red line (``connection.error_line``: a server gone, a host callback, every slice down; ``lost_read_line``:
+    a read of an array lost with a slice), wherever IPython
     shows them: a cell's error, and a result whose display raised (the proxy client's dispatch
     is asynchronous, so a loss often surfaces in the result's repr)."""
     show = shell._showtraceback
@@ -284,8 +285,9 @@ def _show_error_lines(shell: InteractiveShell) -> Callable[[], None]:
 
     def showtraceback(etype: type[BaseException], value: BaseException, stb: list[str]) -> object:
         from pathways_kernel.backends.connection import error_line
+        from pathways_kernel.state.lost_reads import lost_read_line
 
-        line = None if isinstance(value, PathwaysError) else error_line(value)
+        line = None if isinstance(value, PathwaysError) else error_line(value) or lost_read_line(value, shell.user_ns)
         return show(etype, value, stb if line is None else [f"\x1b[0;31m{line}\x1b[0m"])
 
     # IPython has no hook for how a traceback is shown: this shell's own method is wrapped.

@@ -132,3 +132,45 @@ def test_a_decode_loop_read_at_the_end_completes_under_load(kernel):
         reply = kernel.run(DECODE.replace("TOKENS", "120"), timeout=150)
     assert reply.status == "ok", reply.error
     assert "decoded (8, 120)" in reply.text, reply.text
+
+
+LOSE_A_SLICE = """
+import jax, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+spread = NamedSharding(pw.mesh(), P("data", "model"))
+w = jax.device_put(np.ones((8, 8)), spread)
+kept = jax.device_put(np.ones((8, 8)), spread)
+pw.snapshot_variables(["kept"])[0].wait()
+"""
+
+
+def test_reading_a_lost_array_is_one_line_naming_its_snapshot(kernel):
+    """The server's DATA_LOSS is one line that names the lost variables read and whether a
+    snapshot brings each back (it was a 30-line JAX traceback through array.py and profiler.py)."""
+    assert kernel.run(LOSE_A_SLICE).status == "ok"
+    try:
+        # Read in the cell of the loss, before healing: `kept` has a snapshot, `w` none.
+        both = kernel.run("pw.fail_slice(1)\nnp.asarray(kept) + np.asarray(w)")
+        none = kernel.run("float(w[0, 0])")  # `kept` was healed when that cell ended
+    finally:
+        assert kernel.run("pw.repair_slice(1)").status == "ok"
+    for reply in (none, both):
+        assert reply.status == "error"
+        assert len(reply.error.strip().splitlines()) == 1, reply.error
+        assert reply.error.strip().startswith("JaxRuntimeError: DATA_LOSS: slice 1"), reply.error
+    assert "`w` has none: recompute or reload" in none.error and "kept" not in none.error, none.error
+    assert "`kept` has a snapshot (%pathways snapshots): restored onto the live slices" in both.error, both.error
+    assert "`w` has none" in both.error, both.error
+
+
+def test_an_eager_host_callback_is_the_same_line_as_one_inside_jit(kernel):
+    """``jax.debug.print`` outside jit says what inside jit says (it was JAX's raw
+    'jax.debug.callback failed to find a local CPU device')."""
+    eager = kernel.run("import jax\njax.debug.print('x {}', 1)")
+    jitted = kernel.run("jax.jit(lambda x: jax.debug.print('x {}', x))(1.0)")
+    for reply in (eager, jitted):
+        assert reply.status == "error"
+        lines = reply.error.strip().splitlines()
+        assert len(lines) == 1 and "host callbacks (jax.debug.print" in lines[0], reply.error
+        assert "do not run on local:2x4" in lines[0] and "embedded:2x4" in lines[0], reply.error
+    assert eager.error.split(":", 1)[1] == jitted.error.split(":", 1)[1], (eager.error, jitted.error)
