@@ -8,6 +8,7 @@ import {
   clock,
   isEmulated,
   sliceCapacity,
+  sliceName,
   stepPoint
 } from '../src/model/dashboardmodel';
 import {
@@ -46,6 +47,20 @@ test('a slice that goes down leaves a gap from then on; its history before the l
   // Memory of a lost slice is not drawn as if it were usable.
   const m = d.memory();
   assert.equal(m.data[2][1], null);
+});
+
+test('slices of two TPU generations are labelled with their kind of chip; CPU slices by index only', () => {
+  const d = new DashboardModel();
+  const t = decoded<TopologyMessage>(topology(2, 2, 2));
+  t.slices = [
+    { ...t.slices[0], kind: 'TPU v5p' },
+    { ...t.slices[1], kind: 'TPU v6 lite' }
+  ];
+  d.setTopology(t);
+  d.addMetrics(decoded(metrics(2, 4, [0.5, 1], { time: 100 })));
+  assert.deepEqual(d.utilization().labels, ['slice 0 · TPU v5p', 'slice 1 · TPU v6 lite']);
+  assert.deepEqual(d.memory().labels.slice(0, 2), ['slice 0 · TPU v5p', 'slice 1 · TPU v6 lite']);
+  assert.equal(sliceName({ index: 3, kind: 'cpu' }), 'slice 3');
 });
 
 test('memory capacity: reported limit, else the TPU type, else the emulated figure (labelled), else unknown', () => {

@@ -76,6 +76,16 @@ export interface Capacity {
 }
 
 /**
+ * A slice's name in labels: `slice 0`, with its kind of chip where the backend says one
+ * (`slice 0 · TPU v5p`; slices of several TPU generations, e.g. `local:v5p:2x2x1,v6e:2x2`).
+ */
+export function sliceName(slice: { index: number; kind: string }): string {
+  return slice.kind && slice.kind !== 'cpu'
+    ? `slice ${slice.index} · ${slice.kind}`
+    : `slice ${slice.index}`;
+}
+
+/**
  * Whether CPU devices stand in for the chips: the local Pathways server (`local:`, also spelled
  * `local-server:`) and the in-process emulator (`embedded:`).
  */
@@ -433,7 +443,7 @@ export class DashboardModel {
     const capacity = this._capacityLabel();
     const labels = this._aggregated()
       ? ['used, all slices', `capacity, up slices${capacity}`]
-      : [...(t?.slices.map(s => `slice ${s.index}`) ?? []), `capacity per slice${capacity}`];
+      : [...(t?.slices.map(sliceName) ?? []), `capacity per slice${capacity}`];
     return { labels, data: [this._memory.times, ...this._memory.columns] };
   }
 
@@ -515,7 +525,7 @@ export class DashboardModel {
     }
     return this._aggregated()
       ? ['min', 'mean', 'max'].map(k => `${k} of up slices`)
-      : t.slices.map(s => `slice ${s.index}`);
+      : t.slices.map(sliceName);
   }
 
   /** One capacity line when every slice holds the same; null (no line) when they differ or nothing says. */

@@ -14,6 +14,7 @@
  */
 import { packRGBA, toCss } from '../common/colors';
 import { formatBytes, formatPercent } from '../common/format';
+import { sliceName } from '../model/dashboardmodel';
 import { Layout, hitTest, layoutTopology } from '../model/layout';
 import { MonitorModel } from '../model/monitormodel';
 import { Palette, palette } from '../common/theme';
@@ -317,7 +318,7 @@ export class TopologyView {
       ctx.font = `${Math.round(10 * scale)}px ${font}`;
       ctx.textAlign = 'left';
       ctx.fillStyle = toCss(isDown ? colors.down : colors.textMuted);
-      ctx.fillText(`slice ${slice.index}`, b.x + 3 * scale, b.y + layout.label / 2);
+      ctx.fillText(sliceName(slice), b.x + 3 * scale, b.y + layout.label / 2);
       if (isDown) {
         ctx.font = `bold ${Math.round(Math.min(14, b.width / 5 / scale) * scale)}px ${font}`;
         ctx.textAlign = 'center';
