@@ -35,6 +35,7 @@ starts a new server and a new client in the same kernel.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
 import select
@@ -56,6 +57,7 @@ from pathways_kernel.core.threads import ExitStop
 from pathways_kernel.emulator.faults import InjectedFaults
 
 SPEC_PREFIX = "local"
+_log = logging.getLogger("pathways_kernel")
 #: JAX's proxy client assembles each read in small heap blocks that glibc keeps once freed (256 MiB
 #: read, then deleted: +264 MiB held): this gives them back (core/heap.py), for the whole process.
 _HEAP_TRIMMER = heap.HeapTrimmer()
@@ -63,6 +65,8 @@ _HEAP_TRIMMER = heap.HeapTrimmer()
 RECONNECT = "Run `%pathways reconnect` (pw.reconnect())"
 #: Seconds a dead server's last stderr lines may take to reach the kernel.
 _LAST_WORDS_S = 1.0
+#: Seconds an injected loss waits for a host copy's reads to reach the server before it strikes anyway.
+_BARRIER_S = 10.0
 #: Seconds to reap a server known to have exited (its watcher may not be scheduled yet, under load).
 _REAP_S = 5.0
 
@@ -271,8 +275,24 @@ class LocalServerBackend(InjectedFaults, ProxyBackend):
         import numpy as np
 
         on_slice = next((d for d in jax.devices() if device_slice(d) == index), None)
-        if on_slice is not None:
-            jax.device_put(np.zeros((), np.float32), on_slice).block_until_ready()
+        if on_slice is None:
+            return
+        reached = threading.Event()
+
+        def round_trip() -> None:
+            try:
+                jax.device_put(np.zeros((), np.float32), on_slice).block_until_ready()
+            finally:
+                reached.set()
+
+        threading.Thread(target=round_trip, name="pathways-local-loss-barrier", daemon=True).start()
+        if not reached.wait(_BARRIER_S):
+            _log.warning(
+                "pathways: the reads of a host copy in flight did not reach the local server in %.0f s; "
+                "slice %d is lost anyway (that copy may fail)",
+                _BARRIER_S,
+                index,
+            )
 
     def restore_slice(self, index: int) -> None:
         """Brings slice ``index`` back on the server, empty."""

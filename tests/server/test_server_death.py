@@ -167,3 +167,22 @@ def test_a_killed_server_is_one_line_and_a_reconnect_heals_the_snapshotted_varia
     assert "restored from snapshots onto slices [0,1]: x (" in embedded.text, embedded.text + embedded.error
     assert wait_until(lambda: not alive(fourth), 30)
     assert k.run("print(float(x.sum()), x.sharding.spec)").text.strip() == "2016.0 P('data', 'model')"
+
+
+def test_a_server_that_ends_itself_is_told_by_its_last_words_and_a_killed_one_by_its_signal():
+    from pathways_kernel.backends.local_server import _died
+
+    stderr = [
+        "pathways-local: serving unix:/tmp/x/server.sock",
+        "E1204 22:01:02.000000   77 rendezvous.cc:161] Termination timeout for all reduce of 40 seconds exceeded. "
+        "Expected 4 threads to join the rendezvous, but only 3 of them arrived",
+        "*** Check failure stack trace: ***",
+        "    @     0x7f00 (unknown)",
+    ]
+    aborted = _died(41, -signal.SIGABRT, stderr)
+    assert aborted.startswith("server pid 41 killed by SIGABRT: E1204 ") and "only 3 of them arrived" in aborted
+    assert (
+        _died(42, 1, ["pathways-local: serving x", "MemoryError"]) == "server pid 42 exited with status 1: MemoryError"
+    )
+    # Killed from outside (kill -9, the out-of-memory killer): the signal is the reason, not a log line.
+    assert _died(43, -signal.SIGKILL, stderr) == "server pid 43 killed by SIGKILL"
