@@ -1,3 +1,5 @@
 /** What "utilization" means here, wherever a view shows it (the panel's tooltips, sparkline labels). */
 export const UTILIZATION_HELP =
-  'Utilization: fraction of time a chip has dispatched work not yet complete, measured from the client';
+  "Utilization: fraction of time a chip spent executing programs, as the header's 'measured by' says: " +
+  "the chips' own service (the local server's runtime metrics, Cloud Monitoring) or, from the client, " +
+  'the time a chip had dispatched work not yet complete';

@@ -292,7 +292,9 @@ export class PathwaysPanel extends Widget {
       ['slices', `${summary.slicesUp}/${summary.slicesTotal} up`],
       ['chips', String(summary.chips)],
       ['utilization', formatPercent(summary.utilization)],
-      ['memory', this.model.metrics ? formatBytes(this.model.metrics.memory_bytes) : '–']
+      ['memory', this.model.metrics ? formatBytes(this.model.metrics.memory_bytes) : '–'],
+      // What measured the figures, with its resolution ("Cloud Monitoring, 60 s").
+      ['measured by', this.model.metrics?.source ?? '–']
     ];
     for (const [name, value] of items) {
       let text = this._headerValues.get(name);
