@@ -98,3 +98,18 @@ def test_only_the_jupyter_server_reaches_xprof(tmp_path):
     finally:
         lab.stop()
     assert not _xprof_pids(tmp_path), "XProf outlived the Jupyter server"
+
+
+def test_xprof_refuses_a_socket_in_a_directory_others_can_enter(tmp_path):
+    from pathways_kernel.profiling import xprof_server
+
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    shared.chmod(0o755)
+    with pytest.raises(SystemExit) as refused:
+        xprof_server.main(["--socket", str(shared / "xprof.sock"), "--logdir", str(tmp_path)])
+    assert str(refused.value) == (
+        f"pathways-xprof: {shared} must be a directory only you can enter (chmod 700): "
+        "whoever reaches the socket reads every profile"
+    )
+    assert list(shared.iterdir()) == []
