@@ -2,8 +2,9 @@
  * "Open in XProf": the XProf UI in a main-area tab, opened at a capture's run.
  *
  * jupyter-server-proxy serves XProf at `/xprof/` under the Jupyter server's
- * base URL and auth, starting it on the first request (on 127.0.0.1; the
- * kernel opens no port). A capture's inline summary carries its run in
+ * base URL and auth, starting it on the first request (on a Unix socket in a
+ * 0700 directory, so only the Jupyter server reaches it; the kernel opens no
+ * port). A capture's inline summary carries its run in
  * `data-pathways-xprof-run`; a click on it opens the run here instead of
  * following the link to a new browser tab. Without a run, the command asks
  * the followed kernel for its newest capture (`latest_profile`) and, when it
