@@ -226,6 +226,59 @@ def floor() -> dict:
     }
 
 
+def _memory(pid: int) -> tuple[int, int]:
+    """(resident, peak since the last reset) of process ``pid``, in MiB."""
+    fields = {}
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            key, _, value = line.partition(":")
+            fields[key] = value
+    return int(fields["VmRSS"].split()[0]) >> 10, int(fields["VmHWM"].split()[0]) >> 10
+
+
+def big(mib: int) -> dict:
+    """``device_put`` of ``mib`` MiB sharded over the 8 devices, read back, deleted: each process's
+    peak above its start (per phase, in MiB), what it holds after ``del``, and the throughputs.
+    On the server side this process is a session on ``local:2x4``, as a kernel is."""
+    import gc
+
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    pids = [os.getpid()]
+    if os.environ.get("PATHWAYS_BACKEND"):
+        import pathways_kernel as pw
+
+        pids.append(pw.session().backend.server.pid)
+    sharding = NamedSharding(Mesh(np.array(jax.devices()), ("x",)), P("x"))
+    jax.device_put(np.ones((8, 8), np.float32), sharding).block_until_ready()
+    host = np.ones(((mib << 20) // 4 // 8, 8), np.float32)
+    start = [_memory(pid)[0] for pid in pids]
+    out: dict = {}
+    for phase in ("put", "get", "del"):
+        for pid in pids:
+            with open(f"/proc/{pid}/clear_refs", "w") as refs:
+                refs.write("5")  # the peak from here
+        began = time.perf_counter()
+        if phase == "put":
+            on_device = jax.device_put(host, sharding)
+            on_device.block_until_ready()
+        elif phase == "get":
+            back = np.array(on_device, copy=True)  # in-process np.asarray is a zero-copy view
+        else:
+            del on_device, back
+            gc.collect()
+            time.sleep(3)  # the server's reclaim and the kernel's heap trimmer take a second
+        took = time.perf_counter() - began
+        memory = [_memory(pid) for pid in pids]
+        out[f"{phase}_mib_s"] = mib / took
+        out[f"{phase}_peak"] = [peak - s for (_, peak), s in zip(memory, start, strict=True)]
+        out[f"{phase}_held"] = [rss - s for (rss, _), s in zip(memory, start, strict=True)]
+    return out
+
+
 def run(env: dict[str, str]) -> dict:
     out = subprocess.run([sys.executable, __file__, "--child"], capture_output=True, text=True, timeout=900, env=env)
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
@@ -276,6 +329,9 @@ def main() -> None:
     parser.add_argument("--baseline", metavar="REV", help="also measure a server run from git revision REV")
     parser.add_argument("--goodput-seconds", type=float, default=60.0, help="wall time of the goodput run (60)")
     parser.add_argument("--skip-elastic", action="store_true", help="only step, dispatch and transfers")
+    parser.add_argument(
+        "--big-mib", type=int, default=512, help="the big array's MiB (512; 3072 is issue 27's case: needs ~8 GiB free)"
+    )
     args = parser.parse_args()
     from pathways_kernel.server import launch
 
@@ -345,6 +401,32 @@ def main() -> None:
         load = os.getloadavg()[0]
         goodput = figure(lines, "goodput(a)")
         ratios.append(f"goodput (a) on the server: {goodput:.3f} (goal >= 0.90; load average {load:.1f})")
+    big_runs = {}
+    for side, env in (
+        ("in-process", sides["in-process"]),
+        ("local:2x4", {**base, "PATHWAYS_BACKEND": "local:2x4"}),
+    ):
+        out = subprocess.run(
+            [sys.executable, __file__, "--big", str(args.big_mib)], capture_output=True, text=True, timeout=900, env=env
+        )
+        lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+        if out.returncode or not lines:
+            raise SystemExit(f"big-array run failed:\n{out.stderr[-3000:]}")
+        big_runs[side] = json.loads(lines[-1])
+    print(
+        f"\n{args.big_mib} MiB array, sharded over 8 devices (peak and held: MiB above each process's start; "
+        f"load average {os.getloadavg()[0]:.1f}):"
+    )
+    for side, figures_ in big_runs.items():
+        who = ["this process"] if side == "in-process" else ["kernel", "server"]
+        print(
+            f"  {side:12} put {figures_['put_mib_s']:7.1f} MiB/s, read {figures_['get_mib_s']:7.1f} MiB/s; "
+            + "; ".join(
+                f"{name}: peak {figures_['put_peak'][i]} on put, {figures_['get_peak'][i]} on read, "
+                f"{figures_['del_held'][i]} held after del"
+                for i, name in enumerate(who)
+            )
+        )
     step = proxied["step_ms"] / in_process["step_ms"]
     h2d = proxied["h2d_mib_s"] / in_process["h2d_mib_s"]
     d2h = proxied["d2h_mib_s"] / in_process["d2h_mib_s"]
@@ -361,6 +443,8 @@ def main() -> None:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--floor-server"]:
         floor_server(sys.argv[2])
+    elif sys.argv[1:2] == ["--big"]:
+        print(json.dumps(big(int(sys.argv[2]))), flush=True)
     elif sys.argv[1:] == ["--child"]:
         if os.environ.get("JAX_PLATFORMS") == "proxy":
             import pathwaysutils
