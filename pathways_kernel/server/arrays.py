@@ -189,6 +189,9 @@ _releaser_lock = threading.Lock()
 _releaser: threading.Thread | None = None
 # Gives big arrays' memory back once they are dropped (core/heap.py says what kept it).
 _reclaimer = heap.Reclaimer()
+# Only arrays this big count: a collection holds the GIL for tens of milliseconds (a loader's
+# small batches, counted too, set one off every few seconds: 15% of the server's time).
+_RECLAIM_FROM = 16 << 20
 
 
 def _drop_released() -> None:
@@ -202,9 +205,8 @@ def _release(entries: list[ServerArray | Poisoned]) -> None:
     hold up the session's requests (those computed are dropped here: waking that thread
     costs more)."""
     global _releaser
-    _reclaimer.released(
-        sum(shard.nbytes for entry in entries if isinstance(entry, ServerArray) for shard in entry.shards)
-    )
+    sizes = (sum(shard.nbytes for shard in entry.shards) for entry in entries if isinstance(entry, ServerArray))
+    _reclaimer.released(sum(size for size in sizes if size >= _RECLAIM_FROM))
     if all(_computed(entry) for entry in entries):
         return
     with _releaser_lock:
