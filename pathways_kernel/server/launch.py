@@ -57,7 +57,8 @@ class Output:
     JAX's proxy client holds the GIL while it waits for the server (``Array.is_deleted()``
     is a blocking request), so a server that filled a pipe (64 KiB of log lines) while the
     kernel waited for it would wait for a reader waiting for the kernel: both hung (a decode
-    loop's read, while the server logged each failed destruct). A file never makes the server wait.
+    loop's read, while the server logged each failed destruct; docs/architecture.md, trap 10).
+    A file never makes the server wait.
     """
 
     def __init__(self) -> None:
