@@ -76,7 +76,8 @@ def events(last: int | None = None, kind: str | None = None) -> list[Event]:
 
 
 def events_table(last: int | None = None, kind: str | None = None) -> EventTable:
-    return EventTable(events(last, kind), kind)
+    """The newest ``last`` rows of the event log (all: None), routine runs folded unless ``kind`` is given."""
+    return EventTable(events(None, kind), kind, last)
 
 
 __all__ = [

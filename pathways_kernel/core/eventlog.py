@@ -159,41 +159,133 @@ class EventLog:
         return len(self._events)
 
 
-class EventTable:
-    """A list of events rendered as text or an HTML table (newest last)."""
+#: Kinds that come in runs (a snapshot every few steps, the client's connect lines): consecutive
+#: ones fold into one row with a count and a range, until an event of another kind breaks the run.
+ROUTINE_KINDS = frozenset({"snapshot", "steps", "connection_update", "compile", "transfer", "sidecar"})
 
-    def __init__(self, events: list[Event], kind: str | None = None):
+
+def fold(events: list[Event]) -> list[list[Event]]:
+    """``events`` (oldest first) as rows, oldest first: routine kinds folded.
+
+    Events of a routine kind with the same slices join one row while no event of another,
+    non-routine kind comes between (a slice loss splits the snapshots before and after it);
+    routine kinds interleaved with each other (snapshots and compiles) fold each into its
+    own row. A row stands where its newest event does.
+    """
+    rows: list[list[Event]] = []
+    newest: dict[int, int] = {}  # id(row) -> index of its newest event
+    open_rows: dict[tuple[Any, ...], list[Event]] = {}
+    for i, e in enumerate(events):
+        if e.kind not in ROUTINE_KINDS:
+            open_rows.clear()
+            row = [e]
+            rows.append(row)
+        else:
+            key = (e.kind, e.slices_before, e.slices_after)
+            row = open_rows.get(key) or open_rows.setdefault(key, [])
+            if not row:
+                rows.append(row)
+            row.append(e)
+        newest[id(row)] = i
+    return sorted(rows, key=lambda r: newest[id(r)])
+
+
+class EventTable:
+    """A list of events rendered as text or an HTML table (newest last), routine runs folded.
+
+    ``kind`` given: every event of that kind on its own row. ``last``: the newest rows shown.
+    """
+
+    def __init__(self, events: list[Event], kind: str | None = None, last: int | None = None):
         self.events = events
+        self.rows = [[e] for e in events] if kind else fold(events)
+        if last is not None:
+            self.rows = self.rows[-last:] if last > 0 else []
         self._empty = f"no {kind} events yet" if kind else "no events yet"
 
     def __repr__(self) -> str:
-        return "\n".join(e.to_text() for e in self.events) if self.events else self._empty
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(repr(self))
+        return "\n".join(_row_text(r) for r in self.rows) if self.rows else self._empty
 
     def _repr_html_(self) -> str:
-        if not self.events:
+        if not self.rows:
             return f"<i>{html.escape(self._empty)}</i>"
-        rows = "".join(
-            "<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in _row(e)) + "</tr>" for e in self.events
+        left = "text-align:left;vertical-align:top;padding:2px 8px"
+        short = f"{left};white-space:nowrap"
+        # Three columns, read left to right: when, what, and the rest on one line that wraps
+        # ("slices [0,1] → [0] · step 0–60 · 4 B · 2 ms · detail"): in a notebook's ~580 px, a
+        # column each for slices, step, bytes and duration left the detail ~130 px.
+        body = "".join(
+            f'<tr><td style="{short}">{html.escape(c[0])}</td><td style="{short}">{html.escape(c[1])}</td>'
+            f'<td style="{left}">{html.escape(_details(c))}</td></tr>'
+            for c in (_row(r) for r in self.rows)
         )
-        head = "".join(f"<th>{h}</th>" for h in ("time", "kind", "slices", "step", "bytes", "duration", "detail"))
-        return f'<table class="pathways-events"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
+        head = "".join(f'<th style="{left}">{h}</th>' for h in ("time", "kind", "details"))
+        # JupyterLab lays tables out fixed and right-aligned, which cut the detail column off.
+        return (
+            '<table class="pathways-events" style="table-layout:auto;width:100%">'
+            f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+        )
 
 
-def _row(e: Event) -> list[str]:
+def _details(cells: list[str]) -> str:
+    """A row's slices, step, bytes, duration and detail as one line: "slices [0,1] → [0] · step 40 · ..."."""
+    slices, step, size, duration, detail = cells[2:]
+    parts = [f"slices {slices}" if slices else "", f"step {step}" if step else "", size, duration, detail]
+    return " · ".join(p for p in parts if p)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.{2 if seconds < 10 else 1}f} s"
+
+
+def _durations(seconds: list[float]) -> str:
+    """ "12 ms", or the shortest and the longest of a folded run: "3 ms–1.20 s"."""
+    if not seconds:
+        return ""
+    low, high = _duration(min(seconds)), _duration(max(seconds))
+    return low if low == high else f"{low}–{high}"
+
+
+def _span(values: list[str]) -> str:
+    """One value when all agree ("4 B"), else the first and the last ("0–60")."""
+    shown = [v for v in values if v]
+    if not shown:
+        return ""
+    return shown[0] if len(set(shown)) == 1 else f"{shown[0]}–{shown[-1]}"
+
+
+def _row_text(row: list[Event]) -> str:
+    if len(row) == 1:
+        return row[0].to_text()
+    c = _row(row)
+    parts = [c[0], f"{c[1]:<12}"]
+    if c[2]:
+        parts.append(f"slices {c[2]}")
+    if c[3]:
+        parts.append(f"step {c[3]}")
+    parts.extend(p for p in c[4:] if p)
+    return "  ".join(parts)
+
+
+def _row(events: list[Event]) -> list[str]:
+    """A row's cells: time, kind, slices, step, bytes, duration, detail; a folded run's as counts and ranges."""
+    e, n = events[-1], len(events)
     slices = (
         ""
         if e.slices_before is None and e.slices_after is None
         else f"{_slices(e.slices_before)} → {_slices(e.slices_after)}"
     )
+    first, newest = clock(events[0].time), clock(e.time)
+    # A folded run's time range, the newest without the hours and minutes it shares: "10:01:02.500–09.750".
+    shared = 6 if first[:6] == newest[:6] else 3 if first[:3] == newest[:3] else 0
+    time_ = first if n == 1 else f"{first}–{newest[shared:]}"
+    detail = e.detail if n == 1 or not e.detail else f"newest: {e.detail}"
     return [
-        clock(e.time),
-        e.kind,
+        time_,
+        e.kind if n == 1 else f"{e.kind} ×{n}",
         slices,
-        "" if e.step is None else str(e.step),
-        "" if e.bytes is None else format_bytes(e.bytes),
-        "" if e.duration_s is None else f"{e.duration_s * 1000:.0f} ms",
-        e.detail,
+        _span(["" if x.step is None else str(x.step) for x in events]),
+        _span(["" if x.bytes is None else format_bytes(x.bytes) for x in events]),
+        _durations([x.duration_s for x in events if x.duration_s is not None]),
+        detail,
     ]

@@ -40,6 +40,8 @@ pw.log(loss=jnp.float32(1.0 / (step + 1)))"""
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("lab-first-hour")
     labtools.notebook(root / "params.ipynb", [SETUP, TRAIN])
+    # A kernel of its own: only this run's events.
+    labtools.notebook(root / "events.ipynb", [SETUP, TRAIN, "%pathways events"])
     lab = labtools.Lab(root)
     yield lab
     lab.stop()
@@ -71,10 +73,11 @@ def axis_ticks(page, key: str, axis: int) -> list[str]:
     return page.evaluate(f"() => [...({dashboard_chart(page, key)}.axes[{axis}]._values ?? [])].map(String)")
 
 
-def run_cell(page, index: int) -> None:
+def run_cell(page, index: int, notebook: str = "params.ipynb") -> None:
     page.evaluate(
-        "() => { const app = window.jupyterapp;"
-        " const w = [...app.shell.widgets('main')].find(w => w.title.label === 'params.ipynb'); app.shell.activateById(w.id); }"
+        "(name) => { const app = window.jupyterapp;"
+        " const w = [...app.shell.widgets('main')].find(w => w.title.label === name); app.shell.activateById(w.id); }",
+        notebook,
     )
     page.locator(".jp-Notebook .jp-Cell .jp-InputArea-editor").nth(index).click()
     page.keyboard.press("Shift+Enter")
@@ -122,3 +125,47 @@ def test_the_dashboard_opens_wide_with_axes_that_read_before_and_after_data(page
         page.set_viewport_size({"width": 1280, "height": 800})
         page.wait_for_timeout(1_000)
         shoot(page, "dashboard-after-1280-dark")
+
+
+def test_a_snapshot_every_10_steps_is_one_row_in_the_panel_and_in_pathways_events(page, server):
+    open_notebook(page, server, "events.ipynb")
+    open_monitor(page)
+    page.locator(f"{PANEL}[data-state='live']").wait_for(state="attached", timeout=90_000)
+    run_cell(page, 0, "events.ipynb")
+    page.locator(".jp-OutputArea-output", has_text="setup done").first.wait_for(timeout=120_000)
+    run_cell(page, 1, "events.ipynb")
+    page.locator(".jp-OutputArea-output", has_text="60 steps in").first.wait_for(timeout=180_000)
+
+    # The panel: the run's 7 snapshots are one row with their count (the last one may land just
+    # after the run's goodput event, which ends a run: then a row of its own).
+    snapshots_selector = f"{PANEL} li.jp-PathwaysPanel-event[data-kind='snapshot']"
+    snapshots = page.locator(snapshots_selector)
+    counted = "(s) => [...document.querySelectorAll(s)].reduce((n, li) => n + Number(li.dataset.count), 0) === 7"
+    try:
+        page.wait_for_function(f"({counted})", arg=snapshots_selector, timeout=15_000)
+    except Exception:
+        shoot(page, "events-panel-failure")
+        raise
+    assert snapshots.count() <= 2, [snapshots.nth(i).inner_text() for i in range(snapshots.count())]
+    assert "step 0–" in snapshots.last.inner_text(), snapshots.last.inner_text()
+    assert page.locator(f"{PANEL} li.jp-PathwaysPanel-event[data-kind='connection_update']").count() <= 1
+
+    # %pathways events: one row for them too, in a table that reads left to right on one line a row.
+    run_cell(page, 2, "events.ipynb")
+    table = page.locator("table.pathways-events").first
+    table.wait_for(timeout=60_000)
+    table.locator("td", has_text=re.compile("snapshot ×[67]")).first.wait_for(timeout=10_000)
+    table.scroll_into_view_if_needed()
+    shoot(page, "events-1280")
+    cells = table.locator("td")
+    aligned = {cells.nth(i).evaluate("(td) => getComputedStyle(td).textAlign") for i in range(cells.count())}
+    assert aligned == {"left"}, aligned
+    output = page.locator(".jp-Notebook .jp-Cell").nth(2).locator(".jp-OutputArea-output").first.bounding_box()
+    box = table.bounding_box()
+    assert box["x"] + box["width"] <= output["x"] + output["width"] + 1, "the table is cut off on the right"
+    rows = table.locator("tbody tr")
+    tallest = max(rows.nth(i).bounding_box()["height"] for i in range(rows.count()))
+    assert tallest < 70, f"a row {tallest:.0f} px tall (three lines at most)"
+    with dark_theme(page):
+        page.wait_for_timeout(500)
+        shoot(page, "events-1280-dark")

@@ -17,5 +17,8 @@ def test_quickstart_runs_and_trains_over_both_slices():
     assert "loss went down: True" in train
     assert "w1 is sharded P(None, 'model') over 8 devices on 2 slices" in train
     assert "connect" in events
+    # "What happened" shows the run, and the client's connect lines as one row (issue #31 item 6).
+    assert "steps 'quickstart': goodput" in events, events
+    assert events.count("connection_update") <= 1, events
     html = [o for o in code[1].outputs if "data" in o][0]["data"]["text/html"]
     assert "pathways-topology" in html

@@ -1,10 +1,12 @@
 /**
  * The event timeline, newest first: one line per event (time to the
- * millisecond, kind, details cut with an ellipsis); a click or Enter on a row
- * shows its details in full. A kind filter above it keeps, say, only the
- * reshards among many snapshots.
+ * millisecond, kind, details cut with an ellipsis), a run of routine events
+ * (a snapshot every 10 steps) folded into one line with its count and ranges;
+ * a click or Enter on a row shows its details in full. A kind filter above it
+ * keeps, say, only the reshards among many snapshots, each on its own line.
  */
-import { eventDetails, formatClock } from '../common/format';
+import { formatClock } from '../common/format';
+import { EventRow, foldEvents, rowDetails } from '../model/eventrows';
 import { MonitorModel } from '../model/monitormodel';
 
 /** Rows drawn; the model keeps more. */
@@ -47,30 +49,36 @@ export class Timeline {
     const events = this._model.events;
     this._renderKinds();
     const kind = this.kind;
-    const shown = (kind === ALL_KINDS ? events : events.filter(e => e.kind === kind)).slice(
-      0,
-      SHOWN
-    );
-    const drawn = `${kind}|${shown.length}|${shown.length ? shown[0].seq : -1}|${[...this._expanded].join(',')}`;
+    const rows: EventRow[] = (
+      kind === ALL_KINDS
+        ? foldEvents(events)
+        : events.filter(e => e.kind === kind).map(e => ({ events: [e] }))
+    ).slice(0, SHOWN);
+    const drawn = `${kind}|${rows.map(r => `${r.events[0].seq}:${r.events.length}`).join(',')}|${[...this._expanded].join(',')}`;
     if (drawn === this._drawn) {
       return;
     }
     this._drawn = drawn;
     this.node.textContent = '';
-    if (!shown.length) {
+    if (!rows.length) {
       const empty = document.createElement('li');
       empty.className = 'jp-PathwaysPanel-empty';
       empty.textContent = events.length ? `No ${kind} events.` : 'No events yet.';
       this.node.append(empty);
       return;
     }
-    for (const e of shown) {
+    for (const row of rows) {
+      // A row is known by its oldest event, which stays while newer ones join it.
+      const first = row.events[0];
+      const e = row.events[row.events.length - 1];
+      const n = row.events.length;
       const li = document.createElement('li');
-      const expanded = this._expanded.has(e.seq);
+      const expanded = this._expanded.has(first.seq);
       li.className = 'jp-PathwaysPanel-event';
       li.classList.toggle('jp-mod-expanded', expanded);
       li.dataset.kind = e.kind;
-      li.dataset.seq = String(e.seq);
+      li.dataset.seq = String(first.seq);
+      li.dataset.count = String(n);
       li.tabIndex = 0;
       li.setAttribute('aria-expanded', String(expanded));
       const time = document.createElement('span');
@@ -78,11 +86,12 @@ export class Timeline {
       time.textContent = formatClock(e.time);
       const kindNode = document.createElement('span');
       kindNode.className = `jp-PathwaysPanel-eventKind jp-mod-${e.kind}`;
-      kindNode.textContent = e.kind;
+      kindNode.textContent = n > 1 ? `${e.kind} ×${n}` : e.kind;
       const details = document.createElement('span');
       details.className = 'jp-PathwaysPanel-eventDetails';
-      details.textContent = eventDetails(e);
-      li.title = `${formatClock(e.time)} ${e.kind} ${details.textContent}`;
+      const range = n > 1 ? `${formatClock(first.time)}–${formatClock(e.time)} · ` : '';
+      details.textContent = expanded ? `${range}${rowDetails(row)}` : rowDetails(row);
+      li.title = `${range || `${formatClock(e.time)} `}${kindNode.textContent} ${rowDetails(row)}`;
       li.append(time, kindNode, details);
       this.node.append(li);
     }
