@@ -140,7 +140,8 @@ class Summary(TextDisplay):
         slices = "; ".join(f"slice {s.index}: devices {_ids(tuple(d for d, _ in s.device_busy))}" for s in self.slices)
         return (
             "in XProf: one process /host:CPU runs every device on its threads (XLA:CPU); an op's device is its "
-            f"device_ordinal, and the span {SLICES_PREFIX.strip()} under the capture's says which slice ({slices})"
+            f"device_ordinal, and the capture's span {SLICES_PREFIX.rstrip(': ')} says which slice holds which device "
+            f"({slices})"
         )
 
     def html_rows(self) -> str:

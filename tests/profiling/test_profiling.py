@@ -126,7 +126,7 @@ def test_each_devices_time_is_shown_under_its_slice_and_the_summary_says_what_th
     assert re.findall(r"device (\d) [\d.]+ ms", slice1) == ["4", "5", "6", "7"], text
     assert (
         "in XProf: one process /host:CPU runs every device on its threads (XLA:CPU); an op's device is its "
-        "device_ordinal, and the span pathways.slices: under the capture's says which slice "
+        "device_ordinal, and the capture's span pathways.slices says which slice holds which device "
         "(slice 0: devices 0,1,2,3; slice 1: devices 4,5,6,7)" in text
     ), text
     html = next(d["text/html"] for d in loop_reply.data if "pathways-profile" in d.get("text/html", ""))

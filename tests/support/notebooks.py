@@ -1,6 +1,7 @@
 """Executing the project's notebooks headless on the `pathways` kernel, for tests and `make notebooks`.
 
     python tests/support/notebooks.py [NAME.ipynb ...]    # run and save them with their outputs (default: all)
+    python tests/support/notebooks.py --scrub             # take the saving machine out of the saved outputs
 
 Cells tagged ``needs-cluster`` need a real Pathways proxy or job, which cannot
 run here: they are skipped, and saved without outputs.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -74,9 +76,38 @@ def save_with_outputs(name: str, timeout: int = 600) -> nbformat.NotebookNode:
         NotebookClient(nb, timeout=timeout, kernel_name="pathways", skip_cells_with_tag=NEEDS_CLUSTER).execute(
             env=_kernel_env(None)
         )
+    scrub(nb)
     nbformat.validate(nb)
     nbformat.write(nb, path)
     return nb
+
+
+#: What a saved notebook must not carry of the machine that ran it, and what stands in for it.
+MACHINE_SPECIFIC = (
+    (re.compile(r"/tmp/pathways-local-[A-Za-z0-9_]+/"), "/tmp/pathways-local-…/"),
+    (re.compile(r"\bpid \d+"), "pid …"),
+    (re.compile(r"(pathways-kernel/profiles/[0-9-]+)-p\d+/"), r"\1-p…/"),
+    (re.compile(re.escape(str(Path.home())) + r"(?=/)"), "~"),
+)
+
+
+def scrub(nb: nbformat.NotebookNode) -> None:
+    """Take the saving machine out of ``nb``: its socket paths, pids and home directory in every
+    output, and nbclient's per-cell execution timestamps."""
+
+    def clean(text: str) -> str:
+        for pattern, stand_in in MACHINE_SPECIFIC:
+            text = pattern.sub(stand_in, text)
+        return text
+
+    for cell in code_cells(nb):
+        cell.metadata.pop("execution", None)
+        for out in cell.get("outputs", []):
+            if "text" in out:
+                out["text"] = clean(out["text"])
+            for mime, value in out.get("data", {}).items():
+                if isinstance(value, str):
+                    out["data"][mime] = clean(value)
 
 
 @contextlib.contextmanager
@@ -103,6 +134,12 @@ def _environment(name: str) -> Iterator[None]:
 
 
 def main(names: list[str]) -> None:
+    if names[:1] == ["--scrub"]:  # saved outputs kept, only the machine taken out
+        for path in sorted(NOTEBOOKS.glob("*.ipynb")):
+            nb = nbformat.read(path, as_version=4)
+            scrub(nb)
+            nbformat.write(nb, path)
+        return
     for name in names or sorted(p.name for p in NOTEBOOKS.glob("*.ipynb")):
         print(f"== {name}", flush=True)
         save_with_outputs(name)
