@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
+import importlib
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar, cast, runtime_checkable
@@ -45,6 +46,11 @@ def use_backends(from_spec: BackendFactory, default_spec: Callable[[], str]) -> 
 
 
 def _backend(spec: str | None = None, **options: Any) -> Backend:
+    if _from_spec is None or _default_spec is None:
+        # `import pathways_kernel` is lazy (the server's process imports only what it runs), so
+        # code that imports a module of the package directly has not loaded the public surface
+        # that hands the factory over: load it now, by name, since core may not import it.
+        importlib.import_module("pathways_kernel.public")
     if _from_spec is None or _default_spec is None:
         raise RuntimeError("no backend factory: import pathways_kernel, which sets it (sessions.use_backends)")
     return _from_spec(_default_spec() if spec is None else spec, **options)
