@@ -312,6 +312,7 @@ def register(shell: InteractiveShell) -> None:
 
 
 def _install(hooks: shellhooks.ShellHooks) -> PathwaysMagics:
+    from pathways_kernel.backends import interrupts
     from pathways_kernel.magics import (
         connection,
         core,  # noqa: F401  (registers subcommands)
@@ -334,6 +335,7 @@ def _install(hooks: shellhooks.ShellHooks) -> PathwaysMagics:
     hooks.on_close(_show_error_lines(shell))
     healing.install(shell)  # restore variables lost with a slice, between cells
     connection.install(shell)  # the notice after a disconnect
+    interrupts.install(shell)  # the local server drops what an interrupted cell queued
     goodput.install(shell)  # the notebook's idle time between cells
     hooks.on_close(_follow_sessions())
     return magics

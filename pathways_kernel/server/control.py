@@ -1,4 +1,5 @@
-"""The control channel: fail, repair and inspect slices of a running server.
+"""The control channel: fail, repair and inspect slices of a running server, and cancel the
+work its clients queued (an interrupted cell).
 
 It is served on the server's own address (so whoever may reach the server, and
 no one else, may fail its slices), as ``pathways_local.Control`` with JSON bodies.
@@ -43,6 +44,7 @@ def handlers(server: Server) -> grpc.GenericRpcHandler:
             "Fail": call(lambda body: {"lost_arrays": server.fail_slice(int(body["slice"])), **server.status()}),
             "Repair": call(repair),
             "Status": call(lambda body: server.status()),
+            "Cancel": call(lambda body: server.cancel()),
         },
     )
 
@@ -70,6 +72,12 @@ def fail(target: str, slice_index: int, timeout: float = 30.0) -> dict[str, Any]
 def repair(target: str, slice_index: int, timeout: float = 30.0) -> dict[str, Any]:
     """Brings slice ``slice_index`` back (empty); returns the server's status."""
     return _call(target, "Repair", {"slice": slice_index}, timeout)
+
+
+def cancel(target: str, timeout: float = 5.0) -> dict[str, Any]:
+    """Drops the executions the server has not started (the client was interrupted); returns
+    ``running``, the most executions still running on one device."""
+    return _call(target, "Cancel", {}, timeout)
 
 
 def status(target: str, timeout: float = 30.0) -> dict[str, Any]:

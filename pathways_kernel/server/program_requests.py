@@ -7,8 +7,9 @@ from __future__ import annotations
 from pathways_kernel.server import protos
 from pathways_kernel.server.arrays import ServerArray, dtype_to_proto
 from pathways_kernel.server.errors import UNIMPLEMENTED, ServerError
+from pathways_kernel.server.programs import Program
 from pathways_kernel.server.protos import Proto
-from pathways_kernel.server.session import Deferred, Future, Session, done, failed, wait_ready
+from pathways_kernel.server.session import Deferred, Future, Session, done, failed
 
 _NOT_REPORTED = "layouts are not reported by the local Pathways server"
 # What the client reads of an executable's compiled memory statistics.
@@ -105,9 +106,13 @@ def loaded_executable_delete_request(session: Session, request: Proto, response:
 
 
 def loaded_executable_execute_request(session: Session, request: Proto, response: Proto) -> None:
-    """Dispatches the execution. As on Pathways, a failure (a lost slice, a lost argument)
-    does not fail the dispatch: the outputs hold the error and the user meets it when
-    reading them, which also keeps the client, which only logs execute errors, in step."""
+    """Dispatches the execution. As on Pathways, a failure (a lost slice, a lost argument,
+    the client interrupted before it started) does not fail the dispatch: the outputs hold
+    the error and the user meets it when reading them, which also keeps the client, which
+    only logs execute errors, in step.
+
+    An XLA program waits for room among the executions in flight on its devices
+    (``executions.py``; the session hands it to its own thread when there is none)."""
     program = session.program(request.loaded_executable_handle)
     arrays = session.arrays
     handles = list(request.result_array_handle) or [arrays.new_handle() for _ in program.output_shapes]
@@ -122,12 +127,13 @@ def loaded_executable_execute_request(session: Session, request: Proto, response
         if program.runs_in_background:
             status, outputs = session.run_in_background(program, args, handles), None
         else:
-            outputs = program.run(args)
+            if isinstance(program, Program):
+                outputs, status = _launch(session, program, args, bool(status_handle))
+            else:  # a plugin program: done when it returns
+                outputs, status = program.run(args), done()
             session.server.program_dispatched(program.device_ids, outputs)
             for handle, output in zip(handles, outputs, strict=True):
                 arrays.put(handle, output)
-            # Only a status the client will ask for is waited for (a thread's wake-up each).
-            status = session.server.pool.submit(wait_ready, outputs) if status_handle else None
     except ServerError as error:
         arrays.poison(handles, error)
         status = failed(error)
@@ -146,16 +152,38 @@ def loaded_executable_execute_request(session: Session, request: Proto, response
             described.array_handle = handle
 
 
+def _launch(
+    session: Session, program: Program, args: list[ServerArray], status: bool
+) -> tuple[list[ServerArray], Future | None]:
+    """Starts ``program`` once it has room (or the client's interrupt drops it: CANCELLED);
+    with ``status``, a future that settles when it has finished (only a status the client
+    will ask for is waited for: a thread's wake-up each)."""
+    executions = session.server.executions
+    if (error := session.cancelled()) is not None:
+        raise error
+    executions.enter(program.device_ids, session.cancelled)
+    try:
+        outputs, token = program.launch(args)
+    except BaseException:
+        executions.leave(program.device_ids)
+        raise
+    shards = [shard for output in outputs for shard in output.shards]
+    if status:
+        return outputs, executions.watch(program.device_ids, token, shards)
+    executions.started(program.device_ids, token, shards)
+    return outputs, None
+
+
 def loaded_executable_fetch_execute_result_request(session: Session, request: Proto, response: Proto) -> Deferred:
     future = session.take_future(request.result_status_handle)
     response.loaded_executable_fetch_execute_result_response.SetInParent()
-    return future.result
+    return future
 
 
 def check_future_request(session: Session, request: Proto, response: Proto) -> Deferred:
     future = session.take_future(request.future_handle)
     response.check_future_response.SetInParent()
-    return future.result
+    return future
 
 
 def loaded_host_callback_poll_request(session: Session, request: Proto, response: Proto) -> None:

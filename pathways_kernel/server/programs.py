@@ -39,7 +39,7 @@ _COMPILED_KEPT = 64  # executables the server keeps for programs compiled again
 class Executable(Protocol):
     """What the server uses of jaxlib's ``LoadedExecutable`` (a C++ class without stubs)."""
 
-    def execute_sharded(self, arguments: Sequence[jax.Array], /) -> Any: ...
+    def execute_sharded(self, arguments: Sequence[jax.Array], /, with_tokens: bool = ...) -> Any: ...
     def get_parameter_layouts(self) -> Sequence[Any]: ...
     def get_parameter_shardings(self) -> Sequence[Any] | None: ...
     def get_output_shardings(self) -> Sequence[Any] | None: ...
@@ -91,21 +91,28 @@ class Program:
 
     def run(self, args: list[ServerArray]) -> list[ServerArray]:
         """Executes on ``args``; returns the outputs (their buffers may still be computing)."""
+        return self.launch(args)[0]
+
+    def launch(self, args: list[ServerArray]) -> tuple[list[ServerArray], Any]:
+        """``run``, and the token that says when the execution has finished (jaxlib's
+        ``ShardedToken``: outputs donated to the next step can no longer say it)."""
         if len(args) != len(self.parameter_shardings):
             raise ServerError.invalid(f"{self.name} takes {len(self.parameter_shardings)} arguments, got {len(args)}")
         inputs = [
             _as_input(arg, sharding, self.device_ids)
             for arg, sharding in zip(args, self.parameter_shardings, strict=True)
         ]
-        results = self.executable.execute_sharded(inputs)
+        results = self.executable.execute_sharded(inputs, with_tokens=True)
+        token = results.consume_token()
         per_output = results.disassemble_into_single_device_arrays()
         for arg in args:
             if any(shard.is_deleted() for shard in arg.shards):
                 arg.deleted = True  # donated
-        return [
+        outputs = [
             ServerArray(np.dtype(shards[0].dtype), shape, sharding, list(shards))
             for shards, shape, sharding in zip(per_output, self.output_shapes, self.output_shardings, strict=True)
         ]
+        return outputs, token
 
 
 def _as_input(arg: ServerArray, sharding: jax.sharding.Sharding, device_ids: tuple[int, ...]) -> jax.Array:

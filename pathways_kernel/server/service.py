@@ -23,6 +23,7 @@ import grpc
 from pathways_kernel.server import array_requests, device_requests, host_buffers, program_requests, protos
 from pathways_kernel.server.devices import Topology
 from pathways_kernel.server.errors import DATA_LOSS, ServerError, abort
+from pathways_kernel.server.executions import Executions
 from pathways_kernel.server.programs import CompiledPrograms, LoadedProgram
 from pathways_kernel.server.protos import Proto
 from pathways_kernel.server.session import Handler, Session
@@ -76,6 +77,7 @@ class Server:
     def __init__(self, topology: Topology):
         self.topology = topology
         self.pool = concurrent.futures.ThreadPoolExecutor(16, thread_name_prefix="pathways-local")
+        self.executions = Executions()
         self.sessions: dict[int, Session] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -127,6 +129,18 @@ class Server:
 
     def repair_slice(self, slice_index: int) -> None:
         self.topology.repair(slice_index)
+
+    def cancel(self) -> dict[str, Any]:
+        """The client was interrupted (a kernel's cell): executions its sessions asked for and
+        the server has not started are dropped, their results poisoned with CANCELLED. What
+        XLA already runs cannot be stopped: how many of those there are (at most
+        ``executions.LIMIT`` per device) says how long the next request may wait."""
+        with self._lock:
+            sessions = list(self.sessions.values())
+        for session in sessions:
+            session.cancel()
+        devices = range(self.topology.device_count)
+        return {"sessions": len(sessions), "running": self.executions.in_flight(devices)}
 
     def status(self) -> dict[str, Any]:
         with self._lock:

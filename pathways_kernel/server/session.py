@@ -25,7 +25,8 @@ from typing import Any, Protocol
 from pathways_kernel.server import protos
 from pathways_kernel.server.arrays import ArrayStore, ServerArray
 from pathways_kernel.server.devices import Topology
-from pathways_kernel.server.errors import INTERNAL, UNIMPLEMENTED, ServerError
+from pathways_kernel.server.errors import CANCELLED, UNIMPLEMENTED, ServerError, from_exception
+from pathways_kernel.server.executions import Executions
 from pathways_kernel.server.host_buffers import HostBufferStore
 from pathways_kernel.server.programs import LoadedProgram
 from pathways_kernel.server.protos import Proto
@@ -33,9 +34,10 @@ from pathways_kernel.server.protos import Proto
 log = logging.getLogger("pathways_kernel.server")
 
 Future = concurrent.futures.Future[Any]
-# What a handler leaves to finish in the pool (waiting for it is why it was left); the
-# response goes back once it returns.
-Deferred = Callable[[], object]
+# What a handler leaves to finish: work for the pool (waiting for it is why it was left), or
+# a future whose settling answers the request (from its callback: no thread waits on it).
+# The response goes back once it has returned or settled.
+Deferred = Callable[[], object] | Future
 # A request's handler: (session, the request's own message, the IfrtResponse to fill).
 Handler = Callable[["Session", Proto, Proto], Deferred | None]
 Respond = Callable[[Proto], None]
@@ -46,6 +48,7 @@ class Shared(Protocol):
 
     topology: Topology
     pool: concurrent.futures.ThreadPoolExecutor
+    executions: Executions
 
     def count(self, key: str, amount: int = 1) -> None: ...
     def compile(self, request: Proto) -> LoadedProgram: ...
@@ -88,6 +91,11 @@ class Session:
         self.background: set[Future] = set()  # gates of colocated functions running
         self._requests = requests
         self._lock = threading.Lock()
+        # Interrupts of the client so far (``cancel``): a request read before the latest one
+        # that has not started an execution yet is dropped (``cancelled``).
+        self._cancels = 0
+        self._current = threading.local()  # the cancel count when the request being handled was read
+        self.dropped = 0  # executions dropped by a cancel
 
     @property
     def topology(self) -> Topology:
@@ -134,7 +142,7 @@ class Session:
         loop = asyncio.get_running_loop()
         loop_thread = threading.get_ident()
         out: asyncio.Queue[Proto | None] = asyncio.Queue()
-        in_order: queue.SimpleQueue[Proto | None] = queue.SimpleQueue()
+        in_order: queue.SimpleQueue[tuple[Proto, int] | None] = queue.SimpleQueue()
         pending = 0
         handed_off = 0  # requests given to the session's thread and not yet taken; loop only
         reading = True
@@ -150,8 +158,8 @@ class Session:
             handed_off -= 1
 
         def work() -> None:
-            while (request := in_order.get()) is not None:
-                self._process(request, respond)
+            while (item := in_order.get()) is not None:
+                self._process(item[0], respond, epoch=item[1])
                 loop.call_soon_threadsafe(taken)
 
         async def read() -> None:
@@ -161,7 +169,7 @@ class Session:
                     pending += 1
                     if handed_off or self._may_wait(request):
                         handed_off += 1
-                        in_order.put(request)
+                        in_order.put((request, self._cancels))
                     else:
                         self._process(request, respond)
             finally:
@@ -182,8 +190,13 @@ class Session:
             self.server.close_session(self)
 
     def _may_wait(self, request: Proto) -> bool:
-        """Whether ``request`` names a host buffer that has not arrived yet."""
+        """Whether ``request`` names a host buffer that has not arrived yet, or executes on
+        devices with as many executions in flight as the server allows (``executions.py``)."""
         kind = request.WhichOneof("request")
+        if kind == "loaded_executable_execute_request":
+            with self._lock:
+                program = self.programs.get(request.loaded_executable_execute_request.loaded_executable_handle)
+            return program is not None and not self.server.executions.has_room(program.device_ids)
         if kind == "make_array_from_host_buffer_request":
             handles = [request.make_array_from_host_buffer_request.host_buffer_handle]
         elif kind == "make_arrays_from_host_buffer_shards_request":
@@ -193,9 +206,28 @@ class Session:
             return False
         return not all(self.host_buffers.has(handle) for handle in handles)
 
-    def _process(self, request: Proto, respond: Respond, own: Future | None = None) -> None:
-        if self.pending and self._after_pending(request, respond, own):
+    def cancel(self) -> None:
+        """The client was interrupted: executions it asked for that have not started are
+        dropped, their results poisoned with CANCELLED (``cancelled``)."""
+        with self._lock:
+            self._cancels += 1
+        self.server.executions.wake()
+
+    def cancelled(self) -> ServerError | None:
+        """CANCELLED if the request being handled was read before the client's latest interrupt."""
+        if getattr(self._current, "epoch", self._cancels) >= self._cancels:
+            return None
+        with self._lock:
+            self.dropped += 1
+        return ServerError(CANCELLED, "the execution was cancelled: the client was interrupted before it started")
+
+    def _process(self, request: Proto, respond: Respond, own: Future | None = None, epoch: int | None = None) -> None:
+        """Handles ``request``, read when the client had been interrupted ``epoch`` times (now if None)."""
+        if epoch is None:
+            epoch = self._cancels
+        if self.pending and self._after_pending(request, epoch, respond, own):
             return
+        self._current.epoch = epoch
         kind = request.WhichOneof("request")
         op_id = request.request_metadata.op_id
         log.debug("session %s op %s: %s", self.id, op_id, kind)
@@ -212,7 +244,7 @@ class Session:
         except Exception as error:  # a bug here must reach the user, not hang the client
             if not isinstance(error, ServerError):
                 log.exception("%s failed", kind)
-                error = ServerError(INTERNAL, f"{kind}: {error}")
+                error = from_exception(error, kind or "request")
             # Handles the client named for this request's results now hold the error, so
             # later uses (and the client's destruct of them) find them; handlers need not
             # (handles the server made for them are never told to the client).
@@ -222,20 +254,32 @@ class Session:
         if deferred is None:
             respond(response)
             return
+        if isinstance(deferred, concurrent.futures.Future):
+
+            def settled(future: Future) -> None:
+                error = future.exception()
+                if error is None:
+                    respond(response)
+                else:
+                    respond(error_response(op_id, from_exception(error, kind or "request")))
+
+            deferred.add_done_callback(settled)
+            return
+        work = deferred
 
         def finish() -> None:
             try:
-                deferred()
+                work()
                 respond(response)
             except ServerError as error:
                 respond(error_response(op_id, error))
             except Exception as error:
                 log.exception("%s failed", kind)
-                respond(error_response(op_id, ServerError(INTERNAL, f"{kind}: {error}")))
+                respond(error_response(op_id, from_exception(error, kind or "request")))
 
         self.server.pool.submit(finish)
 
-    def _after_pending(self, request: Proto, respond: Respond, own: Future | None) -> bool:
+    def _after_pending(self, request: Proto, epoch: int, respond: Respond, own: Future | None) -> bool:
         """Defers ``request`` if it names arrays still being made in the background, until
         they exist. Every handle it names or makes is pending meanwhile, so the requests
         after it that name one wait for it, as they would have in order (a destruct of one
@@ -262,7 +306,7 @@ class Session:
 
         def run() -> None:
             try:
-                self._process(request, respond, gate)
+                self._process(request, respond, gate, epoch)
             finally:
                 self._settle(touched, gate, None)
 
@@ -308,8 +352,7 @@ class Session:
             except Exception as failure:  # it goes to the client as the outputs' error
                 if not isinstance(failure, ServerError):
                     log.exception("%s failed", program.name)
-                    failure = ServerError(INTERNAL, f"{program.name}: {failure}")
-                error = failure
+                error = from_exception(failure, program.name)
                 self.arrays.poison(handles, error)
             self._settle(handles, gate, error)
 

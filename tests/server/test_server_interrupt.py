@@ -1,0 +1,86 @@
+"""Interrupting a cell on the local Pathways server (issue #27 item 5).
+
+A cell that dispatched a long unblocked loop and was interrupted while it waited for the
+result left every step queued on the server: the next tiny cell silently waited for all of
+them (44.9 s seen). Now the kernel tells the server, which drops what it has not started
+(those outputs read as CANCELLED) and the interrupted cell says in one line what still runs.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from kernels import Kernel
+from load import cpu_hogs
+
+LOOP = """
+import time, jax, jax.numpy as jnp, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+mesh = pw.mesh()
+x = jax.device_put(np.ones((512, 512), np.float32), NamedSharding(mesh, P(("data", "model"))))
+w = jax.device_put(np.full((512, 512), 1e-3, np.float32), NamedSharding(mesh, P()))
+
+@jax.jit
+def step(w, x):
+    h = jnp.tanh(x @ w) @ w
+    return w - 1e-4 * (h.T @ x) / x.shape[0]
+
+step(w, x).block_until_ready()
+"""
+
+RUN = """
+out = []
+for _ in range(400):
+    w = step(w, x)
+    out.append(w)
+dispatched = time.monotonic()
+float(out[-1].sum())
+"""
+
+
+def said_on_stderr(kernel: Kernel, msg_id: str) -> str:
+    """What the cell ``msg_id`` wrote to stderr, up to its idle status."""
+    said = []
+    while (msg := kernel.iopub(30)) is not None:
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "stream" and msg["content"]["name"] == "stderr":
+            said.append(msg["content"]["text"])
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    return "".join(said)
+
+
+@pytest.mark.serial  # asserts how long the cell after the interrupt takes
+def test_an_interrupted_loop_leaves_no_queued_work_for_the_next_cell():
+    kernel = Kernel("pathways", backend=None)
+    try:
+        reply = kernel.run(LOOP, timeout=240)
+        assert reply.status == "ok", reply.error
+        with cpu_hogs():
+            msg_id = kernel.kc.execute(RUN)
+            time.sleep(8.0)  # the loop is dispatched and the cell waits for its last step
+            kernel.km.interrupt_kernel()
+            interrupted = None
+            while interrupted is None:
+                msg = kernel.kc.get_shell_msg(timeout=60)
+                if msg["parent_header"].get("msg_id") == msg_id:
+                    interrupted = msg
+            assert interrupted["content"]["status"] == "error"
+            assert interrupted["content"]["ename"] == "KeyboardInterrupt"
+            said = said_on_stderr(kernel, msg_id)
+            started = time.monotonic()
+            tiny = kernel.run("print(float(jnp.ones(4).sum()))", timeout=240)
+            took = time.monotonic() - started
+        assert tiny.status == "ok", tiny.error
+        assert "4.0" in tiny.text
+        # The last steps were never started: reading them says why, in one line.
+        lost = kernel.run("float(out[-1].sum())")
+        assert lost.status == "error"
+        assert "CANCELLED" in lost.error, lost.error
+        assert took < 30, f"the cell after the interrupt took {took:.1f} s"
+        # The interrupted cell said, in one line, what the next one may still wait for.
+        assert "dropped the work this cell had queued" in said, said
+    finally:
+        kernel.shutdown()
