@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import shlex
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol, TypeVar
@@ -208,7 +209,9 @@ def dispatch(shell: InteractiveShell, line: str, cell: str | None) -> object:
     sub = SUBCOMMANDS.get(name)
     if sub is None:
         known = ", ".join(sorted(SUBCOMMANDS))
-        raise UsageError(f"%pathways: unknown subcommand {shown(name, 20)}; choose one of: {known} (or --help)")
+        close = difflib.get_close_matches(name, SUBCOMMANDS, n=1, cutoff=0.6)
+        guess = f"did you mean '{close[0]}'? " if close else ""
+        raise UsageError(f"%pathways: unknown subcommand {shown(name, 20)}; {guess}choose one of: {known} (or --help)")
     if "-h" in rest or "--help" in rest:
         # IPython's formatter starts usage with a reST "::" block; show plain "usage:".
         return Text("usage: " + sub.parser.format_help().lstrip(": \n").rstrip())
