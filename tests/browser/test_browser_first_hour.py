@@ -136,6 +136,10 @@ def test_a_snapshot_every_10_steps_is_one_row_in_the_panel_and_in_pathways_event
     run_cell(page, 1, "events.ipynb")
     page.locator(".jp-OutputArea-output", has_text="60 steps in").first.wait_for(timeout=180_000)
 
+    # The panel's topology chips carry their ids, as the notebook's grid numbers them.
+    page.locator(f"{PANEL} canvas[data-chip-labels='true']").wait_for(state="attached", timeout=10_000)
+    page.locator(PANEL).screenshot(path=str(ARTIFACTS / "first-hour-panel-chips.png"))
+
     # The panel: the run's 7 snapshots are one row with their count (the last one may land just
     # after the run's goodput event, which ends a run: then a row of its own).
     snapshots_selector = f"{PANEL} li.jp-PathwaysPanel-event[data-kind='snapshot']"

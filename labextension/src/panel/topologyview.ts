@@ -15,7 +15,7 @@
 import { packRGBA, toCss } from '../common/colors';
 import { formatBytes, formatPercent } from '../common/format';
 import { sliceName } from '../model/dashboardmodel';
-import { Layout, hitTest, layoutTopology } from '../model/layout';
+import { Block, Layout, hitTest, layoutTopology } from '../model/layout';
 import { MonitorModel } from '../model/monitormodel';
 import { Palette, palette } from '../common/theme';
 
@@ -299,6 +299,7 @@ export class TopologyView {
     const topology = this._model.topology!;
     const font = colors.font;
     ctx.textBaseline = 'middle';
+    let labelled = false;
     for (const b of layout.blocks) {
       const slice = topology.slices[b.position];
       const isDown = slice.state === 'down';
@@ -319,6 +320,9 @@ export class TopologyView {
       ctx.textAlign = 'left';
       ctx.fillStyle = toCss(isDown ? colors.down : colors.textMuted);
       ctx.fillText(sliceName(slice), b.x + 3 * scale, b.y + layout.label / 2);
+      if (!isDown) {
+        labelled = this._drawChipIds(ctx, layout, b, colors, scale) || labelled;
+      }
       if (isDown) {
         ctx.font = `bold ${Math.round(Math.min(14, b.width / 5 / scale) * scale)}px ${font}`;
         ctx.textAlign = 'center';
@@ -333,6 +337,39 @@ export class TopologyView {
         ctx.fillText(text, x, y);
       }
     }
+    // Tests and assistive tools read whether the cells carry their chip ids (the canvas has no text).
+    this._canvas.dataset.chipLabels = String(labelled);
+  }
+
+  /**
+   * Each chip's id in its cell, as the notebook's grid numbers them ("0@(0,0,0)"), where a
+   * cell is big enough to read it (at least 14 CSS px); false where it is not.
+   */
+  private _drawChipIds(
+    ctx: CanvasRenderingContext2D,
+    layout: Layout,
+    b: Block,
+    colors: Palette,
+    scale: number
+  ): boolean {
+    const size = layout.cell - layout.gap;
+    if (size < 14 * scale) {
+      return false;
+    }
+    const grid = this._model.grids[b.position];
+    ctx.font = `${Math.round(Math.min(11, size / scale / 2) * scale)}px ${colors.font}`;
+    ctx.textAlign = 'center';
+    ctx.fillStyle = toCss(colors.text);
+    for (let k = 0; k < grid.cells.length; k++) {
+      const position = grid.cells[k];
+      if (position < 0) {
+        continue;
+      }
+      const x = b.cellsX + (k % grid.cols) * layout.cell + size / 2;
+      const y = b.cellsY + Math.floor(k / grid.cols) * layout.cell + size / 2;
+      ctx.fillText(String(this._model.chip(position)?.id ?? position), x, y);
+    }
+    return true;
   }
 
   private _updateTooltip(): void {
