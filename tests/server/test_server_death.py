@@ -193,3 +193,39 @@ def test_a_server_that_ends_itself_is_told_by_its_last_words_and_a_killed_one_by
     )
     # Killed from outside (kill -9, the out-of-memory killer): the signal is the reason, not a log line.
     assert _died(43, -signal.SIGKILL, stderr) == "server pid 43 killed by SIGKILL"
+
+
+def test_an_elastic_run_the_server_dies_under_goes_back_to_its_newest_snapshot_on_the_new_server(fresh_kernel):
+    k = fresh_kernel
+    with cpu_hogs():
+        setup = k.run(
+            "import jax, numpy as np\nfrom jax.sharding import NamedSharding, PartitionSpec as P\n"
+            "params = jax.device_put(np.zeros(8, np.float32), NamedSharding(pw.mesh(), P('data')))",
+            timeout=240,
+        )
+        assert setup.status == "ok", setup.error
+        pid = server_pid(k)
+        cell = k.kc.execute(
+            "%%pathways elastic --steps 100000 --state params --snapshot-every 5\n"
+            "params = params + 1\n"
+            "if step == 30:\n    print('at 30', flush=True)\n"
+        )
+        errors: list[str] = []
+        while (msg := k.iopub(120.0)) is not None:
+            if msg["parent_header"].get("msg_id") != cell:
+                continue
+            if msg["msg_type"] == "stream" and "at 30" in msg["content"]["text"]:
+                os.kill(pid, signal.SIGKILL)
+            elif msg["msg_type"] == "error":
+                errors += [line for line in "\n".join(msg["content"]["traceback"]).splitlines() if line.strip()]
+            elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                break
+        assert len(errors) == 1 and f"server pid {pid} killed by SIGKILL" in errors[0], errors
+        assert k.run("print(pw.is_lost(params))").text.strip() == "True"
+        # The run's snapshots are host memory: the reconnect puts its state back, at its newest snapshot.
+        again = k.run("%pathways reconnect", timeout=240)
+        assert "restored from snapshots onto slices [0,1]: params (" in again.text, again.text + again.error
+        back = re.search(r"elastic 'params' is back at step (\d+)", again.text)
+        assert back and 25 <= int(back.group(1)) <= 35, again.text
+        check = k.run("print(float(params[0]), float(params[7]), pw.is_lost(params))")
+        assert check.text.strip() == f"{back.group(1)}.0 {back.group(1)}.0 False", check.text + check.error
