@@ -16,12 +16,13 @@ import pytest
 from kernels import SERVER, Kernel
 from tpu_info import metrics as tpu_metrics
 
-# A subscription to the hub, as the panel's comm makes one: (time, per-chip utilization, memory, source).
+# A subscription to the hub, as the panel's comm makes one: (time, per-chip utilization, memory,
+# source, seconds the sample took: the service was read within them before ``time``).
 WATCH = """
 from pathways_kernel.monitoring import telemetry
-seen = []
-sub = telemetry.hub().subscribe(on_metrics=lambda m: seen.append(
-    (m.time, m.utilization.tolist(), m.memory.tolist(), m.source)), rate=4)
+seen, hub = [], telemetry.hub()
+sub = hub.subscribe(on_metrics=lambda m: seen.append(
+    (m.time, m.utilization.tolist(), m.memory.tolist(), m.source, hub.last_sample_s)), rate=4)
 """
 
 
@@ -81,8 +82,11 @@ def test_monitor_figures_equal_tpu_info_s_within_one_sample_window(kernel):
 
     def poll() -> None:
         while not stop.is_set():
+            before = time.time()
             usage = tpu_info_reads(kernel)
-            reads.append((time.time(), [u.duty_cycle_pct / 100 for u in usage], [u.memory_usage for u in usage]))
+            reads.append(
+                (before, time.time(), [u.duty_cycle_pct / 100 for u in usage], [u.memory_usage for u in usage])
+            )
             time.sleep(0.1)
 
     assert kernel.run(WATCH + "mark = len(seen)").status == "ok"
@@ -108,19 +112,28 @@ def test_monitor_figures_equal_tpu_info_s_within_one_sample_window(kernel):
     assert reply.status == "ok", reply.error
     shown = printed(reply)
     period = 0.25  # the hub's 4 Hz samples: one sample window
+
+    def apart(read, m) -> float:
+        """The most seconds there can be between tpu-info's read and the monitor's (each took a while)."""
+        return max(read[1], m[0]) - min(read[0], m[0] - m[4])
+
     compared = busy = 0
-    for at, duty, memory in reads:
-        near = [m for m in shown if abs(m[0] - at) <= period]
-        if not near:
+    for read in reads:
+        _, _, duty, memory = read
+        near = [m for m in shown if apart(read, m) <= period]
+        if not near:  # a loaded machine answered one of them late
             continue
         compared += 1
-        busy += duty[0] > 0.2
-        # The same service read at most a sample apart: a 1 s duty cycle moves at most by a quarter then,
+        busy += duty[0] > 0.05
+        # The same service read at most a sample apart: a 1 s duty cycle moves by at most that much,
         # and bytes that stayed put meanwhile (arrays were made and freed around it) are the same bytes.
-        steady = all(r[2] == memory for r in reads if abs(r[0] - at) <= period)
+        # No array made or freed for a second either side (tpu-info was reading all along).
+        covered = reads[0][0] <= read[0] - 1.0 and read[1] + 1.0 <= reads[-1][1]
+        steady = covered and all(r[3] == memory for r in reads if abs(r[0] - read[0]) <= 1.0)
         assert any(
-            all(abs(a - b) <= period + 0.02 for a, b in zip(m[1], duty, strict=True)) and (m[2] == memory or not steady)
+            all(abs(a - b) <= apart(read, m) + 0.02 for a, b in zip(m[1], duty, strict=True))
+            and (m[2] == memory or not steady)
             for m in near
-        ), (at, duty, memory, near)
-    assert compared >= 20 and busy >= 10, (compared, busy)
+        ), (read, near)
+    assert compared >= 8 and busy >= 4, (compared, busy)
     assert shown[-1][1] == [0.0] * 8, shown[-1]
