@@ -84,7 +84,12 @@ class HealingReport(TextDisplay):
             lost = "the previous Pathways server's arrays are lost"
             return f"{lost}: variables with data on it were healed" if self.restored else lost
         lost = ("slices " if len(self.lost_slices) > 1 else "slice ") + ", ".join(map(str, self.lost_slices))
-        return f"{lost} lost: variables with data on it were healed" if self.restored else f"{lost} lost"
+        if self.restored:
+            return f"{lost} lost: variables with data on it were healed"
+        if self.unusable and not (self.failed or self.waiting or self.interrupted is not None):
+            # Under a cell that ran to the end (an elastic run that recovered): about other variables, not its result.
+            return f"{lost} lost: earlier variables with data on it are gone (not this cell's result)"
+        return f"{lost} lost"
 
     def details(self) -> list[str]:
         out = []
@@ -101,7 +106,10 @@ class HealingReport(TextDisplay):
             still = f": {', '.join(self.interrupted)} still lost" if self.interrupted else ""
             out.append(f"healing was interrupted{still}; the next cell restores what is left")
         if self.unusable:
-            out.append(f"no snapshot, now unusable (DATA_LOSS): {', '.join(self.unusable)}; recompute or reload them")
+            out.append(
+                f"no snapshot, now unusable (DATA_LOSS): {', '.join(self.unusable)}; recompute or reload them, "
+                "and %pathways autosnapshot on keeps host copies from now on, so a loss restores them"
+            )
         out.extend(f"could not restore {name}, now unusable: {why}" for name, why in self.failed)
         return out
 
@@ -110,7 +118,11 @@ class HealingReport(TextDisplay):
 
     def _repr_html_(self) -> str:
         items = "".join(f"<li>{html.escape(line)}</li>" for line in self.details())
-        return f'<div class="pathways-healing"><b>{html.escape(self.header())}</b><ul>{items}</ul></div>'
+        # A note of its own, set apart from the cell's output above it (the run's result).
+        style = "margin-top:8px;padding:2px 10px;border-left:3px solid var(--jp-warn-color1)"
+        return (
+            f'<div class="pathways-healing" style="{style}"><b>{html.escape(self.header())}</b><ul>{items}</ul></div>'
+        )
 
 
 def _describe(healed: Healed) -> str:
