@@ -76,6 +76,7 @@ def test_idle_chips_read_zero_when_the_monitor_opens_after_a_run(kernel):
     assert all(u.duty_cycle_pct == 0.0 for u in tpu_info_reads(kernel))
 
 
+@pytest.mark.serial  # timing: pairs of reads at most one 0.25 s sample apart
 def test_monitor_figures_equal_tpu_info_s_within_one_sample_window(kernel):
     reads: list[tuple[float, list[float], list[int]]] = []
     stop = threading.Event()

@@ -43,6 +43,7 @@ def test_idle_chips_read_zero_with_their_kinds_hbm(server):
     assert all(u.total_memory == metric_service.DEFAULT_HBM_BYTES for u in read)
 
 
+@pytest.mark.serial  # timing: a duty cycle read a window after work started, and a window after it ended
 def test_busy_devices_read_their_duty_cycle_and_arrays(server, tmp_path):
     ready = tmp_path / "ready"
     client = subprocess.Popen(
