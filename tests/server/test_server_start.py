@@ -83,3 +83,28 @@ def test_unadopted_early_server_is_stopped():
         assert not os.path.exists(early.directory)
     finally:
         other.stop()
+
+
+def test_kernel_server_starts_beside_the_kernels_imports():
+    import pytest
+    from kernels import SERVER, Kernel
+
+    if not os.path.exists("/proc/uptime"):
+        pytest.skip("reads process start times from Linux's /proc")
+    kernel = Kernel(backend=SERVER)
+    with open("/proc/uptime") as uptime:
+        ready = float(uptime.read().split()[0])  # seconds since boot, as /proc/PID/stat counts
+    try:
+        reply = kernel.run(
+            "import os, json, pathways_kernel as pw\n"
+            "def _started(pid):\n"
+            "    ticks = int(open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[19])\n"
+            "    return ticks / os.sysconf('SC_CLK_TCK')\n"
+            "print(json.dumps([_started(os.getpid()), _started(pw.session().backend.server.pid)]))"
+        )
+    finally:
+        kernel.shutdown()
+    assert reply.status == "ok", reply.error
+    kernel_started, server_started = json.loads(reply.text.strip().splitlines()[-1])
+    # Started first thing, not after ipykernel's and JAX's imports (most of the way to ready).
+    assert server_started - kernel_started < 0.15 * (ready - kernel_started), (kernel_started, server_started, ready)
