@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathways_kernel.backends.cloud_monitoring import CloudMonitoring
 from pathways_kernel.core.errors import BackendError, PathwaysError
 from pathways_kernel.core.sessions import session as current
-from pathways_kernel.monitoring import telemetry
+from pathways_kernel.monitoring import sources, telemetry
 
 SOURCES = ("client", "runtime", "cloud-monitoring")
 
@@ -42,10 +42,10 @@ def chip_metrics(
         metrics = backend.chip_metrics()
         if metrics is None:
             raise PathwaysError(f"{backend.spec} has no chip service of its own; use cloud-monitoring or client")
-        hub.use_source(telemetry.ChipSource(backend, metrics))
+        hub.use_source(sources.ChipSource(backend, metrics))
         return f"monitor: chips from {metrics.name}"
     if source == "client":
-        hub.use_source(telemetry.ClientSource(backend.is_leftover))
+        hub.use_source(sources.ClientSource(backend.is_leftover))
         return "monitor: chips measured by the client (live arrays' readiness and bytes)"
 
     def slices() -> list[list[int]]:
@@ -55,10 +55,10 @@ def chip_metrics(
         reader = CloudMonitoring(project, slices, cluster=cluster, workers=workers)
         readings = reader.check()
     except BackendError as error:
-        fallback = telemetry.ClientSource(backend.is_leftover)
+        fallback = sources.ClientSource(backend.is_leftover)
         fallback.name = f"client ({CloudMonitoring.name} unavailable)"
         hub.use_source(fallback)
         return f"{error}; the monitor keeps the client-side figure"
-    hub.use_source(telemetry.ChipSource(backend, reader))
+    hub.use_source(sources.ChipSource(backend, reader))
     where = f"cluster {cluster}, " if cluster else ""
     return f"monitor: chips from {reader.name} ({where}project {reader.project}): {len(readings.duty_cycle)} chips"
