@@ -44,6 +44,8 @@ _ShapeKey = tuple[int, tuple[int, ...], np.dtype[Any]]
 _SHARDING_CACHE = 4096
 #: ``memory_stats()`` is read every this many samples (it costs a call per chip).
 STATS_EVERY = 4
+#: A chip service's figures stand in for this many of its windows when it answers late.
+STALE_WINDOWS = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,19 +223,25 @@ class ClientSource(MetricsSource):
 
 
 class ChipSource(ClientSource):
-    """Each chip's duty cycle and memory as the backend's ``ChipMetrics`` says; while it does not
-    answer, the client's measure, and the name says so (its error logged once per outage)."""
+    """Each chip's duty cycle and memory as the backend's ``ChipMetrics`` says. A late answer (a
+    loaded machine) keeps the last figures for up to ``STALE_WINDOWS`` of the service's windows;
+    past that, the client's measure, and the name says so (its error logged once per outage)."""
 
-    def __init__(self, backend: Backend, metrics: ChipMetrics) -> None:
+    def __init__(self, backend: Backend, metrics: ChipMetrics, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(backend.is_leftover)
         self._metrics = metrics
+        self._clock = clock
         self.name = metrics.name
         self._failing = False
+        self._last: tuple[float, Layout, Sample] | None = None  # (monotonic time, layout, sample)
 
     def sample(self, layout: Layout) -> Sample:
         try:
             readings = self._metrics.read()
         except PathwaysError as error:
+            last = self._last
+            if last is not None and last[1] is layout and self._clock() - last[0] <= self._stale_s(last[2]):
+                return dataclasses.replace(last[2], time=time.time())
             if not self._failing:  # the views say it (the source's name); a loaded server's late answer is no alarm
                 _log().info("%s; showing the client's measure meanwhile", error)
             self._failing = True
@@ -249,7 +257,13 @@ class ChipSource(ClientSource):
             busy[position] = readings.duty_cycle.get(device_id, 0.0)
             memory[position] = readings.memory_used.get(device_id, 0)
             limit[position] = readings.memory_total.get(device_id, 0)
-        return Sample(time.time(), busy, memory, limit if limit.any() else None, readings.window_s)
+        sample = Sample(time.time(), busy, memory, limit if limit.any() else None, readings.window_s)
+        self._last = (self._clock(), layout, sample)
+        return sample
+
+    @staticmethod
+    def _stale_s(sample: Sample) -> float:
+        return STALE_WINDOWS * (sample.window_s or 1.0)
 
     def close(self) -> None:
         self._metrics.close()

@@ -16,6 +16,9 @@ import pytest
 from kernels import SERVER, Kernel
 from tpu_info import metrics as tpu_metrics
 
+from pathways_kernel.core.backend import ChipMetrics, ChipReadings
+from pathways_kernel.core.errors import BackendError
+
 # A subscription to the hub, as the panel's comm makes one: (time, per-chip utilization, memory,
 # source, seconds the sample took: the service was read within them before ``time``).
 WATCH = """
@@ -138,3 +141,40 @@ def test_monitor_figures_equal_tpu_info_s_within_one_sample_window(kernel):
         ), (read, near)
     assert compared >= 8 and busy >= 4, (compared, busy)
     assert shown[-1][1] == [0.0] * 8, shown[-1]
+
+
+class FlakyService(ChipMetrics):
+    """A chip service that answers until told not to (a loaded machine's late answers)."""
+
+    name = "runtime metrics, 1 s"
+
+    def __init__(self):
+        self.answers = True
+
+    def read(self) -> ChipReadings:
+        if not self.answers:
+            raise BackendError("the runtime metric service did not answer: Deadline Exceeded")
+        return ChipReadings(
+            {d: 0.5 for d in range(8)}, {d: 1 << 20 for d in range(8)}, {d: 16 << 30 for d in range(8)}, 1.0
+        )
+
+
+def test_a_late_answer_keeps_the_service_s_figures_for_a_while_then_says_it_is_the_client_s():
+    import pathways_kernel as pw
+    from pathways_kernel.core.sessions import session as current_session
+    from pathways_kernel.monitoring import sources
+
+    session = current_session()
+    if session.backend.spec != "embedded:2x4" or session.topology.down_slices:
+        session = pw.connect("embedded:2x4", force=True)
+    layout = sources.Layout.of(session.topology)
+    service = FlakyService()
+    now = [0.0]
+    source = sources.ChipSource(session.backend, service, clock=lambda: now[0])
+    assert source.sample(layout).busy.tolist() == [0.5] * 8
+    service.answers = False
+    late = source.sample(layout)  # within 3 windows: the service's last figures, not the client's
+    assert late.busy.tolist() == [0.5] * 8 and late.window_s == 1.0 and source.name == "runtime metrics, 1 s"
+    now[0] = 3.5  # past 3 windows of 1 s
+    gone = source.sample(layout)
+    assert gone.window_s is None and source.name == "client (runtime metrics, 1 s unavailable)"
