@@ -97,6 +97,7 @@ class Dashboard:
         if m is not None:
             parts.append(f"utilization {m.total_utilization:.0%}")
             parts.append(f"memory {format_bytes(m.memory_bytes)}")
+            parts.append(f"measured by {html.escape(m.source)}")  # with its resolution: "Cloud Monitoring, 60 s"
             parts.append(f"<span style='opacity:.6'>{time.strftime('%H:%M:%S', time.localtime(m.time))}</span>")
         self.header.value = " · ".join(parts)
 

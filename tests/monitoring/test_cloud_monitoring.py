@@ -124,11 +124,26 @@ def test_unusable_credentials_are_one_line_without_the_secret(kernel, tmp_path):
     broken = tmp_path / "adc.json"
     broken.write_text(json.dumps({"type": "not-a-type", "refresh_token": SECRET}))
     reply = kernel.run(
-        f"import os; os.environ['GOOGLE_APPLICATION_CREDENTIALS'] = {str(broken)!r}\n"
+        "import os; adc = os.environ['GOOGLE_APPLICATION_CREDENTIALS']\n"
+        f"os.environ['GOOGLE_APPLICATION_CREDENTIALS'] = {str(broken)!r}\n"
         "%pathways connect embedded:2x4 --force --metrics cloud-monitoring --metrics-project gke-project",
         timeout=120,
     )
+    assert kernel.run("os.environ['GOOGLE_APPLICATION_CREDENTIALS'] = adc").status == "ok"
     assert reply.status == "ok", reply.error
     lines = [line for line in reply.text.splitlines() if "Cloud Monitoring" in line]
     assert len(lines) == 1 and "no usable Application Default Credentials" in lines[0], reply.text
     assert SECRET not in reply.text + reply.error
+
+
+def test_the_notebook_monitor_says_what_measured_the_chips(kernel):
+    connect(kernel, "--metrics-project gke-project --metrics-cluster pw-cluster")
+    reply = kernel.run(
+        "import time\ndash = pw.monitor()\ndeadline = time.time() + 20\n"
+        "while 'measured by' not in dash.snapshot_html() and time.time() < deadline:\n"
+        "    time.sleep(0.2)\n"
+        "print(dash.snapshot_html())",
+        timeout=60,
+    )
+    assert reply.status == "ok", reply.error
+    assert "utilization 50% · memory 16.0 GiB · measured by Cloud Monitoring, 60 s" in reply.text, reply.text
