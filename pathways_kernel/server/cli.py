@@ -170,8 +170,8 @@ def serve(args: argparse.Namespace) -> int:
         ],
     )
     grpc_server.add_generic_rpc_handlers([service.handlers(backend), control.handlers(backend), metrics])
-    if args.metrics_port is not None and not _serve_metrics(metrics, args.metrics_port, loop):
-        return 1
+    if args.metrics_port is not None:
+        _serve_metrics(metrics, args.metrics_port, loop)
     if args.socket:
         path = _private_socket(args.socket)
         try:
@@ -228,7 +228,9 @@ def serve(args: argparse.Namespace) -> int:
 
 def _serve_metrics(metrics: grpc.GenericRpcHandler, port: int, loop: asyncio.AbstractEventLoop) -> bool:
     """Serves the runtime metric service alone on ``localhost:port`` (for ``tpu-info``, whose client
-    dials loopback TCP only); False, said in one line, if the port is taken."""
+    dials loopback TCP only); False, said in one line, if the port is taken: the server serves on
+    without them there (a second kernel with the same ``PATHWAYS_LOCAL_METRICS_PORT`` still starts;
+    its monitor reads them on the server's socket)."""
     from concurrent import futures
 
     import grpc
@@ -242,7 +244,10 @@ def _serve_metrics(metrics: grpc.GenericRpcHandler, port: int, loop: asyncio.Abs
         bound = 0
     if not bound:
         print(
-            f"pathways-local: cannot serve runtime metrics on 127.0.0.1:{port}: {refused or 'refused'}", file=sys.stderr
+            f"pathways-local: cannot serve runtime metrics on 127.0.0.1:{port} ({refused or 'refused'}); "
+            "serving without them there",
+            file=sys.stderr,
+            flush=True,
         )
         return False
     loop.run_until_complete(server.start())

@@ -89,6 +89,16 @@ def test_the_server_names_what_it_serves_for_another_metric(server):
     assert metric_service.DUTY_CYCLE in raised.value.details()
 
 
+def test_a_second_server_on_a_taken_metrics_port_serves_without_it(server):
+    port = int(server.metrics_address.rsplit(":", 1)[1])
+    second = launch.start(1, 2, metrics_port=port)
+    try:
+        assert second.metrics_address is None and second.alive()
+        assert "cannot serve runtime metrics on 127.0.0.1" in "\n".join(second.stderr_lines)
+    finally:
+        second.stop()
+
+
 def test_each_kind_of_chip_has_its_own_hbm():
     mixed = launch.start("v5p:2x2x1,v6e:2x2", metrics_port=0)
     try:
