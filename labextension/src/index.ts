@@ -20,6 +20,7 @@ import { asKernelView } from './protocol/session';
 import { PathwaysPanel } from './panel/panel';
 import { PathwaysStatus } from './panel/statusitem';
 import { activateXprof } from './panel/xprof';
+import { followProgress } from './notebook/followprogress';
 
 const PLUGIN_ID = 'pathways-kernel:plugin';
 const OPEN_COMMAND = 'pathways:open-monitor';
@@ -40,6 +41,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
   ) => {
     const panel = new PathwaysPanel();
     labShell.add(panel, 'right', { rank: 600 });
+    // Run All scrolls past a live elastic cell: its progress is brought back into view.
+    notebooks.widgetAdded.connect((_, notebook) => followProgress(notebook));
     // Any main-area tab: notebooks and consoles are followed, the rest named as not having a kernel.
     const follow = () => panel.follow(labShell.currentWidget ?? notebooks.currentWidget);
     labShell.currentChanged.connect(follow);

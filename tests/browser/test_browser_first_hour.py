@@ -36,12 +36,17 @@ params = params + 1.0
 pw.log(loss=jnp.float32(1.0 / (step + 1)))"""
 
 
+LONG_TRAIN = TRAIN.replace("--steps 60", "--steps 600")
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("lab-first-hour")
     labtools.notebook(root / "params.ipynb", [SETUP, TRAIN])
     # A kernel of its own: only this run's events.
     labtools.notebook(root / "events.ipynb", [SETUP, TRAIN, "%pathways events"])
+    # Run All: a long elastic cell, then enough cells after it that the last is a few screens down.
+    labtools.notebook(root / "runall.ipynb", [SETUP, LONG_TRAIN] + [f"print('after {i}')" for i in range(40)])
     lab = labtools.Lab(root)
     yield lab
     lab.stop()
@@ -173,3 +178,22 @@ def test_a_snapshot_every_10_steps_is_one_row_in_the_panel_and_in_pathways_event
     with dark_theme(page):
         page.wait_for_timeout(500)
         shoot(page, "events-1280-dark")
+
+
+PROGRESS = ".pathways-cell-progress"
+
+
+def test_run_all_keeps_the_live_elastic_cells_progress_in_view(page, server):
+    open_notebook(page, server, "runall.ipynb")
+    # Not awaited: the command's promise settles only once every cell has run.
+    page.evaluate("() => { void window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+    page.locator(PROGRESS).first.wait_for(state="attached", timeout=120_000)
+    page.wait_for_timeout(2_000)  # the run goes on; Run All has moved the active cell to the last one
+    shoot(page, "runall-progress-1280")
+    assert page.locator(".jp-Notebook-ExecutionIndicator").first.get_attribute("data-status") == "busy"
+    view = page.locator(".jp-Notebook .jp-WindowedPanel-outer").first.bounding_box()
+    bar = page.locator(PROGRESS).first.bounding_box()
+    shoot(page, "runall-progress-1280")
+    assert bar is not None and view["y"] <= bar["y"] and bar["y"] + bar["height"] <= view["y"] + view["height"], (
+        f"the live progress is off-screen: bar {bar}, notebook view {view}"
+    )
