@@ -19,7 +19,7 @@ import numpy as np
 
 from pathways_kernel.core.protowire import read_varint
 from pathways_kernel.server import protos
-from pathways_kernel.server.errors import ServerError
+from pathways_kernel.server.errors import ALREADY_EXISTS, FAILED_PRECONDITION, ServerError
 
 # The size of each message of a lookup's stream.
 _CHUNK = 4 << 20
@@ -35,12 +35,29 @@ class HostBufferStore:
         self._buffers: dict[int, HostBuffer | bytes | ServerError] = {}
         self._cond = threading.Condition()
         self._closed = False
+        # Handles of uploads a refused request named before they arrived: dropped on arrival.
+        self._discarded: set[int] = set()
 
     def store(self, handle: int, data: HostBuffer | bytes | ServerError) -> None:
-        """Keeps ``data`` under ``handle``; an error instead fails the lookup of it."""
+        """Keeps ``data`` under ``handle``; an error instead fails the lookup of it. Each
+        handle is filled once (ALREADY_EXISTS after), and nothing after ``close``."""
         with self._cond:
+            if self._closed:
+                raise ServerError(FAILED_PRECONDITION, f"host buffer {handle}: the session is closed")
+            if handle in self._discarded:
+                self._discarded.discard(handle)  # its request was refused: nothing will take it
+                return
+            if handle in self._buffers:
+                raise ServerError(ALREADY_EXISTS, f"host buffer handle {handle} already exists")
             self._buffers[handle] = data
             self._cond.notify_all()
+
+    def discard(self, handles: Iterable[int]) -> None:
+        """Releases the buffers of a request that was refused, now or when they arrive."""
+        with self._cond:
+            for handle in handles:
+                if self._buffers.pop(handle, None) is None and not self._closed:
+                    self._discarded.add(handle)
 
     def has(self, handle: int) -> bool:
         with self._cond:
@@ -70,6 +87,7 @@ class HostBufferStore:
         with self._cond:
             self._closed = True
             self._buffers.clear()
+            self._discarded.clear()
             self._cond.notify_all()
 
 

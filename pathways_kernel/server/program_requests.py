@@ -44,7 +44,7 @@ def compile_request(session: Session, request: Proto, response: Proto) -> Deferr
         compiled.fingerprint_value = getattr(program.executable, "fingerprint", None) or b""
         compiled.ready_future_handle = ready
 
-    return compile_
+    return session.server.compiles.submit(compile_)
 
 
 def loaded_executable_metadata_request(session: Session, request: Proto, response: Proto) -> None:

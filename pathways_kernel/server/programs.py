@@ -28,7 +28,7 @@ from pathways_kernel.server import protos
 from pathways_kernel.server.arrays import ServerArray, Sharding, assemble, replicated
 from pathways_kernel.server.colocated import compile_colocated
 from pathways_kernel.server.devices import Topology
-from pathways_kernel.server.errors import INVALID_ARGUMENT, UNIMPLEMENTED, ServerError
+from pathways_kernel.server.errors import INVALID_ARGUMENT, UNIMPLEMENTED, ServerError, from_exception
 from pathways_kernel.server.plugins import compile_plugin
 from pathways_kernel.server.protos import Proto
 
@@ -209,10 +209,8 @@ def compile_program(request: Proto, topology: Topology) -> LoadedProgram:
     try:
         with _compile_lock:
             executable = backend.compile_and_load(text, xc.DeviceList(tuple(devices[i] for i in ids)), options)
-    except Exception as error:  # XLA's message is what the user needs
-        raise ServerError(
-            INVALID_ARGUMENT, f"the CPU compiler rejected the program: {' '.join(str(error).split())}"
-        ) from error
+    except Exception as error:  # XLA's message is what the user needs, its code passed through
+        raise from_exception(error, "the CPU compiler rejected the program", INVALID_ARGUMENT) from error
     program = Program(executable, tuple(ids), replicas, shapes, dtypes)
     program.name = _name(text)
     parameters = len(executable.get_parameter_layouts())  # one layout per parameter

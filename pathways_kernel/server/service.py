@@ -22,7 +22,7 @@ import grpc
 
 from pathways_kernel.server import array_requests, device_requests, host_buffers, program_requests, protos
 from pathways_kernel.server.devices import Topology
-from pathways_kernel.server.errors import DATA_LOSS, ServerError, abort
+from pathways_kernel.server.errors import DATA_LOSS, FAILED_PRECONDITION, ServerError, abort
 from pathways_kernel.server.executions import Executions
 from pathways_kernel.server.programs import CompiledPrograms, LoadedProgram
 from pathways_kernel.server.protos import Proto
@@ -33,6 +33,49 @@ SESSION_METADATA = "ifrt-proxy-grpc-ifrt-session-metadata-bin"
 STORE_METADATA = "ifrt-proxy-grpc-host-buffer-store-metadata-bin"
 # Protocol versions this server answers; the client says which it speaks.
 PROTOCOL_MIN, PROTOCOL_MAX = 16, 25
+# IFRT SerDes versions of the messages the server reads and writes (shardings, dtypes,
+# array specs): what jaxlib 0.10.1-0.10.2's clients send (their highest is 3). A client
+# whose lowest is higher writes formats this server has not been checked against.
+SERDES_MIN, SERDES_MAX = 0, 3
+
+
+def negotiate(request: Proto) -> tuple[int, int]:
+    """The protocol and SerDes versions for a client's ``GrpcGetVersionRequest``: the highest
+    both speak, as the reference server picks them; FAILED_PRECONDITION in one line if none."""
+    low, high = request.min_version, request.max_version
+    protocol = min(high.protocol_version, PROTOCOL_MAX)
+    if protocol < max(low.protocol_version, PROTOCOL_MIN):
+        raise ServerError(
+            FAILED_PRECONDITION,
+            f"the client speaks IFRT proxy protocol {low.protocol_version}..{high.protocol_version}, "
+            f"the local Pathways server {PROTOCOL_MIN}..{PROTOCOL_MAX}: install a jaxlib whose range overlaps",
+        )
+    serdes = min(high.ifrt_serdes_version_number, SERDES_MAX)
+    if serdes < max(low.ifrt_serdes_version_number, SERDES_MIN):
+        raise ServerError(
+            FAILED_PRECONDITION,
+            f"the client speaks IFRT SerDes versions {low.ifrt_serdes_version_number}.."
+            f"{high.ifrt_serdes_version_number}, the local Pathways server {SERDES_MIN}..{SERDES_MAX}: "
+            "install a jaxlib whose range overlaps",
+        )
+    return protocol, serdes
+
+
+def check_session_version(version: Proto) -> None:
+    """Refuses, in one line, a session opened with versions ``negotiate`` would not have chosen."""
+    if not PROTOCOL_MIN <= version.protocol_version <= PROTOCOL_MAX:
+        raise ServerError(
+            FAILED_PRECONDITION,
+            f"the session asks for IFRT proxy protocol {version.protocol_version}; "
+            f"the local Pathways server speaks {PROTOCOL_MIN}..{PROTOCOL_MAX}",
+        )
+    if not SERDES_MIN <= version.ifrt_serdes_version_number <= SERDES_MAX:
+        raise ServerError(
+            FAILED_PRECONDITION,
+            f"the session asks for IFRT SerDes version {version.ifrt_serdes_version_number}; "
+            f"the local Pathways server speaks {SERDES_MIN}..{SERDES_MAX}",
+        )
+
 
 # The handler of each kind of IfrtRequest (the name of its field in the request's oneof).
 REQUESTS: dict[str, Handler] = {
@@ -77,6 +120,8 @@ class Server:
     def __init__(self, topology: Topology):
         self.topology = topology
         self.pool = concurrent.futures.ThreadPoolExecutor(16, thread_name_prefix="pathways-local")
+        # Compiles on a pool of their own: a long compile holds none of the threads copies use.
+        self.compiles = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="pathways-local-compile")
         self.executions = Executions()
         self.sessions: dict[int, Session] = {}
         self._ids = itertools.count(1)
@@ -109,7 +154,7 @@ class Server:
     def close_session(self, session: Session) -> None:
         with self._lock:
             self.sessions.pop(session.id, None)
-        session.host_buffers.close()
+        session.close()
 
     def session(self, session_id: int) -> Session:
         with self._lock:
@@ -184,20 +229,16 @@ def handlers(server: Server) -> grpc.GenericRpcHandler:
         protos.proxy("GrpcHostBufferDeleteResponse"),
     )
 
+    codes = {code.value[0]: code for code in grpc.StatusCode}
+
     def get_version(request: Proto, context: grpc.ServicerContext) -> Proto:
-        low = max(request.min_version.protocol_version, PROTOCOL_MIN)
-        high = min(request.max_version.protocol_version, PROTOCOL_MAX)
-        if low > high:
-            abort(
-                context,
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"the client speaks IFRT proxy protocol {request.min_version.protocol_version}.."
-                f"{request.max_version.protocol_version}, the local Pathways server {PROTOCOL_MIN}..{PROTOCOL_MAX}: "
-                "install a jaxlib whose range overlaps",
-            )
+        try:
+            protocol, serdes = negotiate(request)
+        except ServerError as error:
+            abort(context, codes[error.code], error.message)
         response = version_response()
-        response.version.protocol_version = high
-        response.version.ifrt_serdes_version_number = request.max_version.ifrt_serdes_version_number
+        response.version.protocol_version = protocol
+        response.version.ifrt_serdes_version_number = serdes
         return response
 
     async def ifrt_session(requests: AsyncIterable[Proto], context: grpc.aio.ServicerContext) -> AsyncIterator[Proto]:
@@ -209,11 +250,13 @@ def handlers(server: Server) -> grpc.GenericRpcHandler:
                 f"Missing metadata for GrpcIfrtService.IfrtSession: {SESSION_METADATA}",
             )
         metadata = protos.proxy("GrpcIfrtSessionMetadata").FromString(raw)
+        try:
+            check_session_version(metadata.version)
+        except ServerError as error:
+            await _abort_async(context, codes[error.code], error.message)
         session = server.open_session(metadata.version)
         async for response in session.serve(requests):
             yield response
-
-    codes = {code.value[0]: code for code in grpc.StatusCode}
 
     def host_buffer_store(chunks: Iterable[memoryview], context: grpc.ServicerContext) -> Proto:
         raw = _metadata(context, STORE_METADATA)

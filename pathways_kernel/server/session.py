@@ -2,14 +2,18 @@
 stream its requests come in on.
 
 Requests are taken in the order they come (a request may name arrays the previous one
-made), but anything that waits (compilation, a value becoming ready, a copy to the host)
-is answered from the server's worker pool when it completes, so responses go back out of
-order, matched by ``op_id``, and a slow copy does not hold up the session. A request that
-names arrays still being made in the background (a colocated Python function running)
-waits for them while the requests that do not go on being served.
+made), on the event loop or, from one that must wait on, on the session's own thread
+(``serve``). Anything that takes time is answered when it completes: a copy to the host
+on the server's worker pool, a compile on its compile pool, a wait for an execution or a
+colocated function from its future's done callback (no thread blocks on it); responses
+go back out of order, matched by ``op_id``, and a slow copy does not hold up the session.
+A request that names arrays still being made in the background (a colocated Python
+function running) waits for them while the requests that do not go on being served.
+``docs/architecture.md`` ("The local server: which context runs what") says why.
 
 Each request goes to its handler (``service.REQUESTS``: array, program and device
-requests), which fills the response, or returns the work to finish in the pool.
+requests), which fills the response, or returns the work to finish in the pool or the
+future whose settling finishes it.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ class Shared(Protocol):
 
     topology: Topology
     pool: concurrent.futures.ThreadPoolExecutor
+    compiles: concurrent.futures.ThreadPoolExecutor
     executions: Executions
 
     def count(self, key: str, amount: int = 1) -> None: ...
@@ -96,6 +101,7 @@ class Session:
         self._cancels = 0
         self._current = threading.local()  # the cancel count when the request being handled was read
         self.dropped = 0  # executions dropped by a cancel
+        self.closed = False
 
     @property
     def topology(self) -> Topology:
@@ -136,9 +142,10 @@ class Session:
     async def serve(self, requests: AsyncIterable[Proto]) -> AsyncIterator[Proto]:
         """Yields responses for ``requests`` as they complete. Requests are taken in order.
         Most are handled right here on the event loop as they arrive (a thread hand-off
-        each way cost most of a tiny op's round trip); one that must wait for a host
-        buffer still being uploaded goes to the session's own thread, and the requests
-        after it follow it there until that thread has caught up."""
+        each way cost most of a tiny op's round trip); one that must wait (for a host
+        buffer still being uploaded, or for room among the executions in flight) goes to
+        the session's own thread, and the requests after it follow it there until that
+        thread has caught up. A client that leaves closes the session (``close``)."""
         loop = asyncio.get_running_loop()
         loop_thread = threading.get_ident()
         out: asyncio.Queue[Proto | None] = asyncio.Queue()
@@ -197,14 +204,17 @@ class Session:
             with self._lock:
                 program = self.programs.get(request.loaded_executable_execute_request.loaded_executable_handle)
             return program is not None and not self.server.executions.has_room(program.device_ids)
-        if kind == "make_array_from_host_buffer_request":
-            handles = [request.make_array_from_host_buffer_request.host_buffer_handle]
-        elif kind == "make_arrays_from_host_buffer_shards_request":
-            specs = request.make_arrays_from_host_buffer_shards_request.specs
-            handles = [buffer.host_buffer_handle for spec in specs for buffer in spec.host_buffers]
-        else:
-            return False
-        return not all(self.host_buffers.has(handle) for handle in handles)
+        handles = _uploads(request)
+        return bool(handles) and not all(self.host_buffers.has(handle) for handle in handles)
+
+    def close(self) -> None:
+        """The client's stream ended: what it queued and has not started is dropped
+        (``cancel``), its host buffers are released and refused from now on, and a colocated
+        function still running keeps none of its outputs."""
+        with self._lock:
+            self.closed = True
+        self.cancel()
+        self.host_buffers.close()
 
     def cancel(self) -> None:
         """The client was interrupted: executions it asked for that have not started are
@@ -249,6 +259,8 @@ class Session:
             # later uses (and the client's destruct of them) find them; handlers need not
             # (handles the server made for them are never told to the client).
             self.arrays.poison(_result_handles(getattr(request, kind)) if kind else [], error)
+            # A refused request's uploads are taken by nothing else: released now, or on arrival.
+            self.host_buffers.discard(_uploads(request))
             respond(error_response(op_id, error))
             return
         if deferred is None:
@@ -347,6 +359,8 @@ class Session:
                 outputs = program.run(args)
                 wait_ready(outputs)
                 self.topology.check_up(program.device_ids)
+                if self.closed:  # its client left while it ran: nothing may keep its outputs
+                    raise ServerError(CANCELLED, f"{program.name}: the session closed while it ran")
                 for handle, output in zip(handles, outputs, strict=True):
                     self.arrays.put(handle, output)
             except Exception as failure:  # it goes to the client as the outputs' error
@@ -385,6 +399,17 @@ _RESULT_FIELDS = {
 
 # Fields that name arrays a request uses (unless the field is what it makes, above).
 _NAMED_FIELDS = ("args_handles", "array_handle", "array_handles", "single_device_array_handles", "value_handles")
+
+
+def _uploads(request: Proto) -> list[int]:
+    """The host buffers (uploads) an IfrtRequest makes arrays of."""
+    kind = request.WhichOneof("request")
+    if kind == "make_array_from_host_buffer_request":
+        return [request.make_array_from_host_buffer_request.host_buffer_handle]
+    if kind == "make_arrays_from_host_buffer_shards_request":
+        specs = request.make_arrays_from_host_buffer_shards_request.specs
+        return [buffer.host_buffer_handle for spec in specs for buffer in spec.host_buffers]
+    return []
 
 
 def _named_handles(request: Proto) -> list[int]:

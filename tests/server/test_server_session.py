@@ -1,6 +1,7 @@
 """The local Pathways server's session, on its own, in this process (as XLA's
-``ifrt_backend_test`` checks ``IfrtBackend``): executions in flight, cancelling what has not
-started, and status codes passed through."""
+``ifrt_backend_test``, ``host_buffer_test`` and ``version_test`` check theirs): executions in
+flight, cancelling what has not started, status codes passed through, host buffers filled once
+and released on every path, versions negotiated."""
 
 from __future__ import annotations
 
@@ -14,8 +15,19 @@ import pytest
 from pathways_kernel.server import protos, service
 from pathways_kernel.server.arrays import ServerArray, Sharding
 from pathways_kernel.server.devices import Topology
-from pathways_kernel.server.errors import CANCELLED, INTERNAL, RESOURCE_EXHAUSTED, ServerError, code_of, from_exception
+from pathways_kernel.server.errors import (
+    ALREADY_EXISTS,
+    CANCELLED,
+    DATA_LOSS,
+    FAILED_PRECONDITION,
+    INTERNAL,
+    RESOURCE_EXHAUSTED,
+    ServerError,
+    code_of,
+    from_exception,
+)
 from pathways_kernel.server.executions import Executions
+from pathways_kernel.server.host_buffers import HostBufferStore
 from pathways_kernel.server.programs import Program
 
 
@@ -190,3 +202,95 @@ def test_an_execution_read_before_an_interrupt_is_dropped_and_its_output_says_ca
     assert execute(session, 11).response_metadata.status.code == 0
     np.testing.assert_array_equal(np.asarray(session.arrays.get(11).shards[0]), np.ones(4))
     assert session.take_future(1011).result(10) is None
+
+
+def test_a_closed_session_drops_what_it_queued_and_takes_no_more_uploads(session):
+    read_before_close = 0
+    session.close()
+    assert execute(session, 12, epoch=read_before_close).response_metadata.status.code == 0
+    with pytest.raises(ServerError) as lost:
+        session.arrays.get(12)
+    assert lost.value.code == CANCELLED
+    with pytest.raises(ServerError) as refused:
+        session.host_buffers.store(5, b"\0" * 16)
+    assert refused.value.code == FAILED_PRECONDITION
+
+
+# ---- host buffers: filled once, released on every path -------------------------------
+
+
+def test_a_host_buffer_is_filled_once():
+    store = HostBufferStore()
+    store.store(3, b"abcd")
+    with pytest.raises(ServerError) as again:
+        store.store(3, b"efgh")
+    assert again.value.code == ALREADY_EXISTS
+    assert bytes(store.take(3)) == b"abcd"
+    assert not store.has(3)
+
+
+def make_array_request(buffer: int, result: int):
+    request = protos.proxy("IfrtRequest")()
+    request.request_metadata.op_id = result
+    make = request.make_array_from_host_buffer_request
+    make.host_buffer_handle = buffer
+    make.array_handle = result
+    make.dtype.kind = make.dtype.KIND_F32
+    make.shape.dims.append(4)
+    sharding = make.sharding.serialized_sharding
+    sharding.type_name = "xla::ifrt::SingleDeviceSharding"
+    sharding.data = protos.ifrt("SingleDeviceShardingProto")(device_id=0).SerializeToString()
+    return request
+
+
+def test_a_refused_upload_is_released_whether_it_came_before_or_after_its_request(session):
+    session.server.fail_slice(0)
+    session.host_buffers.store(5, np.zeros(4, np.float32).tobytes())
+    answers: list = []
+    session._process(make_array_request(5, 20), answers.append)
+    assert answers[0].response_metadata.status.code == DATA_LOSS
+    assert not session.host_buffers.has(5)  # it stayed in the store, before
+    # An upload that arrives after its request was refused is dropped on arrival.
+    session._process(make_array_request(6, 21), answers.append)
+    assert answers[1].response_metadata.status.code == DATA_LOSS
+    session.host_buffers.store(6, np.zeros(4, np.float32).tobytes())
+    assert not session.host_buffers.has(6)
+
+
+# ---- versions --------------------------------------------------------------------------
+
+
+def version_request(protocol: tuple[int, int], serdes: tuple[int, int]):
+    request = protos.proxy("GrpcGetVersionRequest")()
+    request.min_version.protocol_version, request.max_version.protocol_version = protocol
+    request.min_version.ifrt_serdes_version_number, request.max_version.ifrt_serdes_version_number = serdes
+    return request
+
+
+@pytest.mark.parametrize(
+    ("protocol", "serdes", "chosen"),
+    [
+        ((16, 25), (0, 3), (25, 3)),  # jaxlib 0.10.2's client
+        ((16, 30), (0, 9), (25, 3)),  # a newer client that still speaks ours
+        ((10, 20), (1, 2), (20, 2)),  # an older one
+        ((26, 30), (0, 3), "protocol 26..30"),
+        ((16, 25), (4, 9), "SerDes versions 4..9"),
+    ],
+)
+def test_versions_are_negotiated_and_refused_in_one_line(protocol, serdes, chosen):
+    request = version_request(protocol, serdes)
+    if isinstance(chosen, tuple):
+        assert service.negotiate(request) == chosen
+        return
+    with pytest.raises(ServerError) as refused:
+        service.negotiate(request)
+    assert refused.value.code == FAILED_PRECONDITION
+    assert chosen in refused.value.message and "\n" not in refused.value.message
+
+
+def test_a_session_opened_with_versions_the_server_does_not_speak_is_refused():
+    version = protos.proxy("IfrtProxyVersion")(protocol_version=25, ifrt_serdes_version_number=3)
+    service.check_session_version(version)
+    version.ifrt_serdes_version_number = 7
+    with pytest.raises(ServerError, match="SerDes version 7"):
+        service.check_session_version(version)
