@@ -45,6 +45,7 @@ def server(tmp_path_factory):
     labtools.notebook(root / "params.ipynb", [SETUP, TRAIN])
     # A kernel of its own: only this run's events.
     labtools.notebook(root / "events.ipynb", [SETUP, TRAIN, "%pathways events"])
+    labtools.notebook(root / "starting.ipynb", ["print('up')"])
     # Run All: a long elastic cell, then enough cells after it that the last is a few screens down.
     labtools.notebook(root / "runall.ipynb", [SETUP, LONG_TRAIN] + [f"print('after {i}')" for i in range(40)])
     lab = labtools.Lab(root)
@@ -197,3 +198,27 @@ def test_run_all_keeps_the_live_elastic_cells_progress_in_view(page, server):
     assert bar is not None and view["y"] <= bar["y"] and bar["y"] + bar["height"] <= view["y"] + view["height"], (
         f"the live progress is off-screen: bar {bar}, notebook view {view}"
     )
+
+
+# Every status line the panel showed, recorded in the page as it changes (a kernel start is seconds long).
+RECORD_STATUS = """() => {
+    window.__pwSaid = [];
+    const seen = () => {
+        const m = document.querySelector('#pathways-monitor .jp-PathwaysPanel-message');
+        const text = m && !m.hidden ? m.textContent : '';
+        if (text && window.__pwSaid[window.__pwSaid.length - 1] !== text) window.__pwSaid.push(text);
+    };
+    new MutationObserver(seen).observe(document.body, {subtree: true, childList: true, characterData: true, attributes: true});
+    seen();
+}"""
+
+
+def test_the_panel_says_the_kernel_is_starting_its_server_while_it_starts(page, server):
+    page.goto(server.url("starting.ipynb"))
+    page.locator(PANEL).wait_for(state="attached", timeout=60_000)
+    page.evaluate(RECORD_STATUS)
+    open_monitor(page)
+    page.locator(f"{PANEL}[data-state='live']").wait_for(state="attached", timeout=120_000)
+    said = page.evaluate("() => window.__pwSaid")
+    assert any(s.startswith("Starting the Pathways kernel and its local Pathways server") for s in said), said
+    assert not any("no kernel yet" in s for s in said), said

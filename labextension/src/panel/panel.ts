@@ -15,7 +15,7 @@ import { ISignal, Signal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
 
 import { formatBytes, formatPercent } from '../common/format';
-import { isPathwaysKernel } from '../common/kernels';
+import { isPathwaysKernel, startingMessage } from '../common/kernels';
 import { UTILIZATION_HELP } from '../common/help';
 import { Change, MonitorModel } from '../model/monitormodel';
 import { LatestProfile, decodeLatestProfile } from '../protocol/messages';
@@ -112,6 +112,10 @@ export class PathwaysPanel extends Widget {
    * changes; anything else keeps the last one followed (and says so); null
    * (no tab at all) follows nothing.
    */
+  /** The view whose kernel status the panel listens to (its kernel starting). */
+  private _statusView: KernelView | null = null;
+  private _onStatus = (): void => this._renderChrome();
+
   follow(widget: Widget | KernelView | null): void {
     const view = asKernelView(widget);
     if (widget !== null && view === null) {
@@ -120,6 +124,12 @@ export class PathwaysPanel extends Widget {
       return;
     }
     this._otherActive = null;
+    if (view !== this._statusView) {
+      // While its kernel starts the session has no kernel, or one still unknown: say so as it goes.
+      this._statusView?.sessionContext.statusChanged.disconnect(this._onStatus);
+      this._statusView = view;
+      view?.sessionContext.statusChanged.connect(this._onStatus);
+    }
     this.session.follow(view);
     this._renderChrome();
   }
@@ -322,7 +332,16 @@ export class PathwaysPanel extends Widget {
   private _renderChrome(): void {
     const state = this.session.state;
     const kernel = this.session.kernel;
-    const message = panelMessage(state, kernel?.name ?? '');
+    const context = this._statusView?.sessionContext;
+    const starting =
+      (state.kind === 'no-kernel' || state.kind === 'connecting') && context
+        ? startingMessage(
+            kernel?.name ?? context.kernelPreference.name ?? null,
+            context.kernelDisplayStatus,
+            context.isReady
+          )
+        : null;
+    const message = starting ?? panelMessage(state, kernel?.name ?? '');
     this._status.textContent = message;
     this._status.hidden = !message;
     this._renderFollowing();
