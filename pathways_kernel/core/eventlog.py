@@ -204,7 +204,7 @@ class EventTable:
         self._empty = f"no {kind} events yet" if kind else "no events yet"
 
     def __repr__(self) -> str:
-        return "\n".join(_row_text(r) for r in self.rows) if self.rows else self._empty
+        return "\n".join(row_text(r) for r in self.rows) if self.rows else self._empty
 
     def _repr_html_(self) -> str:
         if not self.rows:
@@ -254,7 +254,8 @@ def _span(values: list[str]) -> str:
     return shown[0] if len(set(shown)) == 1 else f"{shown[0]}–{shown[-1]}"
 
 
-def _row_text(row: list[Event]) -> str:
+def row_text(row: list[Event]) -> str:
+    """One row (an event, or a folded run of them) as a line of text."""
     if len(row) == 1:
         return row[0].to_text()
     c = _row(row)

@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 from pathways_kernel.core.errors import PathwaysError
-from pathways_kernel.core.eventlog import Event, format_bytes
+from pathways_kernel.core.eventlog import Event, EventTable, format_bytes, row_text
 from pathways_kernel.core.slices import Topology
 from pathways_kernel.core.text import count
 from pathways_kernel.monitoring import telemetry
@@ -37,6 +37,10 @@ _live: collections.deque[Dashboard] = collections.deque()
 _live_lock = threading.Lock()
 
 
+#: Newest events the widget folds its rows from.
+FOLD_WINDOW = 500
+
+
 class Dashboard:
     """A live ipywidgets view of the telemetry hub; display it, ``close()`` it when done."""
 
@@ -46,8 +50,10 @@ class Dashboard:
         self.hub = hub
         self._w = w
         self._lock = threading.Lock()
+        # Rows shown; events kept to fold from (a snapshot every few steps is one row with its count).
+        self._shown = max(1, events)
         self._events: collections.deque[Event] = collections.deque(
-            hub.session.events.last(events), maxlen=max(1, events)
+            hub.session.events.last(FOLD_WINDOW), maxlen=FOLD_WINDOW
         )
         self.header = w.HTML()
         self.rows = w.VBox()
@@ -107,7 +113,8 @@ class Dashboard:
         if not events:
             self.event_list.value = "<i>no events yet</i>"
             return
-        lines = "".join(f"<div>{html.escape(e.to_text())}</div>" for e in reversed(events))
+        rows = EventTable(events, last=self._shown).rows
+        lines = "".join(f"<div>{html.escape(row_text(r))}</div>" for r in reversed(rows))
         self.event_list.value = (
             f"<div style='font-family:var(--jp-code-font-family,monospace);font-size:11px'>{lines}</div>"
         )
