@@ -40,8 +40,7 @@ def _donated(request: Proto, sources: list[ServerArray]) -> None:
     memory is freed now, not when the client gets round to destructing them)."""
     if request.copy_semantics == _DONATE:
         for source in sources:
-            source.deleted = True
-            source.shards = []
+            source.delete()
 
 
 # ---- from and to the client's host buffers ----------------------------------------
@@ -127,9 +126,9 @@ def check_value_ready_request(session: Session, request: Proto, response: Proto)
 
 def disassemble_into_single_device_arrays_request(session: Session, request: Proto, response: Proto) -> None:
     array = session.arrays.get(request.array_handle)
-    array.check_live()
-    handles = session.arrays.handles_for(request.result_handles, len(array.shards))
-    for handle, device, shard in zip(handles, array.sharding.device_ids, array.shards, strict=True):
+    shards = array.live_shards()
+    handles = session.arrays.handles_for(request.result_handles, len(shards))
+    for handle, device, shard in zip(handles, array.sharding.device_ids, shards, strict=True):
         single = array.sharding.with_devices([device])
         session.arrays.put(
             handle,
@@ -144,8 +143,7 @@ def assemble_array_from_single_device_arrays_request(session: Session, request: 
     pieces = [session.arrays.get(h) for h in request.single_device_array_handles]
     by_device = {}
     for piece in pieces:
-        piece.check_live()
-        by_device[piece.sharding.device_ids[0]] = piece.shards[0]
+        by_device[piece.sharding.device_ids[0]] = piece.live_shards()[0]
     missing = [d for d in sharding.device_ids if d not in by_device]
     if missing:
         raise ServerError.invalid(f"no single-device array on device {missing[0]} of the sharding")
@@ -157,10 +155,9 @@ def assemble_array_from_single_device_arrays_request(session: Session, request: 
 
 def fully_replicated_shard_request(session: Session, request: Proto, response: Proto) -> None:
     array = session.arrays.get(request.array_handle)
-    array.check_live()
+    shard = array.live_shards()[0]
     handle = request.result_handle or session.arrays.new_handle()
     device = array.sharding.device_ids[0]
-    shard = array.shards[0]
     session.arrays.put(
         handle, ServerArray(array.dtype, tuple(shard.shape), type(array.sharding)((device,), None), [shard])
     )
@@ -180,9 +177,10 @@ def copy_arrays_request(session: Session, request: Proto, response: Proto) -> No
     copies = []
     sources = [session.arrays.get(h) for h in request.array_handles]
     for source in sources:
-        source.check_live()
         destination = source.sharding.with_devices(targets) if targets else source.sharding
-        shards = [jax.device_put(s, devices[d]) for s, d in zip(source.shards, destination.device_ids, strict=True)]
+        shards = [
+            jax.device_put(s, devices[d]) for s, d in zip(source.live_shards(), destination.device_ids, strict=True)
+        ]
         copies.append(ServerArray(source.dtype, source.shape, destination, shards))
     for handle, copy in zip(handles, copies, strict=True):
         session.arrays.put(handle, copy)
@@ -208,13 +206,12 @@ def remap_arrays_request(session: Session, request: Proto, response: Proto) -> N
     """Shards of the inputs become shards of the outputs, where the plan says, without
     moving (pathwaysutils' split_by_mesh_axis and concatenate_by_mesh_axis send it)."""
     plan = request.plan
-    sources = [session.arrays.get(h) for h in request.array_handles]
-    for source in sources:
-        source.check_live()
+    arrays = [session.arrays.get(h) for h in request.array_handles]
+    sources = [array.live_shards() for array in arrays]
     specs = [(spec, sharding_from_proto(spec.sharding)) for spec in plan.output_specs]
     shards: list[list[ArrayImpl | None]] = [[None] * len(sharding.device_ids) for _, sharding in specs]
     for mapping in plan.mappings:
-        source_shards = sources[mapping.in_array].shards
+        source_shards = sources[mapping.in_array]
         intervals = zip(
             mapping.from_start, mapping.from_end, mapping.from_step,
             mapping.to_start, mapping.to_end, mapping.to_step, strict=True,
@@ -232,7 +229,7 @@ def remap_arrays_request(session: Session, request: Proto, response: Proto) -> N
     handles = session.arrays.handles_for(request.result_handles, len(results))
     for handle, result in zip(handles, results, strict=True):
         session.arrays.put(handle, result)
-    _donated(request, sources)
+    _donated(request, arrays)
     response.remap_arrays_response.array_handles.extend(handles)
 
 
@@ -243,9 +240,7 @@ def delete_array_request(session: Session, request: Proto, response: Proto) -> N
     errors = []
     for handle in request.array_handle:
         try:
-            array = session.arrays.get(handle)
-            array.deleted = True
-            array.shards = []
+            session.arrays.get(handle).delete()
         except ServerError as error:
             errors.append(error)
     future_handle = session.arrays.new_handle()

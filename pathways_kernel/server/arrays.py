@@ -135,29 +135,56 @@ def sharding_from_proto(proto: Proto) -> Sharding:
     raise ServerError(UNIMPLEMENTED, f"sharding {kind or '(none)'} is not served by the local Pathways server")
 
 
-@dataclass
 class ServerArray:
-    """One array: ``shards[i]`` lives on device ``sharding.device_ids[i]``."""
+    """One array: ``shards[i]`` lives on device ``sharding.device_ids[i]``.
 
-    dtype: np.dtype[Any]
-    shape: tuple[int, ...]
-    sharding: Sharding
-    shards: list[jax_array.ArrayImpl]  # single-device, one per device
-    deleted: bool = False
+    Deleting it (the client's delete, a donation) swaps its shards for ``None`` in one
+    assignment: a reader on another thread (the control channel, the metric service, a
+    reshard) sees either every shard of a live array or a deleted one with none, never a
+    deleted array's shards or a live one's shards gone. Read ``shards`` (or ``live_shards()``)
+    once and use what it gave."""
+
+    def __init__(
+        self, dtype: np.dtype[Any], shape: tuple[int, ...], sharding: Sharding, shards: Sequence[jax_array.ArrayImpl]
+    ):
+        self.dtype = dtype
+        self.shape = shape
+        self.sharding = sharding
+        self._shards: tuple[jax_array.ArrayImpl, ...] | None = tuple(shards)  # single-device, one per device
+
+    @property
+    def deleted(self) -> bool:
+        return self._shards is None
+
+    @property
+    def shards(self) -> tuple[jax_array.ArrayImpl, ...]:
+        """Its shards; none once it is deleted."""
+        shards = self._shards
+        return () if shards is None else shards
+
+    def live_shards(self) -> tuple[jax_array.ArrayImpl, ...]:
+        """Its shards; raises INVALID_ARGUMENT if it is deleted."""
+        shards = self._shards
+        if shards is None:
+            raise ServerError(INVALID_ARGUMENT, "Array has been deleted")
+        return shards
+
+    def delete(self) -> None:
+        """Deletes it for every reader at once; its buffers go when the last reader lets them go."""
+        self._shards = None
 
     def jax_array(self, sharding: jax.sharding.Sharding | None = None) -> jax.Array:
         """The shards as one JAX array (under ``sharding`` if given: an executable's
         own parameter sharding over the same devices)."""
-        self.check_live()
+        shards = self.live_shards()
         if sharding is None:
             if self.sharding.op is None:
-                return self.shards[0]
+                return shards[0]
             sharding = self.sharding.jax_sharding()
-        return assemble(self.shape, self.dtype, sharding, self.shards)
+        return assemble(self.shape, self.dtype, sharding, shards)
 
     def check_live(self) -> None:
-        if self.deleted:
-            raise ServerError(INVALID_ARGUMENT, "Array has been deleted")
+        self.live_shards()
 
     @classmethod
     def from_jax(cls, array: jax.Array, sharding: Sharding) -> ServerArray:
@@ -323,10 +350,12 @@ class ArrayStore:
         seen: set[int] = set()
         with self._lock:
             entries = list(self._entries.values())
-        for entry in entries:
-            if isinstance(entry, ServerArray) and not entry.deleted:
-                for device, shard in zip(entry.sharding.device_ids, entry.shards, strict=True):
-                    if id(shard) not in seen:
-                        seen.add(id(shard))
-                        result[device] = result.get(device, 0) + shard.nbytes
+        for array in (entry for entry in entries if isinstance(entry, ServerArray)):
+            shards = array.shards  # read once: a delete on another thread leaves all of them or none
+            if not shards:
+                continue
+            for device, shard in zip(array.sharding.device_ids, shards, strict=True):
+                if id(shard) not in seen:
+                    seen.add(id(shard))
+                    result[device] = result.get(device, 0) + shard.nbytes
         return result

@@ -133,5 +133,5 @@ def string_host_buffer(array: ServerArray) -> bytes:
     row-major); colocated Python's output specs come back this way. Its first shard is
     the whole array: string arrays here are single-device or replicated."""
     contents = protos.message("xla.ifrt.proto.StringArrayContents")()
-    contents.strings.extend(str(s).encode() for s in np.asarray(array.shards[0]).reshape(-1))
+    contents.strings.extend(str(s).encode() for s in np.asarray(array.live_shards()[0]).reshape(-1))
     return contents.SerializeToString()

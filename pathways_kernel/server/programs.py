@@ -107,7 +107,7 @@ class Program:
         per_output = results.disassemble_into_single_device_arrays()
         for arg in args:
             if any(shard.is_deleted() for shard in arg.shards):
-                arg.deleted = True  # donated
+                arg.delete()  # donated
         outputs = [
             ServerArray(np.dtype(shards[0].dtype), shape, sharding, list(shards))
             for shards, shape, sharding in zip(per_output, self.output_shapes, self.output_shardings, strict=True)
@@ -116,10 +116,10 @@ class Program:
 
 
 def _as_input(arg: ServerArray, sharding: jax.sharding.Sharding, device_ids: tuple[int, ...]) -> jax.Array:
-    arg.check_live()
+    shards = arg.live_shards()
     if len(device_ids) == 1 and arg.sharding.op is None:
-        return arg.shards[0]
-    by_device = dict(zip(arg.sharding.device_ids, arg.shards, strict=True))
+        return shards[0]
+    by_device = dict(zip(arg.sharding.device_ids, shards, strict=True))
     missing = [d for d in device_ids if d not in by_device]
     if missing:
         raise ServerError.invalid(f"an argument has no shard on device {missing[0]} of the executable")

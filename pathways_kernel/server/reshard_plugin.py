@@ -88,8 +88,7 @@ class ReshardProgram:
             self.output_shapes[i], self.output_dtypes[i] = arg.shape, arg.dtype
         if self.donate:
             for arg in args:
-                arg.deleted = True
-                arg.shards = []
+                arg.delete()
         return outputs
 
 
