@@ -62,6 +62,7 @@ class ProxyBackend(Backend):
     """A Pathways cluster reached through its IFRT proxy."""
 
     name: ClassVar[str] = "proxy"
+    array_queries_wait_on_server: ClassVar[bool] = True
 
     def __init__(
         self,

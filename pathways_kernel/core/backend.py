@@ -91,6 +91,10 @@ class Backend(abc.ABC):
     name: ClassVar[str]
     #: whether ``fail_slice``/``repair_slice`` may be injected (emulators only).
     supports_fault_injection: ClassVar[bool] = False
+    #: whether asking an array about itself (``is_ready``, ``is_deleted``) is a request to a server
+    #: that JAX's client waits for without a bound, holding the GIL (the IFRT proxy): a background
+    #: thread must not ask, or a stopped or stuck server freezes the whole kernel.
+    array_queries_wait_on_server: ClassVar[bool] = False
     #: the log a backend reports connection lifecycle events to; set by the session.
     events: Any = None
 

@@ -10,6 +10,12 @@ backend reports it; CPU devices do not); arrays lost with a slice count for noth
 after its repair, from the moment it is down, nor do the buffers a loss keeps for readers
 in flight (the backend's ``is_leftover``).
 
+``ChipSource`` never falls back to the client's measure where asking an array is a request to the
+server that JAX's client waits for holding the GIL (``Backend.array_queries_wait_on_server``: the
+IFRT proxy, so ``local:``): the service not answering usually means that server does not either (a
+stopped server froze the kernel in ``is_deleted`` of an array passed to a step). It keeps the last
+memory figures then, no duty cycle, and its name says the service is unavailable.
+
 Cost of ``ClientSource``: one pass over ``jax.live_arrays()`` per sample (~2 us per array),
 numpy work per distinct sharding, no Python loop over chips except ``memory_stats()`` (every
 ``STATS_EVERY`` samples).
@@ -230,6 +236,7 @@ class ChipSource(ClientSource):
     def __init__(self, backend: Backend, metrics: ChipMetrics, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(backend.is_leftover)
         self._metrics = metrics
+        self._may_scan = not backend.array_queries_wait_on_server
         self._clock = clock
         self.name = metrics.name
         self._failing = False
@@ -243,10 +250,15 @@ class ChipSource(ClientSource):
             if last is not None and last[1] is layout and self._clock() - last[0] <= self._stale_s(last[2]):
                 return dataclasses.replace(last[2], time=time.time())
             if not self._failing:  # the views say it (the source's name); a loaded server's late answer is no alarm
-                _log().info("%s; showing the client's measure meanwhile", error)
+                _log().info(
+                    "%s; %s meanwhile", error, "showing the client's measure" if self._may_scan else "no figures"
+                )
             self._failing = True
-            self.name = f"client ({self._metrics.name} unavailable)"
-            return super().sample(layout)
+            if self._may_scan:
+                self.name = f"client ({self._metrics.name} unavailable)"
+                return super().sample(layout)
+            self.name = f"{self._metrics.name} unavailable: last memory figures, no duty cycle"
+            return self._unmeasured(layout)
         self._failing = False
         self.name = self._metrics.name
         n = layout.chips
@@ -260,6 +272,18 @@ class ChipSource(ClientSource):
         sample = Sample(time.time(), busy, memory, limit if limit.any() else None, readings.window_s)
         self._last = (self._clock(), layout, sample)
         return sample
+
+    def _unmeasured(self, layout: Layout) -> Sample:
+        """No duty cycle, and the memory last read (none if the layout changed): asks no array."""
+        last = self._last
+        kept = last[2] if last is not None and last[1] is layout else None
+        return Sample(
+            time.time(),
+            np.zeros(layout.chips, np.float32),
+            kept.memory if kept is not None else None,
+            kept.memory_limit if kept is not None else None,
+            kept.window_s if kept is not None else None,
+        )
 
     @staticmethod
     def _stale_s(sample: Sample) -> float:

@@ -178,3 +178,38 @@ def test_a_late_answer_keeps_the_service_s_figures_for_a_while_then_says_it_is_t
     now[0] = 3.5  # past 3 windows of 1 s
     gone = source.sample(layout)
     assert gone.window_s is None and source.name == "client (runtime metrics, 1 s unavailable)"
+
+
+def test_where_asking_an_array_waits_on_the_server_a_silent_service_asks_no_array(monkeypatch):
+    """On ``local:`` (JAX's proxy client) ``is_deleted`` of an array passed to a step is a request
+    the client waits for holding the GIL: measuring from the client while the server does not
+    answer froze the kernel (tests/server/test_server_stopped.py). The last memory figures stay."""
+    import jax
+
+    import pathways_kernel as pw
+    from pathways_kernel.core.sessions import session as current_session
+    from pathways_kernel.monitoring import sources
+
+    class ProxiedBackend:
+        array_queries_wait_on_server = True
+
+        def is_leftover(self, array: object) -> bool:
+            return False
+
+    def asked(*args: object) -> None:
+        raise AssertionError("the monitor asked JAX's client about its arrays")
+
+    session = current_session()
+    if session.backend.spec != "embedded:2x4" or session.topology.down_slices:
+        session = pw.connect("embedded:2x4", force=True)
+    layout = sources.Layout.of(session.topology)
+    service = FlakyService()
+    now = [0.0]
+    source = sources.ChipSource(ProxiedBackend(), service, clock=lambda: now[0])  # type: ignore[arg-type]
+    source.sample(layout)
+    service.answers = False
+    now[0] = 3.5
+    monkeypatch.setattr(jax, "live_arrays", asked)
+    gone = source.sample(layout)
+    assert gone.busy.tolist() == [0.0] * 8 and gone.memory is not None and gone.memory.tolist() == [1 << 20] * 8
+    assert source.name == "runtime metrics, 1 s unavailable: last memory figures, no duty cycle"
