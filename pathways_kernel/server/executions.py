@@ -17,7 +17,9 @@ bound is reached. An execution whose outputs (weakly held, so they free as the c
 them) say they are ready has finished; one whose outputs are all gone (donated to the next
 step) is waited for on its token, by the session thread that needs the room (jaxlib tells
 Python that an execution has finished only by blocking on its token). Only an execution whose
-status the client asks for is waited for by a thread of its own (``watch``).
+status the client asks for is waited for by a thread of its own (``watch``), and, when the count
+is asked for (``in_flight``: an interrupt's line says it), every execution with no output left to
+ask: else one donated into a step long finished would be counted as running forever.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ log = logging.getLogger("pathways_kernel.server")
 LIMIT = 8
 #: How often a wait for room says, in the server's log, what it waits for.
 _SAY_EVERY_S = 30.0
+#: Seconds ``in_flight`` waits for the watcher thread to settle executions it cannot see finished:
+#: one long finished settles at once; one still running is counted (the figure is an upper bound).
+SETTLE_S = 0.25
 
 
 class Token(Protocol):
@@ -56,13 +61,14 @@ Future = concurrent.futures.Future[Any]
 class _Execution:
     """One execution in flight: its devices, token and (weakly) its outputs' buffers."""
 
-    __slots__ = ("devices", "finished", "outputs", "token")
+    __slots__ = ("devices", "finished", "outputs", "token", "watched")
 
     def __init__(self, devices: tuple[int, ...], token: Token, outputs: Iterable[Any]):
         self.devices = devices
         self.token = token
         self.outputs = [weakref.ref(output) for output in outputs]
         self.finished = False
+        self.watched = False  # handed to the watcher thread, which counts it out once its token is
 
     def seen_ready(self) -> bool:
         """Whether an output still held says the execution is done (never blocks)."""
@@ -75,6 +81,17 @@ class _Execution:
                 continue
         return False
 
+    def orphaned(self) -> bool:
+        """Whether no output is left to ask (all freed, deleted or donated; never blocks)."""
+        for ref in self.outputs:
+            output = ref()
+            try:
+                if output is not None and not output.is_deleted():
+                    return False
+            except Exception:  # an output in error: gone as far as asking goes
+                continue
+        return True
+
 
 class Executions:
     """The executions in flight on each device, shared by every session of a server."""
@@ -84,7 +101,7 @@ class Executions:
         self._lock = threading.Condition()
         self._in_flight: collections.Counter[int] = collections.Counter()
         self._order: collections.deque[_Execution] = collections.deque()  # dispatch order
-        self._watched: queue.SimpleQueue[tuple[_Execution, Future] | None] | None = None
+        self._watched: queue.SimpleQueue[tuple[_Execution, Future | None] | None] | None = None
 
     def _room(self, devices: Iterable[int]) -> bool:
         return all(self._in_flight[d] < self.limit for d in devices)
@@ -113,10 +130,27 @@ class Executions:
             self._prune()
             return self._room(devices)
 
-    def in_flight(self, devices: Iterable[int]) -> int:
-        """The most executions not yet seen finished on any of ``devices``."""
+    def in_flight(self, devices: Iterable[int], settle_s: float = SETTLE_S) -> int:
+        """The most executions not finished on any of ``devices`` (an upper bound). Those with no
+        output left to ask are handed to the watcher thread, which waits on their tokens; this
+        waits up to ``settle_s`` for it (what has long finished settles at once)."""
+        devices = tuple(devices)
+        deadline = time.monotonic() + settle_s
         with self._lock:
             self._prune()
+            orphans = [e for e in self._order if not e.finished and not e.watched and e.orphaned()]
+            for execution in orphans:
+                execution.watched = True
+            watched = self._watcher() if orphans else None
+        for execution in orphans:
+            assert watched is not None
+            watched.put((execution, None))
+        with self._lock:
+            while (left := deadline - time.monotonic()) > 0 and any(
+                e.watched and not e.finished and not set(e.devices).isdisjoint(devices) for e in self._order
+            ):
+                self._lock.wait(left)
+            self._order = collections.deque(e for e in self._order if not e.finished)
             return max((self._in_flight[d] for d in devices), default=0)
 
     def enter(self, devices: tuple[int, ...], cancelled: Callable[[], ServerError | None]) -> None:
@@ -178,26 +212,33 @@ class Executions:
         """``started``, and a future that settles (None, or the execution's error, its code
         passed through) when it has finished: for a status the client will ask for."""
         execution = _Execution(devices, token, outputs)
+        execution.watched = True
         future: Future = concurrent.futures.Future()
         with self._lock:
             self._order.append(execution)
-            watched = self._watched
-            if watched is None:
-                watched = self._watched = queue.SimpleQueue()
-                threading.Thread(
-                    target=self._watch, args=(watched,), name="pathways-local-executions", daemon=True
-                ).start()
+            watched = self._watcher()
         watched.put((execution, future))
         return future
 
-    def _watch(self, watched: queue.SimpleQueue[tuple[_Execution, Future] | None]) -> None:
+    def _watcher(self) -> queue.SimpleQueue[tuple[_Execution, Future | None] | None]:
+        """The queue of the thread that waits on watched executions' tokens (started once); the
+        lock is held."""
+        watched = self._watched
+        if watched is None:
+            watched = self._watched = queue.SimpleQueue()
+            threading.Thread(target=self._watch, args=(watched,), name="pathways-local-executions", daemon=True).start()
+        return watched
+
+    def _watch(self, watched: queue.SimpleQueue[tuple[_Execution, Future | None] | None]) -> None:
         while (item := watched.get()) is not None:
             execution, future = item
             try:
                 execution.token.block_until_ready()
-                future.set_result(None)
+                if future is not None:
+                    future.set_result(None)
             except Exception as failure:  # the execution's own error: its status says it
-                future.set_exception(from_exception(failure, "execute"))
+                if future is not None:
+                    future.set_exception(from_exception(failure, "execute"))
             finally:
                 with self._lock:
                     self._finish(execution)

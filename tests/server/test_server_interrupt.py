@@ -84,3 +84,29 @@ def test_an_interrupted_loop_leaves_no_queued_work_for_the_next_cell():
         assert "dropped the work this cell had queued" in said, said
     finally:
         kernel.shutdown()
+
+
+DONATED = """
+dstep = jax.jit(step, donate_argnums=0)
+for _ in range(30):
+    w = dstep(w, x)
+float(w.sum())
+"""
+
+
+def test_an_interrupt_after_donating_steps_that_all_finished_says_nothing_runs():
+    """Executions whose outputs were donated into the next step were counted as running forever:
+    a cell interrupted long after they had finished said 'up to 8 executions it had started run
+    to the end first'. Now the count is true, and nothing running is no line."""
+    kernel = Kernel("pathways", backend=None)
+    try:
+        reply = kernel.run(LOOP + DONATED, timeout=240)
+        assert reply.status == "ok", reply.error
+        msg_id = kernel.kc.execute("time.sleep(60)")
+        time.sleep(3.0)
+        kernel.km.interrupt_kernel()
+        said = said_on_stderr(kernel, msg_id)
+        assert "executions it had started" not in said, said
+        assert kernel.run("print(float(jnp.ones(4).sum()))", timeout=60).status == "ok"
+    finally:
+        kernel.shutdown()

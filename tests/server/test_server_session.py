@@ -97,6 +97,26 @@ def test_an_execution_whose_outputs_were_donated_is_waited_for_on_its_token():
     assert executions.in_flight((0,)) == 1
 
 
+def test_executions_whose_outputs_were_donated_or_dropped_count_out_once_finished():
+    """An interrupt's line says how many executions still run: one whose outputs were donated
+    into the next step or dropped said 'running' forever (6 after a cell that slept 60 s)."""
+    executions = Executions(limit=8)
+    tokens = [Token() for _ in range(6)]
+    for i, token in enumerate(tokens):
+        output = Output(token)
+        executions.enter((0, 1), never)
+        executions.started((0, 1), token, [output])
+        output.deleted = i % 2 == 0  # donated into the next step; the others are dropped (freed)
+        del output
+    for token in tokens[:5]:
+        token.finish()
+    assert executions.in_flight(range(4)) == 1  # the last still runs
+    tokens[5].finish()
+    assert executions.in_flight(range(4)) == 0
+    assert executions.has_room((0, 1))
+    executions.close()
+
+
 def test_a_wait_for_room_ends_when_cancelled():
     executions = Executions(limit=1)
     executions.enter((0,), never)  # counted in, not started yet: nothing to wait on but the lock
