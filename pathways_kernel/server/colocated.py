@@ -27,7 +27,7 @@ import numpy as np
 
 from pathways_kernel.server import protos
 from pathways_kernel.server.arrays import ServerArray, Sharding, dtype_from_proto, sharding_from_proto
-from pathways_kernel.server.errors import INVALID_ARGUMENT, UNIMPLEMENTED, ServerError
+from pathways_kernel.server.errors import INVALID_ARGUMENT, UNIMPLEMENTED, ServerError, from_exception
 
 if TYPE_CHECKING:
     import jax
@@ -72,7 +72,10 @@ class ColocatedProgram:
         except ServerError:
             raise
         except Exception as error:  # the function's own error is the user's answer
-            raise ServerError(INVALID_ARGUMENT, f"{type(error).__name__}: {error}") from error
+            # Its status code passes through, as the reference passes an execution's: the code
+            # its text starts with (an XLA error, tensorstore's), else INTERNAL, as jaxlib makes
+            # a host callback's Python error ("INTERNAL: CpuCallback error"); ours stay ours.
+            raise from_exception(error, type(error).__name__) from error
         leaves, treedef = tree_util.tree_flatten(result)
         if treedef != self.out_treedef or len(leaves) != len(self.out_specs):
             raise ServerError.invalid(

@@ -609,7 +609,7 @@ def test_pathwaysutils_profile_persistence_and_colocated_python_run_in_the_serve
     assert f"pathways-local: colocated call in pid {server.pid}" in capfd.readouterr().err
     # A server that logs for hours does not grow the kernel: its last lines are kept, not all.
     assert len(server.stderr_lines) <= 200 and "chatter 999" in server.stderr_lines, len(server.stderr_lines)
-    assert got["broken"] == "INVALID_ARGUMENT: KeyError: 'no shard file for this host'", got
+    assert got["broken"] == "INTERNAL: KeyError: 'no shard file for this host'", got
     assert got["strings"] == ["ab", "cde", ""], got
     assert got["varying"][0] == [0.0], got
     assert got["varying"][1].startswith("INVALID_ARGUMENT: varying returned float32[2] as output 0, not the float32[1]")
