@@ -11,6 +11,7 @@ steps and hands batches to the training loop is ``data_loader.py``.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import threading
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from concurrent.futures import Future, InvalidStateError
 from typing import TYPE_CHECKING, Any, cast
 
 from pathways_kernel.colocated.sidecars import Colocated, SidecarError, colocated_mesh, failure, nbytes
+from pathways_kernel.core import jaxcompat
 from pathways_kernel.core.errors import MeshError
 
 if TYPE_CHECKING:
@@ -101,13 +103,27 @@ class Layout:
         num_shards = parts_total // width
         self.parts = [Part(index, meshes[index], blocks[index][0] // width, num_shards) for index in sorted(blocks)]
         self.num_shards = num_shards
+        self._concat_axis = self._concatenation_axis(batch_axes)
+
+    def _concatenation_axis(self, batch_axes: tuple[str, ...]) -> int | None:
+        """The mesh axis along which the slices' meshes, in slice order, stack into the mesh with
+        their blocks in batch order (as ``pw.mesh()`` lays them out), if the batch dimension is
+        split over that axis alone; then ``assemble`` joins blocks in one request."""
+        import numpy as np
+
+        if len(batch_axes) != 1 or any(position != p.shard for position, p in enumerate(self.parts)):
+            return None
+        axis = self.mesh.axis_names.index(batch_axes[0])
+        stacked = np.concatenate([p.mesh.devices for p in self.parts], axis=axis)
+        return axis if stacked.tolist() == self.mesh.devices.tolist() else None
 
     @property
     def slices(self) -> tuple[int, ...]:
         return tuple(p.slice_index for p in self.parts)
 
     def assemble(self, trees: dict[int, Any]) -> Any:
-        """One global array per leaf from each slice's local arrays (no copy)."""
+        """One global array per leaf from each slice's local arrays (no copy; the slices'
+        arrays are donated when the blocks join in one request)."""
         import jax
 
         flat = {index: jax.tree.flatten(tree) for index, tree in trees.items()}
@@ -120,12 +136,25 @@ class Layout:
                     f"make_batches returned {[leaf.shape for leaf in leaves]} on slice {index} but {shapes0} on "
                     f"slice {first}: every shard of a batch must have the same structure and shapes"
                 )
+        if any(not leaf.ndim for leaf in leaves0):
+            raise SidecarError("make_batches must return arrays with a batch dimension, got a scalar")
+        # Behind the proxy client (the local server, Pathways) each disassemble and assemble is a
+        # request; in process there are none to save, and the embedded backend's fault injection
+        # swaps the buffers of arrays that the join would alias (it crashed in jax.live_arrays).
+        if self._concat_axis is not None and jaxcompat.proxied(leaves0[0]):
+            joined = jaxcompat.concatenate_by_mesh_axis(
+                [tuple(flat[p.slice_index][0][position] for p in self.parts) for position in range(len(leaves0))],
+                self._concat_axis,
+                tuple(self.mesh.axis_sizes),
+                list(itertools.accumulate(p.mesh.shape[self.mesh.axis_names[self._concat_axis]] for p in self.parts)),
+                [self.sharding] * len(leaves0),
+            )
+            if joined is not None:
+                return jax.tree.unflatten(treedef0, joined)
         order = self.sharding._addressable_device_assignment
         out = []
         for position, leaf0 in enumerate(leaves0):
-            shape = (leaf0.shape[0] * self.num_shards,) + tuple(leaf0.shape[1:]) if leaf0.ndim else ()
-            if not leaf0.ndim:
-                raise SidecarError("make_batches must return arrays with a batch dimension, got a scalar")
+            shape = (leaf0.shape[0] * self.num_shards,) + tuple(leaf0.shape[1:])
             by_device = {
                 s.device: s.data for _index, (leaves, _) in flat.items() for s in leaves[position].addressable_shards
             }
@@ -170,8 +199,8 @@ class Pending:
                 if (error := future.exception()) is not None:
                     raise failure(self._name, index, error)
             results = {index: future.result() for index, future in self.blocks.items()}
-            batch = self._layout.assemble({index: tree for index, (tree, _busy) in results.items()})
             sizes = {index: (nbytes(tree), busy) for index, (tree, busy) in results.items()}
+            batch = self._layout.assemble({index: tree for index, (tree, _busy) in results.items()})
         except Exception as exc:  # handed to the consumer, which re-raises it
             self._settle(self.joined.set_exception, exc)
             return

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, cast, overload
 
 from pathways_kernel.colocated.activity import activity, stats
 from pathways_kernel.colocated.worker import Worker
-from pathways_kernel.core import parsing
+from pathways_kernel.core import jaxcompat, parsing
 from pathways_kernel.core.errors import PathwaysError, one_line, slice_down_error
 from pathways_kernel.core.text import shown
 
@@ -130,7 +130,15 @@ def colocated_mesh(devices: np.ndarray, axis_names: Sequence[str]) -> Mesh:
     from jax.experimental.colocated_python import colocated_cpu_devices
     from jax.sharding import Mesh
 
-    cpu = colocated_cpu_devices(tuple(devices.flat))
+    wanted = tuple(devices.flat)
+    # On the local server a CPU device is its own colocated CPU device (as colocated_cpu_devices
+    # documents): its fallback for clients without colocation ids hands out the first CPU devices
+    # whatever was asked, so slice 1's sidecar ran on slice 0's devices and its block was copied
+    # over (a request more per block). The embedded backend keeps that fallback: its fault
+    # injection loses a slice's arrays as a copy to the slice sees it (DATA_LOSS), not as a
+    # sidecar on that slice would (arrays with no shards).
+    here = all(d.platform == "cpu" for d in wanted) and jaxcompat.proxied_device(wanted[0])
+    cpu = wanted if here else colocated_cpu_devices(wanted)
     return Mesh(np.array(cpu, dtype=object).reshape(devices.shape), tuple(axis_names))
 
 
