@@ -96,8 +96,10 @@ test: lint docs test-ts test-py
 # Fault semantics and elastic tests, and the local server driven by JAX's own proxy
 # client (its protos come from the installed jaxlib), against every jax/jaxlib 0.10.x
 # (from 0.10.1) the package index serves, each in its own venv: that venv holds only jax
-# and jaxlib, and reaches the project and every other dependency through .venv.
-COMPAT_TESTS := tests/emulator/test_faults.py tests/training/test_elastic.py tests/state/test_snapshots.py tests/server/test_local_server.py
+# and jaxlib, and reaches the project and every other dependency through .venv. The
+# cross-version test pairs that release's client and server with .venv's (both ways).
+COMPAT_TESTS := tests/emulator/test_faults.py tests/training/test_elastic.py tests/state/test_snapshots.py tests/server/test_local_server.py \
+	tests/server/test_local_server_cross_version.py
 test-compat: $(VENV)/.installed
 	@versions=$$($(PY) -m pip index versions jax 2>/dev/null | sed -n 's/^Available versions: //p' | tr ',' '\n' | tr -d ' ' \
 	  | grep -E '^0\.10\.[0-9]+$$' | awk -F. '$$3 >= 1' | sort -t. -k3 -n); \
