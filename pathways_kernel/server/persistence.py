@@ -23,7 +23,7 @@ import jax
 import numpy as np
 
 from pathways_kernel.server.arrays import ServerArray, Sharding
-from pathways_kernel.server.errors import INVALID_ARGUMENT, NOT_FOUND, ServerError
+from pathways_kernel.server.errors import INVALID_ARGUMENT, ServerError, from_exception
 
 if TYPE_CHECKING:
     import tensorstore as ts
@@ -85,10 +85,9 @@ def _store(location: str, name: str, *, create: dict[str, Any] | None = None) ->
             return ts.open(spec, open=True, read=True).result()
         spec["metadata"] = create
         return ts.open(spec, create=True, delete_existing=True, write=True).result()
-    except Exception as error:  # tensorstore's reason is the user's answer
-        code = NOT_FOUND if create is None and "NOT_FOUND" in str(error) else INVALID_ARGUMENT
-        said = " ".join(str(error).split())
-        raise ServerError(code, f"{'write' if create else 'read'} {location}/{name}: {said}") from error
+    except Exception as error:  # tensorstore's reason is the user's answer, its status code passed through
+        what = f"{'write' if create else 'read'} {location}/{name}"
+        raise from_exception(error, what, default=INVALID_ARGUMENT) from error
 
 
 @dataclass(eq=False)
