@@ -19,6 +19,7 @@ import { ChartTab } from './charttab';
 import { CHIP_WINDOW_S, DashboardModel, SLICE_WINDOW_S, isEmulated } from '../model/dashboardmodel';
 import { formatBytes } from '../common/format';
 import { isPathwaysKernel } from '../common/kernels';
+import { UTILIZATION_MEANING } from '../common/help';
 import { IntervalChart, IntervalData } from './goodputchart';
 import { goodputColumns, stepTimeColumns } from '../model/goodputseries';
 import { Change, MonitorModel } from '../model/monitormodel';
@@ -160,8 +161,7 @@ export class PathwaysDashboard extends Widget {
     controls.append(this._filter, chipLabel, hint);
 
     const percent = (v: number) => `${Math.round(v)}%`;
-    const utilization =
-      'fraction of time a chip had dispatched work not yet complete, measured from the client';
+    const utilization = UTILIZATION_MEANING;
     this._utilization = new TimeChart(
       {
         title: 'Utilization per slice',
