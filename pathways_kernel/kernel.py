@@ -57,7 +57,8 @@ class PathwaysKernel(IPythonKernel):
         """Stop what runs beside the cells before the interpreter ends.
 
         Open monitor views get ``closed: shutdown``; the session closes (telemetry,
-        Slurm watches, the backend), so no thread of ours is inside jaxlib when Python
+        Slurm watches, the backend, a shared service's proxy job) and the Slurm jobs this
+        kernel submitted are cancelled, so no thread of ours is inside jaxlib when Python
         stops its threads, and nothing is left for the exit to wait on.
         """
         from pathways_kernel.core import sessions
@@ -70,6 +71,11 @@ class PathwaysKernel(IPythonKernel):
                 current.close()
             except Exception:
                 self.log.exception("pathways: closing the session at shutdown failed")
+        # Jobs this kernel submitted are cancelled here, not by their atexit hook: the exit
+        # below leaves with os._exit, which runs no atexit hook.
+        from pathways_kernel.backends import slurm
+
+        slurm.cancel_submitted()
         # ipykernel's do_shutdown carries no annotations: its reply is {"status": "ok", "restart": ...}.
         reply: dict[str, object] = super().do_shutdown(restart)  # type: ignore[no-untyped-call]
         # Registered last, so the first handler to run at exit, once ipykernel has sent its reply.
