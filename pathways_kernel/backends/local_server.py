@@ -143,17 +143,10 @@ class LocalServerBackend(InjectedFaults, ProxyBackend):
 
     def activate(self) -> None:
         from pathways_kernel.server import launch
-        from pathways_kernel.server.cli import PARENT_ENV
 
         jaxcompat.set_cpp_min_log_level(3)
-        # The server goes when this process does, also when it is killed without closing the session.
-        # Its devices are CPU devices, also in a kernel started with the Pathways variables
-        # (JAX_PLATFORMS=proxy), which the server would otherwise inherit and fail on.
-        self.server = launch.start(
-            self.kinds or self.num_slices,
-            self.chips_per_slice,
-            env={PARENT_ENV: str(os.getpid()), "JAX_PLATFORMS": "cpu"},
-        )
+        # The server the kernel started before its imports (``start_server_early``), if it is this one.
+        self.server = launch.start(self.kinds or self.num_slices, self.chips_per_slice, env=launch.kernel_env())
         self._exit_stop.arm()
         self._pidfd = _open_pidfd(self.server.pid)
         self.address = SocketTarget(self.server.target)  # type: ignore[assignment]
