@@ -6,24 +6,11 @@ One kernel for the module (a local server each: ~5 s a start).
 
 from __future__ import annotations
 
-import contextlib
 import re
-import subprocess
 
 import pytest
 from kernels import SERVER, Kernel
-
-
-@contextlib.contextmanager
-def cpu_hogs(count: int = 2):
-    """``count`` ``yes > /dev/null`` children: the machine as loaded as users have it."""
-    hogs = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL) for _ in range(count)]
-    try:
-        yield
-    finally:
-        for hog in hogs:
-            hog.kill()
-            hog.wait()
+from load import cpu_hogs
 
 
 @pytest.fixture(scope="module")

@@ -10,11 +10,9 @@ children load the machine, since the window is what load stretches.
 
 from __future__ import annotations
 
-import contextlib
-import subprocess
-
 import pytest
 from kernels import SERVER
+from load import cpu_hogs
 
 KERNEL_BACKEND = SERVER
 
@@ -61,17 +59,6 @@ def lose_as_first_copy_starts():
 """
 
 RUN = "%%pathways elastic --steps 6 --state a,b --snapshot-every 3\na = a + 1\nb = b + 1\n"
-
-
-@contextlib.contextmanager
-def cpu_hogs(count: int = 2):
-    hogs = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL) for _ in range(count)]
-    try:
-        yield
-    finally:
-        for hog in hogs:
-            hog.kill()
-            hog.wait()
 
 
 @pytest.mark.parametrize("loss", ["lose_as_first_copy_starts()", "lose_in_first_copy(0.3)"])

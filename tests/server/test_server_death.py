@@ -10,32 +10,19 @@ items 2, 3, 4).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import signal
-import subprocess
 import time
 
 import pytest
 from kernels import SERVER, Kernel, Reply
+from load import cpu_hogs
 from waiting import wait_until
 
 KERNEL_BACKEND = SERVER
 
 RECONNECT = "Run `%pathways reconnect` (pw.reconnect())"
-
-
-@contextlib.contextmanager
-def cpu_hogs(count: int = 2):
-    """``count`` ``yes > /dev/null`` children: the machine as loaded as users have it."""
-    hogs = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL) for _ in range(count)]
-    try:
-        yield
-    finally:
-        for hog in hogs:
-            hog.kill()
-            hog.wait()
 
 
 def server_pid(kernel: Kernel) -> int:
