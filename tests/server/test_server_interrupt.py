@@ -34,7 +34,7 @@ out = []
 for _ in range(400):
     w = step(w, x)
     out.append(w)
-dispatched = time.monotonic()
+print("dispatched", flush=True)
 float(out[-1].sum())
 """
 
@@ -52,6 +52,21 @@ def said_on_stderr(kernel: Kernel, msg_id: str) -> str:
     return "".join(said)
 
 
+def wait_printed(kernel: Kernel, msg_id: str, marker: str, timeout: float) -> str:
+    """Waits until the cell ``msg_id`` prints ``marker`` on stdout; what it wrote to stderr meanwhile."""
+    said = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        msg = kernel.iopub(max(0.1, deadline - time.monotonic()))
+        if msg is None or msg["parent_header"].get("msg_id") != msg_id or msg["msg_type"] != "stream":
+            continue
+        if msg["content"]["name"] == "stderr":
+            said.append(msg["content"]["text"])
+        elif marker in msg["content"]["text"]:
+            return "".join(said)
+    raise AssertionError(f"the cell did not print {marker!r} within {timeout} s")
+
+
 @pytest.mark.serial  # asserts how long the cell after the interrupt takes
 def test_an_interrupted_loop_leaves_no_queued_work_for_the_next_cell():
     kernel = Kernel("pathways", backend=None)
@@ -60,7 +75,9 @@ def test_an_interrupted_loop_leaves_no_queued_work_for_the_next_cell():
         assert reply.status == "ok", reply.error
         with cpu_hogs():
             msg_id = kernel.kc.execute(RUN)
-            time.sleep(8.0)  # the loop is dispatched and the cell waits for its last step
+            # Interrupt once the loop is dispatched, while the cell waits for its last step:
+            # a fixed sleep let a quiet machine run all 400 steps first, leaving nothing to cancel.
+            said_before = wait_printed(kernel, msg_id, "dispatched", timeout=120)
             kernel.km.interrupt_kernel()
             interrupted = None
             while interrupted is None:
@@ -69,7 +86,7 @@ def test_an_interrupted_loop_leaves_no_queued_work_for_the_next_cell():
                     interrupted = msg
             assert interrupted["content"]["status"] == "error"
             assert interrupted["content"]["ename"] == "KeyboardInterrupt"
-            said = said_on_stderr(kernel, msg_id)
+            said = said_before + said_on_stderr(kernel, msg_id)
             started = time.monotonic()
             tiny = kernel.run("print(float(jnp.ones(4).sum()))", timeout=240)
             took = time.monotonic() - started
