@@ -190,13 +190,10 @@ def serve(args: argparse.Namespace) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-        try:
-            port = 0 if refused else grpc_server.add_insecure_port(f"{args.host}:{args.port}")
-        except RuntimeError:
-            port = 0
+        port, refused = _add_port(grpc_server, args.host, args.port, refused)
         if not port:
             print(
-                f"pathways-local: cannot listen on {args.host}:{args.port}: {refused or 'refused'}; "
+                f"pathways-local: cannot listen on {args.host}:{args.port}: {refused}; "
                 "pick another with --port, or --port 0 for a free one",
                 file=sys.stderr,
             )
@@ -226,6 +223,18 @@ def serve(args: argparse.Namespace) -> int:
     os._exit(0)
 
 
+def _add_port(server: grpc.aio.Server, host: str, port: int, refused: str | None) -> tuple[int, str | None]:
+    """Listens on ``host:port`` unless ``refused`` already says why not; the port bound (0 if
+    none) and why it was refused (gRPC says no more than that it refused)."""
+    if refused:
+        return 0, refused
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError:
+        bound = 0
+    return bound, None if bound else "refused"
+
+
 def _serve_metrics(metrics: grpc.GenericRpcHandler, port: int, loop: asyncio.AbstractEventLoop) -> bool:
     """Serves the runtime metric service alone on ``localhost:port`` (for ``tpu-info``, whose client
     dials loopback TCP only); False, said in one line, if the port is taken: the server serves on
@@ -238,14 +247,10 @@ def _serve_metrics(metrics: grpc.GenericRpcHandler, port: int, loop: asyncio.Abs
     refused = _cannot_bind("127.0.0.1", port)
     server = grpc.aio.server(migration_thread_pool=futures.ThreadPoolExecutor(2, "pathways-local-metrics"))
     server.add_generic_rpc_handlers([metrics])
-    try:
-        bound = 0 if refused else server.add_insecure_port(f"127.0.0.1:{port}")
-    except RuntimeError:
-        bound = 0
+    bound, refused = _add_port(server, "127.0.0.1", port, refused)
     if not bound:
         print(
-            f"pathways-local: cannot serve runtime metrics on 127.0.0.1:{port} ({refused or 'refused'}); "
-            "serving without them there",
+            f"pathways-local: cannot serve runtime metrics on 127.0.0.1:{port} ({refused}); serving without them there",
             file=sys.stderr,
             flush=True,
         )
