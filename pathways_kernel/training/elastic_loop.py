@@ -56,6 +56,7 @@ import functools
 import itertools
 import math
 import numbers
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -290,6 +291,11 @@ class Elastic:
                 store.snap(state, snap_name, step, run)
             report.snapshots += 1
             return state
+        except KeyboardInterrupt:
+            # The variables keep the state of the last step that ran (the magic binds it): let the
+            # steps already queued for it finish, or the interrupt's cancel would poison it.
+            _settle(state, self.state_label)
+            raise
         finally:
             report.duration_s = time.perf_counter() - began
             self._events.end()  # the run's goodput figures, and its event
@@ -481,6 +487,28 @@ def _block(state: Any, events: RunEvents) -> None:
 
     with events.device_wait():
         jax.block_until_ready(state)
+
+
+def _settle(state: Any, label: str) -> None:
+    """Wait for ``state``'s queued steps (at most about two snapshot intervals); after a second,
+    say in one line what the interrupt waits for. Errors are the state's own, seen when it is read."""
+    import jax
+
+    notice = threading.Timer(
+        1.0,
+        lambda: print(
+            f"pathways: interrupted: {label} keeps the last step's state; waiting for the steps already queued for it",
+            file=sys.stderr,
+        ),
+    )
+    notice.daemon = True
+    notice.start()
+    try:
+        jax.block_until_ready(state)
+    except Exception:  # a lost or failed value says so when it is read
+        pass
+    finally:
+        notice.cancel()
 
 
 def _wait_quietly(snap: snapshots.Snapshot, events: RunEvents) -> bool:

@@ -487,7 +487,7 @@ def test_an_elastic_cell_whose_state_was_lost_never_resumes_an_earlier_cells_sna
     )
     # A run that returned also snapshotted what it returned; an interrupted one did not.
     steps = "[30, 40]" if which == "run after an interrupted one" else "[40, 50]"
-    assert kept.text.strip() == f"{reached:.1f} {steps}"
+    assert kept.text.strip() == f"{reached:.1f} {steps}", kept.error
     assert kernel.run("params = params * 0 + 1000").status == "ok"
     try:
         healing = kernel.run("%pathways fail 1").text
@@ -688,3 +688,25 @@ def test_a_runs_snapshot_copied_after_its_final_one_does_not_become_the_newest()
         store.add(snap)
     assert sorted(s.step for s in store.list() if s.name == "elastic:order") == [15, 20]
     assert store.latest("elastic:order", run=7).step == 20
+
+
+def test_an_interrupted_elastic_cell_leaves_its_state_readable_though_its_queued_steps_were_cancelled(kernel):
+    # Each step is ~tens of ms of device work that the loop never reads, so at the interrupt
+    # (step 24) the server holds more queued steps than it runs (8 per device); the kernel then
+    # drops what has not started. The variable the run leaves bound must not be one of those.
+    setup = (
+        "import jax, jax.numpy as jnp, numpy as np\n"
+        "from jax.sharding import NamedSharding, PartitionSpec as P\n"
+        "slow = jax.jit(lambda p: jax.lax.fori_loop(0, 6, lambda i, q: jnp.tanh(q @ q) * 1e-6 + q, p) + 1)\n"
+        "params = jax.device_put(np.zeros((512, 512), np.float32), NamedSharding(pw.mesh(), P('data')))\n"
+        "slow(params).block_until_ready()"
+    )
+    assert kernel.run(setup).status == "ok"
+    reply = kernel.run(
+        "%%pathways elastic --steps 200 --state params --snapshot-every 100 --no-progress\n"
+        "if step == 24: raise KeyboardInterrupt\n"
+        "params = slow(params)"
+    )
+    assert "KeyboardInterrupt" in reply.error, reply.error
+    kept = kernel.run("print(round(float(params[0, 0])))")
+    assert (kept.status, kept.text.strip()) == ("ok", "24"), kept.error
