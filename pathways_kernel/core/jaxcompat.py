@@ -9,9 +9,9 @@ per-slice blocks into one array in one request (the data loader). What
 only the embedded backend's fault injection needs (dispatch hooks, frame walks
 of other threads, the host-read guard) went with it to ``emulator/jaxprivate.py``.
 The local Pathways server (``server/``) is a separate process that builds arrays
-from shards and compiles programs with jaxlib's own Python API (``jax._src`` in
-``server/arrays.py``, ``programs.py``, ``colocated.py``, ``persistence.py``): that
-is the server's own business, checked against each jax/jaxlib by ``make test-compat``.
+from shards and compiles programs with jaxlib's own Python API: its private uses are
+in ``server/jaxcompat.py``, checked against each jax/jaxlib by ``make test-compat``
+(``tests/core/test_private_api.py`` keeps every other module off private JAX).
 
 Each function says what it relies on. They are tested against ``TESTED_JAX``
 (jax and jaxlib versions); ``fault_injection_unsupported`` names the installed

@@ -8,12 +8,12 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax._src.array import ArrayImpl
 
-from pathways_kernel.server.arrays import ServerArray, Sharding, dtype_from_proto, is_ready, sharding_from_proto
+from pathways_kernel.server.arrays import ServerArray, Sharding, dtype_from_proto, sharding_from_proto
 from pathways_kernel.server.colocated import string_host_buffer
 from pathways_kernel.server.errors import INTERNAL, ServerError
 from pathways_kernel.server.host_buffers import HostBuffer, from_host_bytes, to_host_bytes
+from pathways_kernel.server.jaxcompat import ArrayImpl, is_ready
 from pathways_kernel.server.protos import Proto
 from pathways_kernel.server.session import Deferred, Session, done, failed, wait_ready
 

@@ -21,13 +21,19 @@ from typing import Any
 import jax
 import ml_dtypes
 import numpy as np
-from jax._src import array as jax_array
-from jax._src.sharding_impls import GSPMDSharding
-from jaxlib import xla_client as xc
 
 from pathways_kernel.core import heap
 from pathways_kernel.server import protos
 from pathways_kernel.server.errors import INVALID_ARGUMENT, UNIMPLEMENTED, ServerError
+from pathways_kernel.server.jaxcompat import (
+    ArrayImpl,
+    GSPMDSharding,
+    OpSharding,
+    assemble,
+    is_ready,
+    op_sharding,
+    replicated_op,
+)
 from pathways_kernel.server.protos import Proto
 
 SERVER_HANDLES = 1 << 62
@@ -79,7 +85,7 @@ class Sharding:
     (``op`` is None for a single-device array)."""
 
     device_ids: tuple[int, ...]
-    op: xc.OpSharding | None
+    op: OpSharding | None
     memory_kind: str = ""
 
     def jax_devices(self) -> tuple[jax.Device, ...]:
@@ -113,9 +119,7 @@ class Sharding:
 
 
 def replicated(device_ids: Iterable[int]) -> Sharding:
-    op = xc.OpSharding()
-    op.type = xc.OpSharding.Type.REPLICATED
-    return Sharding(tuple(device_ids), op)
+    return Sharding(tuple(device_ids), replicated_op())
 
 
 def sharding_from_proto(proto: Proto) -> Sharding:
@@ -125,8 +129,7 @@ def sharding_from_proto(proto: Proto) -> Sharding:
         return Sharding((single.device_id,), None, single.memory_kind)
     if kind == "xla::ifrt::HloSharding":
         hlo = protos.ifrt("HloShardingProto").FromString(data)
-        op = xc.OpSharding()
-        op.ParseFromString(hlo.xla_op_sharding.SerializeToString())
+        op = op_sharding(hlo.xla_op_sharding.SerializeToString())
         return Sharding(tuple(hlo.devices.device_ids), op, hlo.memory_kind)
     if kind == "xla::ifrt::ConcreteEvenSharding":
         even = protos.ifrt("ConcreteEvenShardingProto").FromString(data)
@@ -144,25 +147,23 @@ class ServerArray:
     deleted array's shards or a live one's shards gone. Read ``shards`` (or ``live_shards()``)
     once and use what it gave."""
 
-    def __init__(
-        self, dtype: np.dtype[Any], shape: tuple[int, ...], sharding: Sharding, shards: Sequence[jax_array.ArrayImpl]
-    ):
+    def __init__(self, dtype: np.dtype[Any], shape: tuple[int, ...], sharding: Sharding, shards: Sequence[ArrayImpl]):
         self.dtype = dtype
         self.shape = shape
         self.sharding = sharding
-        self._shards: tuple[jax_array.ArrayImpl, ...] | None = tuple(shards)  # single-device, one per device
+        self._shards: tuple[ArrayImpl, ...] | None = tuple(shards)  # single-device, one per device
 
     @property
     def deleted(self) -> bool:
         return self._shards is None
 
     @property
-    def shards(self) -> tuple[jax_array.ArrayImpl, ...]:
+    def shards(self) -> tuple[ArrayImpl, ...]:
         """Its shards; none once it is deleted."""
         shards = self._shards
         return () if shards is None else shards
 
-    def live_shards(self) -> tuple[jax_array.ArrayImpl, ...]:
+    def live_shards(self) -> tuple[ArrayImpl, ...]:
         """Its shards; raises INVALID_ARGUMENT if it is deleted."""
         shards = self._shards
         if shards is None:
@@ -190,18 +191,6 @@ class ServerArray:
     def from_jax(cls, array: jax.Array, sharding: Sharding) -> ServerArray:
         by_device = {shard.device.id: shard.data for shard in array.addressable_shards}
         return cls(np.dtype(array.dtype), tuple(array.shape), sharding, [by_device[d] for d in sharding.device_ids])
-
-
-def assemble(
-    shape: tuple[int, ...],
-    dtype: np.dtype[Any],
-    sharding: jax.sharding.Sharding,
-    shards: Sequence[jax_array.ArrayImpl],
-) -> jax_array.ArrayImpl:
-    """One JAX array of single-device ``shards`` (in ``sharding``'s device order), unchecked:
-    the server made them for it (``jax.make_array_from_single_device_arrays`` checks each)."""
-    aval = jax.core.ShapedArray(shape, dtype)
-    return jax_array.ArrayImpl(aval, sharding, list(shards), committed=True, _skip_checks=True)
 
 
 class Poisoned:
@@ -241,13 +230,6 @@ def _release(entries: list[ServerArray | Poisoned]) -> None:
             _releaser = threading.Thread(target=_drop_released, name="pathways-local-release", daemon=True)
             _releaser.start()
     _released.put(entries)
-
-
-def is_ready(shard: jax_array.ArrayImpl) -> bool:
-    """Whether ``shard``'s buffer has been computed."""
-    # A method of jaxlib's C++ ArrayImpl that jax's Python ArrayImpl, its type here, does not declare.
-    ready: bool = shard.is_ready()  # type: ignore[attr-defined]
-    return ready
 
 
 def _computed(entry: ServerArray | Poisoned) -> bool:

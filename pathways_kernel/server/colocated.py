@@ -61,12 +61,11 @@ class ColocatedProgram:
     def run(self, args: list[ServerArray]) -> list[ServerArray]:
         """Calls the function on ``args`` (blocking: run it off the session's loop)."""
         import jax
-        from jax._src import tree_util
 
         if len(args) != len(self.in_specs):
             raise ServerError.invalid(f"{self.name} takes {len(self.in_specs)} arguments, got {len(args)}")
         inputs = [arg.jax_array(spec.sharding) for arg, spec in zip(args, self.in_specs, strict=True)]
-        call_args, call_kwargs = tree_util.tree_unflatten(self.in_treedef, inputs)
+        call_args, call_kwargs = jax.tree_util.tree_unflatten(self.in_treedef, inputs)
         try:
             result = self.function(*call_args, **call_kwargs)
         except ServerError:
@@ -76,7 +75,7 @@ class ColocatedProgram:
             # its text starts with (an XLA error, tensorstore's), else INTERNAL, as jaxlib makes
             # a host callback's Python error ("INTERNAL: CpuCallback error"); ours stay ours.
             raise from_exception(error, type(error).__name__) from error
-        leaves, treedef = tree_util.tree_flatten(result)
+        leaves, treedef = jax.tree_util.tree_flatten(result)
         if treedef != self.out_treedef or len(leaves) != len(self.out_specs):
             raise ServerError.invalid(
                 f"{self.name} returned {treedef}, not the {self.out_treedef} its output specs say"

@@ -55,12 +55,11 @@ def _text(entry: Entry, key: str) -> str:
 
 
 def _sharding(entry: Entry, rank: int) -> Sharding:
-    from jaxlib import xla_client as xc
+    from pathways_kernel.server.jaxcompat import OpSharding, op_sharding
 
-    op = xc.OpSharding()
-    op.ParseFromString(base64.b64decode(entry["b64_hlo_sharding_string"]))
+    op = op_sharding(base64.b64decode(entry["b64_hlo_sharding_string"]))
     device_ids = tuple(int(d) for d in entry["devices"]["device_ids"])
-    if len(device_ids) == 1 and op.type != xc.OpSharding.Type.OTHER:
+    if len(device_ids) == 1 and op.type != OpSharding.Type.OTHER:
         return Sharding(device_ids, None)
     return Sharding(device_ids, op)
 

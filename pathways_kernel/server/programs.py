@@ -17,18 +17,20 @@ from typing import Any, Protocol
 import jax
 import ml_dtypes
 import numpy as np
-from jax._src import xla_bridge
-from jax._src.interpreters import mlir as jax_mlir
-from jax._src.sharding_impls import GSPMDSharding
-from jaxlib import xla_client as xc
-from jaxlib.mlir import ir
-from jaxlib.mlir.dialects import stablehlo
 
 from pathways_kernel.server import protos
-from pathways_kernel.server.arrays import ServerArray, Sharding, assemble, replicated
+from pathways_kernel.server.arrays import ServerArray, Sharding, replicated
 from pathways_kernel.server.colocated import compile_colocated
 from pathways_kernel.server.devices import Topology
 from pathways_kernel.server.errors import INVALID_ARGUMENT, UNIMPLEMENTED, ServerError, from_exception
+from pathways_kernel.server.jaxcompat import (
+    CompileOptions,
+    DeviceList,
+    GSPMDSharding,
+    assemble,
+    cpu_backend,
+    stablehlo_module,
+)
 from pathways_kernel.server.plugins import compile_plugin
 from pathways_kernel.server.protos import Proto
 
@@ -147,22 +149,14 @@ _ELEMENT_TYPES = {
 
 def _module_and_outputs(data: bytes) -> tuple[str, list[tuple[int, ...]], list[np.dtype[Any]]]:
     """The module text of a portable artifact and the shapes and dtypes its ``main`` returns."""
-    context = jax_mlir.make_ir_context()
-    with context:
-        module = stablehlo.deserialize_portable_artifact(context, data)
-        # With its locations: XLA takes each op's op_name metadata (the JAX source name
-        # the profile summary shows, jit(f)/dot_general) from them; str() drops them.
-        text = str(module.operation.get_asm(enable_debug_info=True))
-        shapes: list[tuple[int, ...]] | None = None
-        dtypes: list[np.dtype[Any]] = []
-        for op in module.body.operations:
-            if ir.StringAttr(op.attributes["sym_name"]).value == "main":
-                function_type = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
-                results = [ir.RankedTensorType(t) for t in function_type.results]
-                shapes = [tuple(t.shape) for t in results]
-                dtypes = [np.dtype(_ELEMENT_TYPES.get(str(t.element_type), np.float32)) for t in results]
-    if shapes is None:
-        raise ServerError.invalid("the program has no main function")
+    # With its locations: XLA takes each op's op_name metadata (the JAX source name the
+    # profile summary shows, jit(f)/dot_general) from them.
+    try:
+        text, results = stablehlo_module(data)
+    except LookupError as error:
+        raise ServerError.invalid(str(error)) from error
+    shapes = [shape for shape, _ in results]
+    dtypes = [np.dtype(_ELEMENT_TYPES.get(element, np.float32)) for _, element in results]
     return text, shapes, dtypes
 
 
@@ -203,12 +197,12 @@ def compile_program(request: Proto, topology: Topology) -> LoadedProgram:
         raise
     except Exception as error:  # the client's bytes, its problem
         raise ServerError(INVALID_ARGUMENT, f"cannot read the program: {error}") from error
-    options = xc.CompileOptions.ParseFromString(options_proto.SerializeToString())
+    options = CompileOptions.ParseFromString(options_proto.SerializeToString())
     devices = jax.devices()
-    backend = xla_bridge.get_backend("cpu")
+    backend = cpu_backend()
     try:
         with _compile_lock:
-            executable = backend.compile_and_load(text, xc.DeviceList(tuple(devices[i] for i in ids)), options)
+            executable = backend.compile_and_load(text, DeviceList(tuple(devices[i] for i in ids)), options)
     except Exception as error:  # XLA's message is what the user needs, its code passed through
         raise from_exception(error, "the CPU compiler rejected the program", INVALID_ARGUMENT) from error
     program = Program(executable, tuple(ids), replicas, shapes, dtypes)

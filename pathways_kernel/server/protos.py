@@ -50,9 +50,9 @@ _PATH = re.compile(rb"\x0a(.)([a-zA-Z0-9_/]+\.proto)")
 
 
 def _library() -> str:
-    import jaxlib
+    from pathways_kernel.server.jaxcompat import jaxlib_dir
 
-    return os.path.join(os.path.dirname(jaxlib.__file__), "libjax_common.so")
+    return os.path.join(jaxlib_dir(), "libjax_common.so")
 
 
 def _end_of_message(data: bytes, start: int) -> int:

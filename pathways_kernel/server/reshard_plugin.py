@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
-from jaxlib import xla_client as xc
 
 from pathways_kernel.server.arrays import ServerArray, Sharding
 from pathways_kernel.server.errors import ServerError
+from pathways_kernel.server.jaxcompat import op_sharding
 
 if TYPE_CHECKING:
     from pathways_kernel.server.devices import Topology
@@ -38,8 +38,7 @@ def _sharding(entry: dict[str, Any], device_count: int) -> Sharding:
             f"{KIND}: device {unknown[0] if unknown else '(none)'} does not exist "
             f"(this server has devices 0..{device_count - 1})"
         )
-    op = xc.OpSharding()
-    op.ParseFromString(base64.b64decode(entry["xla_hlo_sharding"]))
+    op = op_sharding(base64.b64decode(entry["xla_hlo_sharding"]))
     memory_kind = str(entry.get("memory_kind", ""))
     if len(device_ids) == 1:
         return Sharding(device_ids, None, memory_kind)
