@@ -322,6 +322,7 @@ class TelemetryHub:
                     # E.g. the backend being torn down under us by a connect: skip this sample.
                     _log().warning("telemetry sample failed", exc_info=True)
                     next_sample = now + 1.0
+                    _call(self._step_rate.poll)  # a loop's step rate is the ledger's, not the chips'
                     continue
                 self.last_sample_s = time.perf_counter() - started
                 cpu = time.thread_time() - cpu_started

@@ -10,11 +10,18 @@ event log, where once a second per run would crowd out the events that
 matter), at most once per ``PERIOD_S``::
 
     steps  step=<steps kept so far>
-           duration_s=<productive seconds per step over the interval>
+           duration_s=<wall seconds per step over the interval>
            detail="<kind> '<name>': <steps per wall second over the interval> steps/s"
 
-A rollback (steps redone after a loss) makes the count go back; the next
-interval starts from there.
+Step time is wall time per step, as the goodput chart's "mean step time per
+interval" is (one step's start to the next one's, ``goodput_timeline``), so
+the two agree, and step time is one over throughput. It once was productive
+seconds per step: the time a loaded run spent between steps (waiting for data,
+snapshots, a recovery) was then in neither chart's reading of the live one,
+which read <= 300 ms where the intervals read > 2,000 ms (issue #31 item 4).
+The first interval starts with the run (its compile is in it, as in the
+goodput intervals). A rollback (steps redone after a loss) makes the count go
+back; the next interval starts from there.
 """
 
 from __future__ import annotations
@@ -38,8 +45,8 @@ class StepRate:
     def __init__(self, session: Session, period_s: float = PERIOD_S):
         self._session = session
         self.period_s = period_s
-        # Per run: (perf_counter, steps kept, productive seconds) at the start of its interval.
-        self._since: weakref.WeakKeyDictionary[goodput.Account, tuple[float, int, float]] = weakref.WeakKeyDictionary()
+        # Per run: (perf_counter, steps kept) at the start of its interval.
+        self._since: weakref.WeakKeyDictionary[goodput.Account, tuple[float, int]] = weakref.WeakKeyDictionary()
 
     def poll(self) -> None:
         """Emit a ``steps`` event for each run whose interval is over and that advanced in it."""
@@ -47,20 +54,22 @@ class StepRate:
             return  # a benchmark's stand-in session: it has no ledger, so no runs
         now = time.perf_counter()
         for account in list(goodput.ledger(self._session).active):
-            steps, productive = account.steps, account.snapshot()[goodput.PRODUCTIVE]
+            steps = account.steps
             since = self._since.get(account)
-            if since is None or steps < since[1]:
-                self._since[account] = (now, steps, productive)
+            if since is None:
+                since = self._since[account] = (now - account.wall_s, 0)  # from the run's start
+            if steps < since[1]:
+                self._since[account] = (now, steps)
                 continue
-            started, steps_before, productive_before = since
+            started, steps_before = since
             if now - started < self.period_s or steps == steps_before:
                 continue
-            self._since[account] = (now, steps, productive)
+            self._since[account] = (now, steps)
             done = steps - steps_before
             self._session.events.publish(
                 "steps",
                 step=steps,
-                duration_s=max(0.0, productive - productive_before) / done,
+                duration_s=(now - started) / done,
                 detail=f"{account.kind} '{account.name}': {done / (now - started):.4g} steps/s",
             )
 

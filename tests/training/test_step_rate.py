@@ -41,3 +41,33 @@ def test_a_running_loop_reports_its_step_rate_once_a_second(local_session):
     assert all(b.time - a.time >= 0.9 for a, b in zip(events, events[1:], strict=False))
     # A periodic reading reaches live views but is not kept: the log keeps the events that matter.
     assert not [e for e in local_session.events.last() if e.kind == "steps"]
+
+
+def test_live_step_time_is_wall_time_per_step_as_the_goodput_intervals_read_it(local_session):
+    """Issue #31 item 4: the live chart read productive seconds per step (<= 300 ms) where
+    "Mean step time per interval" read the steps' wall time (> 2,000 ms) for the same run;
+    a loop that waits for its data is where the two part: 30 ms of waiting, 10 ms of step."""
+    hub = telemetry.hub(local_session)
+    seen = []
+    unlisten = local_session.events.subscribe(seen.append)
+    sub = hub.subscribe(rate=2)
+
+    def slow_batches():
+        for i in range(100):
+            time.sleep(0.03)
+            yield i
+
+    try:
+        for _ in pw.steps(slow_batches(), name="rate-wait"):
+            time.sleep(0.01)
+    finally:
+        sub.close()
+        unlisten()
+    events = [e for e in seen if e.kind == "steps" and "'rate-wait'" in e.detail]
+    assert len(events) >= 2, [e.to_text() for e in events]
+    intervals = pw.goodput_over_time("rate-wait", intervals=1)
+    mean = float(intervals["step_time_mean_s"].iloc[0])
+    for e in events:
+        rate = float(re.search(r": ([0-9.e+]+) steps/s$", e.detail).group(1))
+        assert e.duration_s * rate == pytest.approx(1.0, rel=0.01), e.to_text()  # step time is 1 / throughput
+        assert 0.7 * mean <= e.duration_s <= 1.5 * mean, (e.to_text(), mean)
