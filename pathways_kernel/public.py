@@ -51,6 +51,7 @@ from pathways_kernel.state.snapshots import restore as restore_snapshot
 from pathways_kernel.state.snapshots import store as snapshot_store
 from pathways_kernel.state.storage import list_snapshots as snapshots_list
 from pathways_kernel.state.storage import persist, restore
+from pathways_kernel.training.elastic_batch import elastic_map
 from pathways_kernel.training.elastic_loop import ElasticError, elastic
 from pathways_kernel.training.elastic_run import on_restore
 from pathways_kernel.training.goodput_logging import cloud_logging as goodput_cloud_logging
@@ -72,6 +73,7 @@ __all__ = [
     "snapshot_store",
     "autosnapshot",
     "elastic",
+    "elastic_map",
     "ElasticError",
     "on_restore",
     "goodput",
