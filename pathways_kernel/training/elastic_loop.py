@@ -151,6 +151,7 @@ class Elastic:
         wait_s: float = DEFAULT_WAIT_S,
         prepare: Callable[[Mesh], object] | None = None,
         state_label: str | None = None,
+        slices: Sequence[int] | None = None,
     ):
         snapshot_every = check_count(snapshot_every, "snapshot_every", 1)
         if max_retries is not None:
@@ -161,6 +162,8 @@ class Elastic:
         self.snapshot_every: int = snapshot_every
         self.max_retries: int | None = max_retries
         self.axes: tuple[str, ...] | None = tuple(axes) if axes else None
+        #: The slices the loop may use (``None``: all): an RL loop's training slices.
+        self.slices: frozenset[int] | None = _check_slices(slices)
         self.name: str = name or getattr(step_fn, "__name__", "elastic")
         #: What the state is called in messages (the magic's --state variables).
         self.state_label: str = state_label or f"the state of '{self.name}'"
@@ -210,7 +213,7 @@ class Elastic:
             from pathwaysutils.elastic.manager import ElasticRetryLimit, ScaleUpSignalError
 
             retry = ElasticRetryLimit(self.max_retries) if self.max_retries is not None else None
-            mesh = s.mesh(self.axes)
+            mesh = self._mesh(s)
             self._start_prepare(s, mesh)
             step = start
             # The first step waits for that copy: a run can always go back to where it began.
@@ -342,12 +345,24 @@ class Elastic:
 
         threading.Thread(target=work, name=f"pathways-elastic-prepare-{self.name}", daemon=True).start()
 
+    # -- the slices it may use ----------------------------------------------------
+    def _up(self, s: Session) -> tuple[int, ...]:
+        return tuple(i for i in up_slices(s) if self.slices is None or i in self.slices)
+
+    def _mesh(self, s: Session) -> Mesh:
+        """The mesh of the live slices the loop may use."""
+        if self.slices is None:
+            mesh: Mesh = s.mesh(self.axes)
+        else:
+            mesh = meshes.build([sl for sl in s.topology.up_slices if sl.index in self.slices], self.axes)
+        return mesh
+
     # -- boundaries -----------------------------------------------------------
     def _check_boundary(self, s: Session, watch: _SliceWatch, mesh: Mesh) -> None:
         if not watch.changed.is_set():
             return
         watch.changed.clear()
-        up, current = set(up_slices(s)), set(mesh_slices(s, mesh))
+        up, current = set(self._up(s)), set(mesh_slices(s, mesh))
         watch.down.clear()
         lost = (current - up) | (current & watch.lost)
         if lost:
@@ -363,7 +378,7 @@ class Elastic:
     ) -> tuple[Mesh, Any]:
         before = mesh_slices(s, mesh)
         start = time.perf_counter()
-        new_mesh = s.mesh(self.axes)
+        new_mesh = self._mesh(s)
         # Slices joining now hold nothing of ours: earlier losses on them do not matter.
         watch.lost -= set(mesh_slices(s, new_mesh)) - set(before)
         state = reshard(state, new_mesh)
@@ -419,7 +434,7 @@ class Elastic:
         watch.changed.clear()
         watch.down.clear()
         watch.up.clear()
-        new_mesh = s.mesh(self.axes)
+        new_mesh = self._mesh(s)
         after = mesh_slices(s, new_mesh)
         lost_slices = watch.lost | {sl.index for sl in s.topology.slices if not sl.up}
         watch.lost.clear()
@@ -458,7 +473,7 @@ class Elastic:
 
     def _wait_for_a_slice(self, s: Session, watch: _SliceWatch) -> None:
         deadline = time.monotonic() + self.wait_s
-        while not s.topology.up_slices:
+        while not self._up(s):
             left = deadline - time.monotonic()
             if left <= 0:
                 raise ElasticError(
@@ -466,6 +481,15 @@ class Elastic:
                 )
             watch.up.wait(left)
             watch.up.clear()
+
+
+def _check_slices(slices: Sequence[int] | None) -> frozenset[int] | None:
+    if slices is None:
+        return None
+    chosen = list(slices)
+    if not chosen or any(isinstance(i, bool) or not isinstance(i, numbers.Integral) or i < 0 for i in chosen):
+        raise PathwaysError(f"slices must be slice indices (at least one), got {chosen!r}")
+    return frozenset(int(i) for i in chosen)
 
 
 def _is_slice_loss(error: BaseException) -> bool:
@@ -534,6 +558,7 @@ def elastic(
     name: str | None = ...,
     wait_s: float = ...,
     prepare: Callable[[Mesh], object] | None = ...,
+    slices: Sequence[int] | None = ...,
 ) -> Elastic: ...
 @overload
 def elastic(
@@ -545,6 +570,7 @@ def elastic(
     name: str | None = ...,
     wait_s: float = ...,
     prepare: Callable[[Mesh], object] | None = ...,
+    slices: Sequence[int] | None = ...,
 ) -> Callable[[StepFn], Elastic]: ...
 def elastic(
     fn: StepFn | None = None,
@@ -555,6 +581,7 @@ def elastic(
     name: str | None = None,
     wait_s: float = DEFAULT_WAIT_S,
     prepare: Callable[[Mesh], object] | None = None,
+    slices: Sequence[int] | None = None,
 ) -> Elastic | Callable[[StepFn], Elastic]:
     """Make ``fn(state, step, mesh) -> state`` an elastic training loop.
 
@@ -577,10 +604,13 @@ def elastic(
         start of a run, once per mesh of one slice fewer, to compile the step
         for it ahead of a loss (see ``abstract``); ``.prepared`` is set when
         done.
+      slices: the slices the loop may use (default all): an RL loop's
+        training slices, with ``pw.elastic_map(..., slices=...)`` rolling out
+        on the others. A loss or a repair of another slice does not touch it.
     """
 
     def wrap(f: StepFn) -> Elastic:
-        return Elastic(f, snapshot_every, max_retries, axes, name, wait_s, prepare)
+        return Elastic(f, snapshot_every, max_retries, axes, name, wait_s, prepare, slices=slices)
 
     return wrap(fn) if fn is not None else wrap
 
