@@ -11,6 +11,8 @@ import atexit
 import contextlib
 import os
 import sys
+import threading
+from typing import Any
 
 from ipykernel.ipkernel import IPythonKernel
 
@@ -26,30 +28,55 @@ class PathwaysKernel(IPythonKernel):
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[no-untyped-call]  # ipykernel's __init__ carries no annotations
         import pathways_kernel
-        from pathways_kernel.core.sessions import session
 
         shell = self.shell
         assert shell is not None  # IPythonKernel.__init__ made it
         # Loaded as `%load_ext` would, so `%unload_ext pathways_kernel` takes it all off again.
         shell.extension_manager.load_extension("pathways_kernel")
         shell.user_ns.setdefault("pw", pathways_kernel)
-        # Activate (configure JAX for) the backend now; devices start lazily.
-        try:
-            session()
-        except PathwaysError as exc:
-            # Start anyway: a wrong proxy address must not cost the kernel.
-            from pathways_kernel.backends.connection import NOTICE
+        from pathways_kernel.backends import default_start_label
 
-            self.log.error(one_line(exc))
-            NOTICE.post(
-                f"The kernel started without a backend. {one_line(exc)}. `%pathways connect local:2x4` starts a local Pathways server, `%pathways connect embedded:2x4` emulates the slices in this process."
-            )
-        from pathways_kernel.server import launch
+        label = default_start_label()
+        if label is None:
+            _activate(self.log)  # configure JAX for the backend now, before the first cell
+        else:
+            # The local server (started before the imports) comes up beside the kernel, which answers
+            # the frontend meanwhile and says how far the start is (core/startup.py); a cell waits for it.
+            from pathways_kernel.core import startup
+            from pathways_kernel.server import launch
 
-        launch.discard_early()  # the server started before the imports, if the session did not take it
+            startup.begin(label, startup.LOCAL_SERVER_STEPS, started=launch.early_started())
+            threading.Thread(target=_activate, args=(self.log,), name="pathways-backend-start", daemon=True).start()
         from pathways_kernel.state import compile_cache
 
         compile_cache.from_env()  # the kernelspec's --compile-cache, if any
+
+    async def do_execute(
+        self,
+        code: str,
+        silent: bool,
+        store_history: bool = True,
+        user_expressions: dict[str, Any] | None = None,
+        allow_stdin: bool = False,
+        *,
+        cell_meta: dict[str, Any] | None = None,
+        cell_id: str | None = None,
+    ) -> dict[str, Any]:
+        """Runs the cell once the backend has started (at kernel start the local server may not be up yet)."""
+        if not _wait_for_start(silent):
+            sys.stderr.write(f"KeyboardInterrupt: {_INTERRUPTED}\n")
+            return {
+                "status": "error",
+                "execution_count": self.execution_count,
+                "ename": "KeyboardInterrupt",
+                "evalue": _INTERRUPTED,
+                "traceback": [],
+            }
+        # ipykernel's do_execute carries no annotations: its reply is the execute_reply's content.
+        reply: dict[str, Any] = await super().do_execute(  # type: ignore[no-untyped-call]
+            code, silent, store_history, user_expressions, allow_stdin, cell_meta=cell_meta, cell_id=cell_id
+        )
+        return reply
 
     # IPythonKernel's do_shutdown is synchronous, its base Kernel's a coroutine (ipykernel awaits
     # the reply only if it is awaitable): this overrides IPythonKernel's.
@@ -81,6 +108,71 @@ class PathwaysKernel(IPythonKernel):
         # Registered last, so the first handler to run at exit, once ipykernel has sent its reply.
         atexit.register(_leave_now, self.shell)
         return reply
+
+
+_INTERRUPTED = "interrupted while the local Pathways server was starting: the cell did not run (run it again)"
+#: Seconds between the updates of the line under a cell that waits for the backend's start.
+_WAIT_TICK_S = 1.0
+
+
+def _activate(log: Any) -> None:
+    """Starts the session's default backend; a failure is one line before the next cell, not a dead kernel."""
+    from pathways_kernel.core import startup
+    from pathways_kernel.core.sessions import session
+    from pathways_kernel.server import launch
+
+    error: str | None = "the start was cut short"
+    try:
+        session()
+        error = None
+    except PathwaysError as exc:
+        # Start anyway: a wrong proxy address must not cost the kernel.
+        from pathways_kernel.backends.connection import NOTICE
+
+        error = one_line(exc)
+        log.error(error)
+        NOTICE.post(
+            f"The kernel started without a backend. {error}. `%pathways connect local:2x4` starts a local Pathways server, `%pathways connect embedded:2x4` emulates the slices in this process."
+        )
+    except Exception as exc:  # a bug: the cells that wait must not wait for ever
+        error = one_line(exc)
+        log.exception("pathways: starting the backend failed")
+    finally:
+        startup.finish(error)
+        launch.discard_early()  # the server started before the imports, if the session did not take it
+
+
+def _wait_for_start(silent: bool) -> bool:
+    """Waits for the backend's start, under a line that counts the seconds (removed once it ends).
+
+    Returns False when interrupted. The wait is bounded by the start's own bound (the server's
+    120 s, the client's connect timeout), after which the start has ended, ready or failed.
+    """
+    from pathways_kernel.core import startup
+
+    if not startup.starting():
+        return True
+    from IPython.display import clear_output, display, update_display
+
+    display_id = None
+    try:
+        while (progress := startup.wait(_WAIT_TICK_S)) is not None and progress.state == startup.STARTING:
+            if silent:
+                continue
+            line = {
+                "text/plain": f"waiting for the local Pathways server to start ({progress.elapsed_s:.0f} s)... "
+                f"{progress.step} ({progress.done}/{len(progress.steps)})"
+            }
+            if display_id is None:
+                display_id = display(line, raw=True, display_id=True).display_id
+            else:
+                update_display(line, raw=True, display_id=display_id)
+    except KeyboardInterrupt:
+        return False
+    finally:
+        if display_id is not None:
+            clear_output()
+    return True
 
 
 def _leave_now(shell: object) -> None:

@@ -69,7 +69,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
         item,
         align: 'left',
         rank: 4,
-        isActive: () => panel.model.topology !== null,
+        // Shown once there are slices, and while the kernel says it is starting its server.
+        isActive: () => panel.model.topology !== null || panel.session.state.kind === 'starting',
         activeStateChanged: panel.stateChanged
       });
     }

@@ -142,6 +142,28 @@ def from_spec(
     )
 
 
+def _default_local() -> tuple[int, int] | None:
+    """Slices and chips of the default spec when it is ``local:SxC``, else None."""
+    match = _LOCAL.match(default_spec().strip())
+    if match is None:
+        return None
+    try:
+        return parse_local(match.group("body"))
+    except SpecError:
+        return None
+
+
+def default_start_label() -> str | None:
+    """What starting the default backend is, when it is ``local:SxC`` (``core/startup.py``), else None."""
+    local = _default_local()
+    if local is None:
+        return None
+    slices, chips = local
+    return (
+        f"starting the local Pathways server ({slices} slice{'s' * (slices != 1)} x {chips} chip{'s' * (chips != 1)})"
+    )
+
+
 def start_server_early() -> None:
     """Starts the local Pathways server of the default spec (``local:SxC``), without waiting for it.
 
@@ -149,16 +171,22 @@ def start_server_early() -> None:
     them; the session's ``local:SxC`` backend adopts it (``launch.start``). Any other spec, or a
     malformed one (the session says why in one line), starts nothing.
     """
-    match = _LOCAL.match(default_spec().strip())
-    if match is None:
+    local = _default_local()
+    if local is None:
         return
-    try:
-        slices, chips = parse_local(match.group("body"))
-    except SpecError:
-        return
+    slices, chips = local
     from pathways_kernel.server import launch
 
     launch.start_early(slices, chips, launch.kernel_env())
 
 
-__all__ = ["Backend", "Placement", "from_spec", "default_spec", "parse_local", "start_server_early", "DEFAULT_SPEC"]
+__all__ = [
+    "Backend",
+    "Placement",
+    "from_spec",
+    "default_spec",
+    "parse_local",
+    "start_server_early",
+    "default_start_label",
+    "DEFAULT_SPEC",
+]

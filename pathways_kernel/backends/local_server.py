@@ -49,7 +49,7 @@ from typing import Any, ClassVar
 
 from pathways_kernel.backends import preflight as preflight_lib
 from pathways_kernel.backends.proxy import ProxyBackend, device_slice
-from pathways_kernel.core import heap, jaxcompat, lost_clients
+from pathways_kernel.core import heap, jaxcompat, lost_clients, startup
 from pathways_kernel.core.backend import ChipMetrics
 from pathways_kernel.core.errors import BackendError
 from pathways_kernel.core.sessions import COPIES
@@ -146,13 +146,16 @@ class LocalServerBackend(InjectedFaults, ProxyBackend):
 
         jaxcompat.set_cpp_min_log_level(3)
         # The server the kernel started before its imports (``start_server_early``), if it is this one.
-        self.server = launch.start(self.kinds or self.num_slices, self.chips_per_slice, env=launch.kernel_env())
+        self.server = launch.start(
+            self.kinds or self.num_slices, self.chips_per_slice, env=launch.kernel_env(), on_step=startup.advance
+        )
         self._exit_stop.arm()
         self._pidfd = _open_pidfd(self.server.pid)
         self.address = SocketTarget(self.server.target)  # type: ignore[assignment]
         try:
             self._check_server()
             super().activate()
+            startup.advance("connected")
         except BackendError as exc:
             server = self.server
             said = next((line for line in reversed(server.stderr_lines) if line.strip()), "") if server else ""

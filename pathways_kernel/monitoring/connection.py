@@ -18,7 +18,8 @@ metrics frame and the newest topology wait; events beyond ``MAX_QUEUED_EVENTS``
 drop the oldest (the log keeps them all); replies are never dropped: while
 ``MAX_PENDING_REPLIES`` wait, handling the next request waits for the sender.
 
-A kernel without a backend (its proxy target unreachable at start) keeps the
+While the backend starts (a fresh kernel's local server), the comm first says how
+far it is (``starting``, from ``core/startup.py``). A kernel without a backend (its proxy target unreachable at start) keeps the
 comm open and says why (``no_backend``); the topology follows once a backend
 connects. The comm target that opens connections and carries out their
 requests is ``monitoring/comm.py``.
@@ -50,6 +51,8 @@ REPLAY_EVENTS = 50
 MAX_QUEUED_EVENTS = 1000
 #: Replies waiting per connection beyond which request handling waits for the sender.
 MAX_PENDING_REPLIES = 256
+#: Seconds between the ``starting`` messages of a backend start that takes no step meanwhile.
+_START_TICK_S = 1.0
 
 log = logging.getLogger("pathways_kernel.monitoring")
 
@@ -189,7 +192,45 @@ class Connection:
             self._cond.notify_all()
 
     # -- sending ----------------------------------------------------------------
+    def _report_start(self) -> None:
+        """While the backend starts, say how far it is (``starting``: at each step and once a second,
+        then once more when it ends), answering requests meanwhile; returns once it has ended."""
+        from pathways_kernel.core import startup
+
+        def changed(_: startup.Progress) -> None:
+            with self._cond:
+                self._cond.notify_all()
+
+        unsubscribe = startup.subscribe(changed)
+        try:
+            sent: startup.Progress | None = None
+            sent_at = 0.0
+            while not self.closed:
+                progress = startup.current()
+                if progress is None:
+                    return
+                if progress is not sent or time.monotonic() - sent_at >= _START_TICK_S:
+                    data, _ = protocol.encode_starting(
+                        progress.what, progress.steps, progress.done, progress.state, progress.error, progress.elapsed_s
+                    )
+                    self.comm.send(data)
+                    sent, sent_at = progress, time.monotonic()
+                if progress.state != startup.STARTING:
+                    return
+                with self._cond:
+                    if not self._replies and startup.current() is progress:
+                        self._cond.wait(max(0.0, sent_at + _START_TICK_S - time.monotonic()))
+                    replies = self._take_replies()
+                for data, buffers in replies:
+                    self.comm.send(data, buffers=buffers or None)
+        finally:
+            unsubscribe()
+
     def _subscribe(self) -> None:
+        from pathways_kernel.core import startup
+
+        if startup.starting():
+            self._report_start()
         for attempt in range(3):
             try:
                 hub = telemetry.hub()

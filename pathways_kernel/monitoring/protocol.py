@@ -39,7 +39,19 @@ VERSION = 1
 TARGET = "pathways.monitor"
 
 #: Kernel -> frontend message types.
-KERNEL_TYPES = ("topology", "history", "metrics", "event", "reply", "no_backend", "metric_points", "goodput_intervals")
+KERNEL_TYPES = (
+    "topology",
+    "history",
+    "metrics",
+    "event",
+    "reply",
+    "no_backend",
+    "metric_points",
+    "goodput_intervals",
+    "starting",
+)
+#: States of a ``starting`` message.
+START_STATES = ("starting", "ready", "failed")
 #: Frontend -> kernel request types and their own fields.
 REQUEST_FIELDS: dict[str, tuple[str, ...]] = {
     "subscribe": ("rate",),
@@ -321,6 +333,24 @@ def close_data(reason: str) -> dict[str, Any]:
     if reason not in CLOSE_REASONS:
         raise ValueError(f"unknown close reason {reason!r}")
     return {"v": VERSION, "type": "closed", "reason": reason}
+
+
+def encode_starting(
+    what: str, steps: Sequence[str], done: int, state: str, error: str | None, elapsed_s: float
+) -> Message:
+    """The kernel's backend is starting (``core/startup.py``'s ``Progress``): what, its steps, how many are done."""
+    if state not in START_STATES:
+        raise ValueError(f"unknown start state {state!r}")
+    return {
+        "v": VERSION,
+        "type": "starting",
+        "what": str(what),
+        "steps": [str(step) for step in steps],
+        "done": max(0, min(int(done), len(steps))),
+        "state": state,
+        "error": None if error is None else str(error),
+        "elapsed_s": round(max(float(elapsed_s), 0.0), 1),
+    }, []
 
 
 def encode_no_backend(error: str) -> Message:

@@ -134,14 +134,23 @@ def _private_socket(path: str) -> str:
     return path
 
 
+#: The server's first line: its process runs (the pid follows); then JAX's import and its devices.
+PROCESS_LINE = "pathways-local: process up, pid "
+#: Its devices exist (their count follows); then it binds its socket and says ``serving`` (launch.FIRST_LINE).
+DEVICES_LINE = "pathways-local: devices ready: "
+
+
 def serve(args: argparse.Namespace) -> int:
     shapes = args.slices
     logging.basicConfig(level=os.environ.get("PATHWAYS_LOCAL_LOG", "WARNING"), format="pathways-local: %(message)s")
+    # Each step of the start is a line, so that a kernel waiting for it can say where it is (launch.start).
+    print(f"{PROCESS_LINE}{os.getpid()}", flush=True)
     # Before JAX starts: the server's devices are CPU devices, whatever the caller's environment says.
     os.environ["JAX_PLATFORMS"] = "cpu"
     import jax
 
     jax.config.update("jax_num_cpu_devices", sum(s.chips for s in shapes))
+    print(f"{DEVICES_LINE}{len(jax.devices())}", flush=True)  # starts the backend
     from concurrent import futures
 
     import grpc
@@ -199,7 +208,6 @@ def serve(args: argparse.Namespace) -> int:
             )
             return 1
         target = f"grpc://{args.host}:{port}"
-    jax.devices()  # start the backend before saying we serve
     # What the imports made (~100k objects: JAX, protobuf's descriptors) is never garbage: kept out
     # of the collector, a full collection (heap.Reclaimer's, after big arrays go) takes ~0 ms, not 60-120.
     gc.freeze()

@@ -19,6 +19,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO
 
@@ -161,6 +162,7 @@ class _Early:
     process: subprocess.Popen[str]
     stdout: Output
     stderr: Output
+    started: float  # time.monotonic() at its spawn
 
     def server(self) -> LocalServer:
         return LocalServer("", self.process, self.directory, stdout=self.stdout, stderr=self.stderr)
@@ -190,14 +192,21 @@ def start_early(slices: int | str, chips: int, env: dict[str, str] | None = None
     directory = tempfile.mkdtemp(prefix="pathways-local-")  # mkdtemp makes it 0700
     socket_path = os.path.join(directory, "server.sock")
     stdout, stderr = Output(), Output()
+    started = time.monotonic()
     process = _spawn([*_serve_command(slices, chips), "--socket", socket_path], env, stdout, stderr)
     with _early_lock:
         previous, _early = (
             _early,
-            _Early(slices, chips, dict(env or {}), socket_path, directory, process, stdout, stderr),
+            _Early(slices, chips, dict(env or {}), socket_path, directory, process, stdout, stderr, started),
         )
     if previous is not None:
         previous.server().stop()
+
+
+def early_started() -> float | None:
+    """When (``time.monotonic()``) the server ``start_early`` started was spawned, None without one."""
+    with _early_lock:
+        return _early.started if _early is not None else None
 
 
 def discard_early() -> None:
@@ -250,14 +259,21 @@ def start(
     timeout: float = 120.0,
     env: dict[str, str] | None = None,
     metrics_port: int | None = None,
+    on_step: Callable[[str], None] | None = None,
 ) -> LocalServer:
     """Starts ``pathways-local serve`` for ``slices`` x ``chips`` (or the slices ``slices`` names,
     ``"v5p:2x2x1*2,v6e:2x2"``: ``core/tpu_kinds.py``) and waits for its first line.
 
     Without ``host`` it listens on a Unix socket (``socket_path``, or one in a new 0700
     directory). With ``metrics_port`` (0: a free one) it also serves libtpu's runtime metrics
-    alone on that loopback port (``metric_service.py``). Raises BackendError with the server's own last line if it does not start.
+    alone on that loopback port (``metric_service.py``). ``on_step`` is called with each step of
+    the server's start as its output tells it: ``process up``, ``devices``, ``listening``
+    (``core/startup.py``'s ``LOCAL_SERVER_STEPS``). Raises BackendError with the server's own last
+    line if it does not start.
     """
+    from pathways_kernel.server.cli import DEVICES_LINE, PROCESS_LINE
+
+    step = on_step or (lambda _: None)
     directory = None
     early = _take_early(slices, chips, env) if (socket_path, host, metrics_port) == (None, None, None) else None
     if early is not None:
@@ -281,10 +297,15 @@ def start(
     deadline = time.monotonic() + timeout
     while True:
         for line in server.stdout.new_lines():
+            if line.startswith(PROCESS_LINE):
+                step("process up")
+            if line.startswith(DEVICES_LINE):
+                step("devices")
             if line.startswith(METRICS_LINE):
                 server.metrics_address = line.rsplit(" ", 1)[1]
             if line.startswith(FIRST_LINE):
                 server.target = line.rsplit(" ", 1)[1]
+                step("listening")
         if server.target:
             threading.Thread(
                 target=_forward_while_alive, args=(server,), name="pathways-local-output", daemon=True

@@ -465,6 +465,9 @@ def _kernel_messages() -> dict[str, p.Message]:
         "no_backend": p.encode_no_backend("proxy unreachable"),
         "metric_points": p.encode_metric_points([point], replay=True),
         "goodput_intervals": p.encode_goodput_intervals(run, ("productive",), columns, stats),
+        "starting": p.encode_starting(
+            "starting the local Pathways server", ("process up", "devices"), 1, "starting", None, 2.5
+        ),
         "chip_history": p.encode_chip_history_reply("c1", chips),
         "latest_profile": p.encode_reply("l1", True, result=capture.latest_for_xprof()),
     }

@@ -280,6 +280,28 @@ def decode_no_backend(data: dict[str, Any], buffers: Sequence[Any]) -> dict[str,
     return {"error": _str(data, "error")}
 
 
+def decode_starting(data: dict[str, Any], buffers: Sequence[Any]) -> dict[str, Any]:
+    _expect_kernel_envelope(data, "starting")
+    _buffer_count(buffers, 0, "starting")
+    steps = _str_items(data, "steps")
+    state = data.get("state")
+    if state not in ("starting", "ready", "failed"):
+        raise ProtocolError(f"'state' must be 'starting', 'ready' or 'failed', got {state!r}")
+    if data.get("error") is not None:
+        _str(data, "error")
+    elapsed = _number(data, "elapsed_s")
+    if elapsed < 0:
+        raise ProtocolError(f"'elapsed_s' must be >= 0, got {elapsed}")
+    return {
+        "what": _str(data, "what"),
+        "steps": steps,
+        "done": _int(data, "done", low=0),
+        "state": state,
+        "error": _nullable(data, "error"),
+        "elapsed_s": elapsed,
+    }
+
+
 def decode_metric_points(data: dict[str, Any], buffers: Sequence[Any]) -> dict[str, Any]:
     _expect_kernel_envelope(data, "metric_points")
     _buffer_count(buffers, 0, "metric_points")
@@ -347,6 +369,7 @@ DECODERS: dict[str, Callable[[dict[str, Any], Sequence[Any]], Any]] = {
     "no_backend": decode_no_backend,
     "metric_points": decode_metric_points,
     "goodput_intervals": decode_goodput_intervals,
+    "starting": decode_starting,
 }
 
 

@@ -98,11 +98,14 @@ export class PathwaysPanel extends Widget {
     this.node.append(title, this._following, this._header, this._status, this._body);
 
     this.model.subscribe(change => this._changed(change));
-    this.session.stateChanged.connect(() => this._renderChrome());
+    this.session.stateChanged.connect(() => {
+      this._renderChrome();
+      this._stateChanged.emit(); // the status bar shows the kernel's start too
+    });
     this._renderChrome();
   }
 
-  /** Emitted when the summary the status bar shows may have changed. */
+  /** Emitted when what the status bar shows may have changed (the summary, the kernel's start). */
   get stateChanged(): ISignal<this, void> {
     return this._stateChanged;
   }
@@ -358,7 +361,9 @@ export class PathwaysPanel extends Widget {
               ? 'no-backend'
               : live
                 ? 'live'
-                : 'connecting';
+                : state.kind === 'starting'
+                  ? 'starting'
+                  : 'connecting';
     this._renderHeader();
   }
 }

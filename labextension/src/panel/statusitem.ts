@@ -1,10 +1,14 @@
 /**
- * The status-bar item: "Pathways 2/2 slices · 47%"; a click, or Enter/Space
- * when it has focus (it is in the tab order), opens the panel.
+ * The status-bar item: "Pathways 2/2 slices · 47%", or while the kernel starts its
+ * local Pathways server, "Pathways: starting server · devices (2/4) · 12 s" (the kernel's
+ * `starting` messages); a click, or Enter/Space when it has focus (it is in the tab
+ * order), opens the panel.
  */
 import { Widget } from '@lumino/widgets';
 
 import { statusLabel } from '../common/format';
+import { StartingMessage } from '../protocol/messages';
+import { startLine } from '../protocol/session';
 import { PathwaysPanel } from './panel';
 
 export class PathwaysStatus extends Widget {
@@ -30,11 +34,26 @@ export class PathwaysStatus extends Widget {
 
   private _update(): void {
     const summary = this._panel.model.summary();
-    this.node.textContent = statusLabel(summary);
-    this.node.setAttribute('aria-label', `${statusLabel(summary)}: open the Pathways monitor`);
+    const state = this._panel.session.state;
+    const starting = state.kind === 'starting' && !summary ? state.progress : null;
+    const label = starting ? startingLabel(starting) : statusLabel(summary);
+    this.node.textContent = label;
+    this.node.title = starting ? startLine(starting) : 'Pathways monitor: open the panel';
+    this.node.dataset.state = starting ? 'starting' : summary ? 'live' : '';
+    this.node.setAttribute('aria-label', `${label}: open the Pathways monitor`);
     this.node.classList.toggle(
       'jp-mod-degraded',
       !!summary && summary.slicesUp < summary.slicesTotal
     );
   }
+}
+
+/** "Pathways: starting server · devices (2/4) · 12 s": the status bar's short form of the kernel's start. */
+function startingLabel(progress: StartingMessage): string {
+  const seconds = `${Math.round(progress.elapsed_s)} s`;
+  if (progress.state !== 'starting') {
+    return `Pathways: server ${progress.state} · ${seconds}`;
+  }
+  const step = progress.done > 0 ? progress.steps[progress.done - 1] : 'launching';
+  return `Pathways: starting server · ${step} (${progress.done}/${progress.steps.length}) · ${seconds}`;
 }

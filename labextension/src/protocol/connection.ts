@@ -26,6 +26,7 @@ import {
   ProtocolError,
   ReplyMessage,
   RequestBody,
+  StartingMessage,
   TARGET,
   decodeChipHistory,
   decodeClose,
@@ -39,6 +40,8 @@ export interface ConnectionListener {
   closed(reason: CloseReason): void;
   /** The kernel has no backend: `error` says why; a topology follows once one connects. */
   noBackend(error: string): void;
+  /** The kernel's backend is starting (how far, the seconds so far); a topology follows `ready`. */
+  starting(progress: StartingMessage): void;
 }
 
 const REQUEST_TIMEOUT_MS = 15_000;
@@ -197,6 +200,10 @@ export class MonitorConnection {
     }
     if (message.type === 'no_backend') {
       this._listener.noBackend(message.error);
+      return;
+    }
+    if (message.type === 'starting') {
+      this._listener.starting(message);
       return;
     }
     if (message.type === 'reply') {

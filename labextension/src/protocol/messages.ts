@@ -21,8 +21,11 @@ export const KERNEL_TYPES = [
   'reply',
   'no_backend',
   'metric_points',
-  'goodput_intervals'
+  'goodput_intervals',
+  'starting'
 ] as const;
+/** States of a `starting` message. */
+export const START_STATES = ['starting', 'ready', 'failed'] as const;
 /** Frontend -> kernel request types and their own fields. */
 export const REQUEST_FIELDS = {
   subscribe: ['rate'],
@@ -194,6 +197,22 @@ export interface NoBackendMessage {
   error: string;
 }
 
+/**
+ * The kernel's backend is starting (a fresh kernel's local Pathways server): what,
+ * its steps, how many are done and the seconds so far. Topology follows `ready`.
+ */
+export interface StartingMessage {
+  v: 1;
+  type: 'starting';
+  /** "starting the local Pathways server (2 slices x 4 chips)" */
+  what: string;
+  steps: string[];
+  done: number;
+  state: (typeof START_STATES)[number];
+  error: string | null;
+  elapsed_s: number;
+}
+
 /** One training metric value (`pw.log`, an elastic run's loss): a row of `pw.metrics()`. */
 export interface MetricPoint {
   seq: number;
@@ -257,7 +276,8 @@ export type KernelMessage =
   | MetricsMessage
   | EventMessage
   | ReplyMessage
-  | NoBackendMessage;
+  | NoBackendMessage
+  | StartingMessage;
 
 /** A close reason the kernel sent, or `unknown` when it sent none (the comm target is missing, ...). */
 export type CloseReason = (typeof CLOSE_REASONS)[number] | 'unknown';
@@ -315,6 +335,27 @@ export function decodeMessage(data: unknown, buffers: readonly Buffer[] = []): K
     case 'goodput_intervals':
       noBuffers('goodput_intervals', buffers);
       return decodeGoodputIntervals(msg);
+    case 'starting': {
+      noBuffers('starting', buffers);
+      const state = string(msg.state, 'starting.state');
+      if (!(START_STATES as readonly string[]).includes(state)) {
+        throw new ProtocolError(`starting.state must be one of ${START_STATES.join(', ')}`);
+      }
+      const elapsed = number(msg.elapsed_s, 'starting.elapsed_s');
+      if (elapsed < 0) {
+        throw new ProtocolError('starting.elapsed_s must be >= 0');
+      }
+      return {
+        v: 1,
+        type: 'starting',
+        what: string(msg.what, 'starting.what'),
+        steps: array(msg.steps, 'starting.steps').map((s, i) => string(s, `starting.steps[${i}]`)),
+        done: integer(msg.done, 'starting.done', 0),
+        state: state as StartingMessage['state'],
+        error: nullable(msg.error, v => string(v, 'starting.error')),
+        elapsed_s: elapsed
+      };
+    }
     case 'no_backend':
       noBuffers('no_backend', buffers);
       return { v: 1, type: 'no_backend', error: string(msg.error, 'no_backend.error') };

@@ -19,7 +19,7 @@ import { ISignal, Signal } from '@lumino/signaling';
 
 import { MonitorModel } from '../model/monitormodel';
 import { MonitorConnection } from './connection';
-import { ChipHistory, CloseReason, ReplyMessage, RequestBody } from './messages';
+import { ChipHistory, CloseReason, ReplyMessage, RequestBody, StartingMessage } from './messages';
 
 /** What a session can follow: a notebook or a console, anything with a kernel session and a title. */
 export interface KernelView {
@@ -47,6 +47,8 @@ export type SessionState =
   | { readonly kind: 'connecting' }
   /** The comm is open. */
   | { readonly kind: 'live' }
+  /** The kernel's backend is starting (its local Pathways server): how far, from the kernel. */
+  | { readonly kind: 'starting'; readonly progress: StartingMessage }
   /** The kernel has no backend (`error`: why); the comm stays open for when one connects. */
   | { readonly kind: 'no-backend'; readonly error: string }
   /** Opening the comm failed. */
@@ -65,11 +67,30 @@ export function stateMessage(state: SessionState): string {
       return `Could not reach the kernel’s monitor: ${state.error}`;
     case 'restarting':
       return 'Kernel restarting…';
+    case 'starting':
+      return startLine(state.progress);
     case 'dead':
       return 'The kernel died.';
     default:
       return '';
   }
+}
+
+/**
+ * "Starting the local Pathways server (2 slices x 4 chips)… devices (2/4), 12 s", as the
+ * kernel says it (`starting`); the last step done, or `launching` before the first.
+ */
+export function startLine(progress: StartingMessage): string {
+  const what = progress.what.charAt(0).toUpperCase() + progress.what.slice(1);
+  const seconds = `${Math.round(progress.elapsed_s)} s`;
+  if (progress.state === 'failed') {
+    return `${what} failed after ${seconds}: ${progress.error ?? 'no reason given'}`;
+  }
+  if (progress.state === 'ready') {
+    return `${what}: ready after ${seconds}; connecting the monitor…`;
+  }
+  const step = progress.done > 0 ? progress.steps[progress.done - 1] : 'launching';
+  return `${what}… ${step} (${progress.done}/${progress.steps.length}), ${seconds}`;
 }
 
 export interface SessionOptions {
@@ -102,7 +123,10 @@ export class MonitorSession {
     // A topology means the comm works: a backend connected, or it came before our subscribe's reply.
     this._unsubscribe = model.subscribe(change => {
       const kind = this._state.kind;
-      if (change === 'topology' && (kind === 'connecting' || kind === 'no-backend')) {
+      if (
+        change === 'topology' &&
+        (kind === 'connecting' || kind === 'no-backend' || kind === 'starting')
+      ) {
         this._setState({ kind: 'live' });
       }
     });
@@ -233,6 +257,12 @@ export class MonitorSession {
         if (this._connection === connection) {
           this.model.reset();
           this._setState({ kind: 'no-backend', error });
+        }
+      },
+      starting: progress => {
+        // Said until the topology comes (a `failed` start is followed by `no_backend`).
+        if (this._connection === connection && !this.model.topology) {
+          this._setState({ kind: 'starting', progress });
         }
       }
     });
