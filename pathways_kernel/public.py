@@ -58,6 +58,7 @@ from pathways_kernel.training.goodput_logging import cloud_logging as goodput_cl
 from pathways_kernel.training.goodput_report import goodput, goodput_over_time
 from pathways_kernel.training.metrics import log, metrics
 from pathways_kernel.training.mfu import flops
+from pathways_kernel.training.phases import phase
 from pathways_kernel.training.steps import steps
 from pathways_kernel.training.tensorboard import metrics_to_tensorboard
 
@@ -77,6 +78,7 @@ __all__ = [
     "ElasticError",
     "on_restore",
     "goodput",
+    "phase",
     "goodput_over_time",
     "goodput_cloud_logging",
     "flops",

@@ -44,6 +44,7 @@ from pathways_kernel.monitoring import protocol, telemetry
 from pathways_kernel.monitoring.encoding import encoded_metrics, encoded_topology, history_message
 from pathways_kernel.training import goodput_report
 from pathways_kernel.training.metric_log import Point, metric_log
+from pathways_kernel.training.phases import Span, phase_log
 
 #: Events replayed to a new connection.
 REPLAY_EVENTS = 50
@@ -130,6 +131,11 @@ class Connection:
         self._points: collections.deque[Point] = collections.deque(maxlen=protocol.MAX_REPLAY_POINTS)
         self._points_after = 0  # seq of the newest replayed point: live points up to it are in the replay
         self._unsubscribe_points: Callable[[], None] | None = None
+        # Phases a loop marks (pw.phase), the same way: the catch-up once, then live batches.
+        self._spans_replay: list[Span] | None = None
+        self._spans: collections.deque[Span] = collections.deque(maxlen=protocol.MAX_REPLAY_SPANS)
+        self._spans_after = 0
+        self._unsubscribe_spans: Callable[[], None] | None = None
         self._sub: telemetry.Subscription | None = None
         self._close_reason: str | None = None
         self._thread: threading.Thread | None = None
@@ -176,6 +182,11 @@ class Connection:
     def _on_points(self, points: list[Point]) -> None:
         with self._cond:
             self._points.extend(points)
+            self._cond.notify_all()
+
+    def _on_spans(self, spans: list[Span]) -> None:
+        with self._cond:
+            self._spans.extend(spans)
             self._cond.notify_all()
 
     def _on_hub_close(self) -> None:
@@ -255,9 +266,14 @@ class Connection:
         log = metric_log(hub.session)
         self._unsubscribe_points = log.subscribe(self._on_points)
         kept = log.points()[-protocol.MAX_REPLAY_POINTS :]
+        phases = phase_log(hub.session)
+        self._unsubscribe_spans = phases.subscribe(self._on_spans)
+        spans = phases.spans()[-protocol.MAX_REPLAY_SPANS :]
         with self._cond:
             self._points_replay = kept
             self._points_after = kept[-1].seq if kept else 0
+            self._spans_replay = spans
+            self._spans_after = spans[-1].seq if spans else 0
             self._sub = sub
             self._topology = encoded_topology(topology, hub.topology_seq, hub.session.backend)
             self._history = history
@@ -316,6 +332,8 @@ class Connection:
                         and self._metrics is None
                         and self._points_replay is None
                         and not self._points
+                        and self._spans_replay is None
+                        and not self._spans
                         and self._sub is not None
                     ):
                         remaining = deadline - time.monotonic()
@@ -335,6 +353,9 @@ class Connection:
                     points_replay, self._points_replay = self._points_replay, None
                     points = [p for p in self._points if p.seq > self._points_after]
                     self._points.clear()
+                    spans_replay, self._spans_replay = self._spans_replay, None
+                    spans = [x for x in self._spans if x.seq > self._spans_after]
+                    self._spans.clear()
                 if topology is not None:
                     self.comm.send(topology[0], buffers=topology[1])
                 if history is not None:
@@ -343,6 +364,10 @@ class Connection:
                     self.comm.send(protocol.encode_metric_points(points_replay, replay=True)[0])
                 if points:
                     self.comm.send(protocol.encode_metric_points(points, replay=False)[0])
+                if spans_replay is not None:
+                    self.comm.send(protocol.encode_phases(spans_replay, replay=True)[0])
+                if spans:
+                    self.comm.send(protocol.encode_phases(spans, replay=False)[0])
                 for data, buffers in events + replies:
                     self.comm.send(data, buffers=buffers or None)
                 if metrics is not None:
@@ -447,6 +472,9 @@ class Connection:
 
     def _stop_points(self) -> None:
         unsubscribe, self._unsubscribe_points = self._unsubscribe_points, None
+        if unsubscribe is not None:
+            unsubscribe()
+        unsubscribe, self._unsubscribe_spans = self._unsubscribe_spans, None
         if unsubscribe is not None:
             unsubscribe()
 

@@ -48,6 +48,7 @@ KERNEL_TYPES = (
     "no_backend",
     "metric_points",
     "goodput_intervals",
+    "phases",
     "starting",
 )
 #: States of a ``starting`` message.
@@ -75,6 +76,8 @@ STALE_AFTER_S = 60
 METRIC_POINT_FIELDS = ("seq", "run", "step", "time", "elapsed_s", "name", "value", "cell")
 #: Newest metric points a new subscription catches up with (the rest are in ``pw.metrics()``).
 MAX_REPLAY_POINTS = 20_000
+#: Newest phase spans (``pw.phase``) a new subscription catches up with (``training/phases.py`` keeps as many).
+MAX_REPLAY_SPANS = 20_000
 #: Most chips one ``chip_history`` request may ask for (300 points x 2 bytes each: 2.4 MB at most).
 MAX_CHIP_HISTORY = 4096
 
@@ -386,6 +389,29 @@ def encode_metric_points(points: Sequence[Any], replay: bool) -> Message:
             }
         )
     return {"v": VERSION, "type": "metric_points", "replay": bool(replay), "points": rows}, []
+
+
+def encode_phases(spans: Sequence[Any], replay: bool) -> Message:
+    """Phases a loop marked (``training.phases.Span``), oldest first: where each role's time went.
+
+    ``replay``: the session's spans so far (the newest ``MAX_REPLAY_SPANS``), sent once per
+    subscription; they replace whatever the frontend held. ``start``/``end`` are unix times.
+    """
+    rows = [
+        {
+            "seq": int(s.seq),
+            "run": str(s.run),
+            "phase": str(s.phase),
+            "role": str(s.role),
+            "mesh": str(s.mesh),
+            "slices": [int(i) for i in s.slices],
+            "start": float(s.start),
+            "end": float(s.end),
+            "step": None if s.step is None else int(s.step),
+        }
+        for s in spans
+    ]
+    return {"v": VERSION, "type": "phases", "replay": bool(replay), "spans": rows}, []
 
 
 # -- quantization --------------------------------------------------------------

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from pathways_kernel.core.display import TextDisplay
 from pathways_kernel.core.errors import PathwaysError
-from pathways_kernel.training import goodput_timeline
+from pathways_kernel.training import goodput_timeline, phases
 from pathways_kernel.training.goodput import CATEGORIES, OTHER, PRODUCTIVE, Account, Ledger, ledger
 from pathways_kernel.training.mfu import peak_flops_per_chip
 
@@ -44,6 +44,8 @@ class RunFigures(TypedDict):
     peak_how: str
     #: ml-goodput-measurement's own figure of a finished run (``field=True``).
     field: NotRequired[str]
+    #: Its time by role, where its loop marked phases (``pw.phase``): role -> figures.
+    roles: dict[str, phases.RoleTime]
 
 
 class Report(TextDisplay):
@@ -100,6 +102,9 @@ class Report(TextDisplay):
                     lines.append(f"    MFU {100 * r['mfu']:.2f}% ({r['peak_how']})")
                 if r.get("field") is not None:
                     lines.append(f"    ml-goodput-measurement: {r['field']}")
+                if r["roles"]:
+                    lines.append(f"    by role (pw.phase), of the run's {r['wall_s']:.1f} s:")
+                    lines.extend(f"      {role.to_text()}" for role in r["roles"].values())
             seconds = self.seconds
             for category in CATEGORIES:
                 if seconds[category] > 0.0005 * wall or category == PRODUCTIVE:
@@ -127,6 +132,7 @@ def _figures(account: Account, with_field: bool) -> RunFigures:
         "summary": account.summary(),
         "mfu": mfu,
         "peak_how": peak_flops_per_chip(account._session)[1] if mfu is not None else "",
+        "roles": _roles(account),
     }
     if with_field and account.ended:
         try:
@@ -135,6 +141,14 @@ def _figures(account: Account, with_field: bool) -> RunFigures:
         except Exception as error:  # the library's own figure is a cross-check, not ours
             figures["field"] = f"no figure ({type(error).__name__}: {error})"
     return figures
+
+
+def _roles(account: Account) -> dict[str, phases.RoleTime]:
+    """The run's time by role, from the phases its loop marked (none: {})."""
+    start = account.started
+    end = start + account.wall_s
+    spans = phases.phase_log(account._session).spans(account.name, start - 1e-3, end + 1e-3)
+    return phases.role_split(spans, start, end) if spans else {}
 
 
 def goodput(run: str | None = None, field: bool = True) -> Report:

@@ -444,6 +444,12 @@ def test_the_schema_holds_the_kernels_types_requests_and_limits():
     assert SCHEMA["requests"]["types"]["subscribe"]["fields"]["rate"]["max"] == p.MAX_RATE_HZ
 
 
+def _span():
+    from pathways_kernel.training.phases import Span
+
+    return Span(1, "grpo", "rollout", "rollout", "slice 1 · TPU v6 lite", (1,), 1.7e9, 1.7e9 + 0.25, 0)
+
+
 def _kernel_messages() -> dict[str, p.Message]:
     """One message of each type, as the kernel's encoders write them."""
     from pathways_kernel.profiling import capture
@@ -465,6 +471,7 @@ def _kernel_messages() -> dict[str, p.Message]:
         "no_backend": p.encode_no_backend("proxy unreachable"),
         "metric_points": p.encode_metric_points([point], replay=True),
         "goodput_intervals": p.encode_goodput_intervals(run, ("productive",), columns, stats),
+        "phases": p.encode_phases([_span()], replay=True),
         "starting": p.encode_starting(
             "starting the local Pathways server", ("process up", "devices"), 1, "starting", None, 2.5
         ),

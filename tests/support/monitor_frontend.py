@@ -359,6 +359,26 @@ def decode_goodput_intervals(data: dict[str, Any], buffers: Sequence[Any]) -> di
     }
 
 
+def decode_phases(data: dict[str, Any], buffers: Sequence[Any]) -> dict[str, Any]:
+    _expect_kernel_envelope(data, "phases")
+    _buffer_count(buffers, 0, "phases")
+    spans = [
+        {
+            "seq": _int(o, "seq", low=1),
+            "run": _str(o, "run"),
+            "phase": _str(o, "phase"),
+            "role": _str(o, "role"),
+            "mesh": _str(o, "mesh"),
+            "slices": _int_items(o, "slices"),
+            "start": _number(o, "start"),
+            "end": _number(o, "end"),
+            "step": None if _nullable(o, "step") is None else _int(o, "step"),
+        }
+        for o in _list_of_dicts(data, "spans")
+    ]
+    return {"replay": _bool(data, "replay"), "spans": spans}
+
+
 #: The decoder of each kernel message type.
 DECODERS: dict[str, Callable[[dict[str, Any], Sequence[Any]], Any]] = {
     "topology": decode_topology,
@@ -369,6 +389,7 @@ DECODERS: dict[str, Callable[[dict[str, Any], Sequence[Any]], Any]] = {
     "no_backend": decode_no_backend,
     "metric_points": decode_metric_points,
     "goodput_intervals": decode_goodput_intervals,
+    "phases": decode_phases,
     "starting": decode_starting,
 }
 

@@ -24,6 +24,7 @@ import { IntervalChart, IntervalData } from './goodputchart';
 import { goodputColumns, stepTimeColumns } from '../model/goodputseries';
 import { Change, MonitorModel } from '../model/monitormodel';
 import { StepChart } from './metricchart';
+import { PhaseLaneChart } from './phaselane';
 import { DEFAULT_SMOOTHING, MetricSeries, StepColumns, XAxis } from '../model/metricseries';
 import { GoodputIntervalsMessage, MAX_CHIP_HISTORY, MonitorEvent } from '../protocol/messages';
 import { KernelView, MonitorSession, SessionState, stateMessage } from '../protocol/session';
@@ -105,6 +106,8 @@ export class PathwaysDashboard extends Widget {
   private _memory: TimeChart;
   private _stepTime: TimeChart;
   private _throughput: TimeChart;
+  /** The phases loops mark (pw.phase), a lane per role on the time axis. */
+  private _phases: PhaseLaneChart;
 
   constructor() {
     super();
@@ -284,9 +287,12 @@ export class PathwaysDashboard extends Widget {
     goodputGrid.append(this._goodput.node, this._intervalStepTime.node);
     this._goodputSection.append(this._goodputTitle, goodputGrid);
 
+    this._phases = new PhaseLaneChart(this._window);
+    this._phases.node.hidden = true;
     this._grid = div('jp-PathwaysDashboard-grid');
     this._grid.append(
       this._utilization.node,
+      this._phases.node,
       this._chips.node,
       this._memory.node,
       this._stepTime.node,
@@ -412,9 +418,13 @@ export class PathwaysDashboard extends Widget {
       case 'points':
         this.metrics.add(this.model.points!);
         break;
+      case 'phases':
+        this._phases.add(this.model.phases!);
+        break;
       case 'reset':
         this.data.reset();
         this.metrics.clear();
+        this._phases.clear();
         this._window.zoomed = null;
         this._renderChrome();
         break;
@@ -482,6 +492,7 @@ export class PathwaysDashboard extends Widget {
     const markers = this.data.markers();
     const size = (chart: { node: HTMLElement }) => this._size(chart.node, width);
     this._utilization.render(this.data.utilization(), markers, range, ...size(this._utilization));
+    this._phases.draw(range, width);
     const chips = this.data.chipSlice !== null;
     this._chips.node.hidden = !chips;
     if (chips) {

@@ -17,6 +17,7 @@ import {
   HistoryMessage,
   KernelMessage,
   MetricPointsMessage,
+  PhasesMessage,
   MetricsMessage,
   MonitorEvent,
   TopologyMessage,
@@ -28,7 +29,8 @@ export const HISTORY_S = 900;
 /** Events kept (newest first). */
 export const MAX_EVENTS = 500;
 
-export type Change = 'topology' | 'history' | 'metrics' | 'events' | 'reset' | 'points' | 'goodput';
+export type Change =
+  'topology' | 'history' | 'metrics' | 'events' | 'reset' | 'points' | 'goodput' | 'phases';
 
 /** A slice's history: parallel arrays, one entry per point. */
 export interface Series {
@@ -74,6 +76,8 @@ export class MonitorModel {
   events: MonitorEvent[] = [];
   /** The newest batch of training metric points (views that chart them take each one on 'points'). */
   points: MetricPointsMessage | null = null;
+  /** The newest batch of phase spans (`pw.phase`; the dashboard's lane takes each one on 'phases'). */
+  phases: PhasesMessage | null = null;
   /** The newest finished run's goodput over time (`goodput_intervals`), once one ended. */
   goodput: GoodputIntervalsMessage | null = null;
   /** Metrics frames dropped because they did not match the topology. */
@@ -102,6 +106,10 @@ export class MonitorModel {
         break;
       case 'event':
         this.addEvents([message.event]);
+        break;
+      case 'phases':
+        this.phases = message;
+        this._emit('phases');
         break;
       case 'metric_points':
         this.points = message;

@@ -22,6 +22,7 @@ export const KERNEL_TYPES = [
   'no_backend',
   'metric_points',
   'goodput_intervals',
+  'phases',
   'starting'
 ] as const;
 /** States of a `starting` message. */
@@ -236,6 +237,31 @@ export interface MetricPointsMessage {
   points: MetricPoint[];
 }
 
+/** One phase a loop marked with `pw.phase` (training/phases.py): a span of one role's time on one mesh. */
+export interface PhaseSpan {
+  seq: number;
+  /** The run it belongs to; "" outside one. */
+  run: string;
+  phase: string;
+  /** Whose time it is: "trainer", "rollout", ... */
+  role: string;
+  /** "slice 1 · TPU v6 lite"; "" when not given. */
+  mesh: string;
+  slices: number[];
+  /** Kernel wall clock (s since the epoch). */
+  start: number;
+  end: number;
+  step: number | null;
+}
+
+/** Phase spans, oldest first; `replay`: the session's so far, replacing what was held. */
+export interface PhasesMessage {
+  v: 1;
+  type: 'phases';
+  replay: boolean;
+  spans: PhaseSpan[];
+}
+
 /** A finished run's goodput over time (`pw.goodput_over_time`): one value per interval in each array. */
 export interface GoodputIntervalsMessage {
   v: 1;
@@ -270,6 +296,7 @@ export interface StepTimeStats {
 
 export type KernelMessage =
   | GoodputIntervalsMessage
+  | PhasesMessage
   | MetricPointsMessage
   | TopologyMessage
   | HistoryMessage
@@ -332,6 +359,9 @@ export function decodeMessage(data: unknown, buffers: readonly Buffer[] = []): K
           };
         })
       };
+    case 'phases':
+      noBuffers('phases', buffers);
+      return decodePhases(msg);
     case 'goodput_intervals':
       noBuffers('goodput_intervals', buffers);
       return decodeGoodputIntervals(msg);
@@ -364,6 +394,31 @@ export function decodeMessage(data: unknown, buffers: readonly Buffer[] = []): K
         `unknown message type ${JSON.stringify(msg.type)}; expected one of ${KERNEL_TYPES.join(', ')}`
       );
   }
+}
+
+function decodePhases(msg: Record<string, unknown>): PhasesMessage {
+  return {
+    v: 1,
+    type: 'phases',
+    replay: boolean(msg.replay, 'phases.replay'),
+    spans: array(msg.spans, 'phases.spans').map((p, i) => {
+      const at = `phases.spans[${i}]`;
+      const o = object(p, at);
+      return {
+        seq: integer(o.seq, `${at}.seq`, 1),
+        run: string(o.run, `${at}.run`),
+        phase: string(o.phase, `${at}.phase`),
+        role: string(o.role, `${at}.role`),
+        mesh: string(o.mesh, `${at}.mesh`),
+        slices: array(o.slices, `${at}.slices`).map((x, k) =>
+          integer(x, `${at}.slices[${k}]`, -Infinity)
+        ),
+        start: number(o.start, `${at}.start`),
+        end: number(o.end, `${at}.end`),
+        step: nullable(o.step, v => integer(v, `${at}.step`, -Infinity))
+      };
+    })
+  };
 }
 
 function decodeGoodputIntervals(msg: Record<string, unknown>): GoodputIntervalsMessage {
