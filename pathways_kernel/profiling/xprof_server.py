@@ -19,9 +19,38 @@ import argparse
 import os
 import stat
 import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from pathways_kernel.profiling.capture import profile_root
+
+#: The page the lab's XProf tab opens (``/xprof/pathways-xprof?run=R&tag=T``): it frames
+#: XProf's UI, so the address XProf rewrites is its own, not the lab's (xprof_host.html).
+HOST_PATH = "/pathways-xprof"
+_HOST_PAGE = Path(__file__).with_name("xprof_host.html")
+
+Wsgi = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+def with_host_page(app: Wsgi) -> Wsgi:
+    """``app`` (XProf's WSGI app), also answering ``HOST_PATH`` with the page that frames it."""
+    page = _HOST_PAGE.read_bytes()
+
+    def application(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") != HOST_PATH:
+            return app(environ, start_response)
+        start_response(
+            "200 OK",
+            [
+                ("Content-Type", "text/html; charset=utf-8"),
+                ("Content-Length", str(len(page))),
+                ("Cache-Control", "no-cache"),
+            ],
+        )
+        return [page]
+
+    return application
 
 
 def serve(logdir: str, address: str | tuple[str, int]) -> None:
@@ -37,7 +66,7 @@ def serve(logdir: str, address: str | tuple[str, int]) -> None:
     context.src_prefix = None
     plugin = server.ProfilePluginLoader().load(context)
     # xprof's run_server, on an address of ours: cheroot takes a path for a Unix socket.
-    listener = wsgi.Server(address, server.make_wsgi_app(plugin))
+    listener = wsgi.Server(address, with_host_page(server.make_wsgi_app(plugin)))
     try:
         listener.start()
     except KeyboardInterrupt:

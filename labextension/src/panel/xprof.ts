@@ -4,40 +4,135 @@
  * jupyter-server-proxy serves XProf at `/xprof/` under the Jupyter server's
  * base URL and auth, starting it on the first request (on a Unix socket in a
  * 0700 directory, so only the Jupyter server reaches it; the kernel opens no
- * port). A capture's inline summary carries its run in
- * `data-pathways-xprof-run`; a click on it opens the run here instead of
- * following the link to a new browser tab. Without a run, the command asks
- * the followed kernel for its newest capture (`latest_profile`) and, when it
- * has none, says so and opens nothing: never another notebook's capture.
+ * port). The tab frames XProf's host page (`xprof/pathways-xprof`, from
+ * pathways_kernel/profiling/xprof_host.html), which frames XProf's UI: XProf
+ * reads and rewrites its parent's address, and that parent is the host page,
+ * never the lab. Until the host page says the run's trace is on screen, the
+ * tab shows what it waits for and for how long.
+ *
+ * A capture's inline summary carries its run in `data-pathways-xprof-run`; a
+ * click on it opens the run here instead of following the link to a new
+ * browser tab. Without a run, the command asks the followed kernel for its
+ * newest capture (`latest_profile`) and, when it has none, says so and opens
+ * nothing: never another notebook's capture.
  */
-import { JupyterFrontEnd } from '@jupyterlab/application';
-import {
-  ICommandPalette,
-  IFrame,
-  MainAreaWidget,
-  Notification,
-  showErrorMessage
-} from '@jupyterlab/apputils';
+import { JupyterFrontEnd, LabShell } from '@jupyterlab/application';
+import { ICommandPalette, MainAreaWidget, Notification } from '@jupyterlab/apputils';
 import { ServerConnection } from '@jupyterlab/services';
+import { Widget } from '@lumino/widgets';
 
 import { LatestProfile } from '../protocol/messages';
 
 export const XPROF_COMMAND = 'pathways:open-xprof';
 
-/** XProf's page; it computes its own base URL from the "/data/plugin/profile" in its path. */
+/** XProf's own pages; it computes its base URL from the "/data/plugin/profile" in their path. */
 const XPROF_PAGE = 'xprof/data/plugin/profile/';
+/** The page that frames XProf for the tab (xprof_server.HOST_PATH). */
+const XPROF_HOST = 'xprof/pathways-xprof';
 const RUN_ATTRIBUTE = 'data-pathways-xprof-run';
 const INSTALL =
   "pip install 'pathways-kernel[profile]' (xprof and jupyter-server-proxy), then restart JupyterLab";
+/** How long the tab waits for the trace before it says so (XProf took ~40 s on a loaded 2-core machine). */
+export const XPROF_BOUND_S = 120;
+/** Below this main-area width the trace viewer's tracks are cut: the file browser is folded away. */
+const TRACE_WIDTH_PX = 1000;
 
-/** The XProf page for `run` (its trace viewer), or XProf's start page. */
+/** The tab's page for `run` (its trace viewer), or XProf's start page. */
 export function xprofUrl(baseUrl: string, run: string | null): string {
   const query = run ? `?${new URLSearchParams({ run, tag: 'trace_viewer' }).toString()}` : '';
-  return `${baseUrl}${XPROF_PAGE}${query}`;
+  return `${baseUrl}${XPROF_HOST}${query}`;
+}
+
+/** The tab's content: XProf's frame, under a status line until XProf has drawn the run. */
+export class XprofView extends Widget {
+  constructor() {
+    super();
+    this.addClass('jp-PathwaysXprof');
+    this._status.className = 'jp-PathwaysXprof-status';
+    this._status.setAttribute('role', 'status');
+    this._frame.className = 'jp-PathwaysXprof-frame';
+    this._frame.title = 'XProf';
+    // Scripts and same-origin: XProf calls its data API under the Jupyter server's auth.
+    this._frame.setAttribute(
+      'sandbox',
+      'allow-scripts allow-same-origin allow-popups allow-downloads allow-forms'
+    );
+    this.node.append(this._status, this._frame);
+    window.addEventListener('message', this._onMessage);
+  }
+
+  /** Say what the tab waits for, counting seconds until `show`, `fail` or the bound. */
+  wait(run: string, what: string): void {
+    this._run = run;
+    this._started = Date.now();
+    this._what = what;
+    this.node.dataset.state = 'loading';
+    this._tick();
+    window.clearInterval(this._timer);
+    this._timer = window.setInterval(() => this._tick(), 1000);
+  }
+
+  /** Load `url` into the frame; its host page reports when XProf has drawn. */
+  load(url: string): void {
+    this._what = 'Loading XProf';
+    this._tick();
+    this._frame.src = url;
+  }
+
+  /** Replace the progress by a one-line message. */
+  fail(message: string): void {
+    window.clearInterval(this._timer);
+    this.node.dataset.state = 'failed';
+    this._status.textContent = message;
+  }
+
+  dispose(): void {
+    window.clearInterval(this._timer);
+    window.removeEventListener('message', this._onMessage);
+    super.dispose();
+  }
+
+  private _tick(): void {
+    const seconds = Math.round((Date.now() - this._started) / 1000);
+    if (seconds > XPROF_BOUND_S) {
+      this.fail(
+        `${this._what} took over ${XPROF_BOUND_S} s for run ${this._run}: close this tab and open it again, or see the Jupyter server's log.`
+      );
+      return;
+    }
+    this._status.textContent = `${this._what} (run ${this._run})… ${seconds} s`;
+  }
+
+  private _onMessage = (event: MessageEvent): void => {
+    const data: unknown = event.data;
+    if (
+      event.source !== this._frame.contentWindow ||
+      typeof data !== 'object' ||
+      data === null ||
+      !('pathwaysXprof' in data)
+    ) {
+      return;
+    }
+    const { pathwaysXprof: state, message } = data as { pathwaysXprof: string; message?: string };
+    if (state === 'shown') {
+      window.clearInterval(this._timer);
+      this.node.dataset.state = 'shown';
+      this._status.textContent = '';
+    } else if (state === 'failed') {
+      this.fail(`XProf could not show run ${this._run}: ${message ?? 'no reason given'}`);
+    }
+  };
+
+  private _status = document.createElement('div');
+  private _frame = document.createElement('iframe');
+  private _run = '';
+  private _what = '';
+  private _started = 0;
+  private _timer = 0;
 }
 
 class XprofOpener {
-  private _tab: MainAreaWidget<IFrame> | null = null;
+  private _tab: MainAreaWidget<XprofView> | null = null;
 
   constructor(
     private _app: JupyterFrontEnd,
@@ -46,6 +141,8 @@ class XprofOpener {
 
   async open(run: string): Promise<void> {
     const settings = ServerConnection.makeSettings();
+    const view = this._show(run);
+    view.wait(run, 'Starting XProf');
     // Also what starts XProf: the proxy launches it on the first request.
     try {
       const response = await ServerConnection.makeRequest(
@@ -62,33 +159,49 @@ class XprofOpener {
         );
       }
     } catch (reason) {
-      await showErrorMessage(
-        'Open in XProf',
-        reason instanceof Error ? reason.message : String(reason)
-      );
+      view.fail(reason instanceof Error ? reason.message : String(reason));
       return;
     }
+    if (!view.isDisposed) {
+      view.load(xprofUrl(settings.baseUrl, run));
+    }
+  }
+
+  /** The XProf tab, opened as a document opens (a tab beside the notebook) and activated. */
+  private _show(run: string): XprofView {
+    const ref = this._beside();
+    this._makeRoom(ref);
     if (this._tab === null || this._tab.isDisposed) {
-      const frame = new IFrame({
-        sandbox: [
-          'allow-scripts',
-          'allow-same-origin',
-          'allow-popups',
-          'allow-downloads',
-          'allow-forms'
-        ]
-      });
-      this._tab = new MainAreaWidget({ content: frame });
+      this._tab = new MainAreaWidget({ content: new XprofView() });
       this._tab.id = 'pathways-xprof';
       this._tab.title.label = 'XProf';
       this._tab.title.closable = true;
-      // Split right of the notebook, so it gets half the main area rather than the narrowest slot (beside a docked dashboard).
-      const ref = this._beside();
-      this._app.shell.add(this._tab, 'main', ref ? { mode: 'split-right', ref } : {});
+      this._app.shell.add(this._tab, 'main', ref ? { mode: 'tab-after', ref } : {});
     }
-    this._tab.content.url = xprofUrl(settings.baseUrl, run);
     this._tab.title.caption = `XProf: ${run}`;
     this._app.shell.activateById(this._tab.id);
+    return this._tab.content;
+  }
+
+  /**
+   * Fold the sidebars away (left first) while the tab's area is narrower than the trace's
+   * tracks need; each reopens from its icon. The area is the notebook's, which the tab joins.
+   */
+  private _makeRoom(ref: string | null): void {
+    const shell = this._app.shell;
+    if (!(shell instanceof LabShell)) {
+      return;
+    }
+    const area =
+      (ref ? document.getElementById(ref) : null) ?? document.getElementById('jp-main-dock-panel');
+    let width = area?.getBoundingClientRect().width ?? TRACE_WIDTH_PX;
+    if (width < TRACE_WIDTH_PX && !shell.leftCollapsed) {
+      width += document.getElementById('jp-left-stack')?.getBoundingClientRect().width ?? 0;
+      shell.collapseLeft();
+    }
+    if (width < TRACE_WIDTH_PX && !shell.rightCollapsed) {
+      shell.collapseRight();
+    }
   }
 }
 
@@ -113,7 +226,6 @@ async function openLatest(
   }
   await opener.open(latest.run);
 }
-
 /** Register the command, its palette entry, the panel's button and the inline buttons' clicks. */
 export function activateXprof(
   app: JupyterFrontEnd,
