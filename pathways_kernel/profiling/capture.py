@@ -185,11 +185,30 @@ def _release() -> None:
         _running = None
 
 
-def _this_session_dir() -> str:
+def _this_session_dir(root: str) -> str:
+    """This kernel's directory under the profile root ``root``, named by when it first profiled
+    (``YYYYmmdd-HHMMSS``; ``-2``, ``-3``... when another kernel took that second: made here,
+    exclusively, so two kernels never share one). Runs are named ``<this>/<their own time>-<name>``,
+    which notebooks save in their XProf links: nothing of the machine (it was ``-p<pid>``)."""
     global _session_dir
     with _lock:
         if _session_dir is None:
-            _session_dir = time.strftime("%Y%m%d-%H%M%S") + f"-p{os.getpid()}"
+            _make_dir(root)
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            for n in range(1, 100):
+                name = stamp if n == 1 else f"{stamp}-{n}"
+                try:
+                    os.mkdir(os.path.join(root, name), 0o700)
+                except FileExistsError:
+                    continue
+                except OSError as exc:
+                    raise ProfileError(
+                        f"cannot write profiles there: cannot create {root}/{name}: {exc.strerror or exc}"
+                    ) from None
+                _session_dir = name
+                break
+            else:
+                raise ProfileError(f"cannot write profiles there: {root}/{stamp} and 98 more names are taken")
         return _session_dir
 
 
@@ -360,7 +379,7 @@ def tracer_for(backend: Backend, logdir: str | None) -> tuple[Tracer, str, str]:
     tracer = _LocalServerTracer() if served else _JaxTracer()
     if logdir is not None:
         return tracer, location.url, ""
-    return tracer, location.url, _this_session_dir()
+    return tracer, location.url, _this_session_dir(location.url)
 
 
 def _make_dir(path: str) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import types
 
 import pytest
 from kernels import Kernel
@@ -83,6 +84,8 @@ def test_profiled_loop_summary_names_its_ops_and_both_slices(profiled, loop_repl
     assert run.endswith("-loop") and "Open in XProf" in html
     # The run is where XProf looks: <root>/<run session>/plugins/profile/<run>.
     session_dir, run_name = run.split("/")
+    # Named by time only: notebooks save the run in their links (it carried the kernel's pid).
+    assert re.fullmatch(r"\d{8}-\d{6}(-\d+)?", session_dir), run
     assert glob.glob(str(root / session_dir / "plugins" / "profile" / run_name / "*.xplane.pb"))
 
 
@@ -454,3 +457,16 @@ def test_jax_profiler_trace_into_a_local_dir_on_the_local_server_traces_both_pro
         assert not wrong and all(p.stat().st_mode & 0o777 == 0o700 for p in made if p.is_dir()), wrong
     finally:
         k.shutdown()
+
+
+def test_kernels_profiling_in_the_same_second_get_their_own_session_dirs(tmp_path, monkeypatch):
+    """Session dirs are named by time, not pid: the second kernel of a second takes -2 (made exclusively)."""
+    from pathways_kernel.profiling import capture
+
+    monkeypatch.setattr(capture, "time", types.SimpleNamespace(strftime=lambda fmt: "20261205-010203"))
+    names = []
+    for _ in range(3):
+        monkeypatch.setattr(capture, "_session_dir", None)  # another kernel process
+        names.append(capture._this_session_dir(str(tmp_path)))
+    assert names == ["20261205-010203", "20261205-010203-2", "20261205-010203-3"]
+    assert all((tmp_path / name).is_dir() and (tmp_path / name).stat().st_mode & 0o777 == 0o700 for name in names)
