@@ -329,8 +329,9 @@ def elastic_map(
     def on_event(event: Event) -> None:
         if event.kind == "slice_down":
             for i in set(event.slices_before or ()) - set(event.slices_after or ()):
-                if i in workers:
-                    workers[i].lost.set()
+                worker = workers.get(i)  # this thread only reads; the job's thread adds and removes
+                if worker is not None:
+                    worker.lost.set()
             job.wake()
             woken.set()
         elif event.kind == "slice_up":
@@ -401,18 +402,18 @@ def elastic_map(
                 report.redone.append(batch)
             rows = job.batch(batch) if batch is not None else ()
             left = sorted(i for i in workers if not workers[i].lost.is_set())
-            what = (
-                f"batch {batch} (requests {batch * job.batch_size}-{batch * job.batch_size + len(rows) - 1}) "
-                f"redone on {'slices ' + str(left) if left else 'the next slice up'}"
-                if batch is not None
-                else "no batch in flight"
-            )
+            if batch is not None:
+                last = batch * job.batch_size + len(rows) - 1
+                where = f"slices {left}" if left else "the next slice up"
+                what = f"lost mid-batch, batch {batch} (requests {batch * job.batch_size}-{last}) redone on {where}"
+            else:
+                what = "lost with no batch of it in flight, nothing redone"
             reason = one_line(error) if error is not None else f"slice {index} went down"
             s.events.emit(
                 "retry",
                 slices_before=tuple(sorted([*left, index])),
                 slices_after=tuple(left),
-                detail=f"'{name}': slice {index} lost mid-batch, {what}; outputs done kept ({_short(reason)})",
+                detail=f"'{name}': slice {index} {what}; outputs done kept ({_short(reason)})",
             )
             if account is not outer:
                 account.recovery_begin()
