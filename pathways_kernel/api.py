@@ -77,7 +77,8 @@ def events(last: int | None = None, kind: str | None = None) -> list[Event]:
 
 def events_table(last: int | None = None, kind: str | None = None) -> EventTable:
     """The newest ``last`` rows of the event log (all: None), routine runs folded unless ``kind`` is given."""
-    return EventTable(events(None, kind), kind, last)
+    earlier = [e for e in session().events.earlier if kind is None or e.kind == kind]
+    return EventTable(events(None, kind), kind, last, earlier)
 
 
 __all__ = [

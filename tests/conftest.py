@@ -1,4 +1,5 @@
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -8,6 +9,9 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # This process's JAX runs on cpu: its own session can only be the embedded backend
 # (test kernels choose theirs explicitly, kernels.Kernel).
 os.environ.setdefault("PATHWAYS_BACKEND", "embedded:2x4")
+# Kernels keep their session's metrics and events under the session log dir: one of the
+# run's own, not the user's ~/.cache (core/sessionlog.py).
+os.environ.setdefault("PATHWAYS_LOG_DIR", tempfile.mkdtemp(prefix="pathways-test-logs-"))
 # Test modules run as scripts in processes of their own (JAX proxy clients, crash probes)
 # import the helpers of tests/support as pytest's `pythonpath` lets the tests do.
 SUPPORT = str(Path(__file__).resolve().parent / "support")

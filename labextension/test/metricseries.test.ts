@@ -10,10 +10,11 @@ function point(
   step: number,
   value: number | null,
   name = 'loss',
-  cell: number | null = null
+  cell: number | null = null,
+  earlier = false
 ): MetricPoint {
   seq++;
-  return { seq, run, step, time: 1000 + step, elapsed_s: step, name, value, cell };
+  return { seq, run, step, time: 1000 + step, elapsed_s: step, name, value, cell, earlier };
 }
 function message(points: MetricPoint[], replay = false): MetricPointsMessage {
   return { v: 1, type: 'metric_points', replay, points };
@@ -45,7 +46,8 @@ test('runs overlay on the union of their steps, one column each', () => {
       [0, 1, 2],
       [4, 2, null],
       [null, 8, 6]
-    ]
+    ],
+    colors: [0, 1]
   });
 });
 
@@ -120,4 +122,34 @@ test('against wall time, runs overlay from their own starts', () => {
   assert.equal(m.wallOf('loss', event(1501.5, null)), 1.5);
   assert.equal(m.stepOf('loss', event(1501.5, null)), 0);
   assert.equal(m.wallOf('loss', event(900, null)), null);
+});
+
+test('runs read back from an earlier kernel are listed and labelled as such; only the runs shown are drawn', () => {
+  const m = new MetricSeries();
+  m.add(
+    message(
+      [
+        point('train #1', 0, 3, 'loss', 4, true),
+        point('train #2', 0, 2, 'loss', 4),
+        point('eval #1', 0, 1, 'acc', 5)
+      ],
+      true
+    )
+  );
+  assert.deepEqual(
+    m.allRuns().map(r => [r.run, r.title, r.earlier]),
+    [
+      ['train #1', "run 'train' (cell 4) #1", true],
+      ['train #2', "run 'train' (cell 4) #2", false],
+      ['eval #1', "run 'eval' (cell 5)", false]
+    ]
+  );
+  assert.deepEqual(m.columns('loss', 0).labels, [
+    "run 'train' (cell 4) #1 · earlier kernel · loss",
+    "run 'train' (cell 4) #2 · loss"
+  ]);
+  const only = m.columns('loss', 0, 'step', run => run === 'train #2');
+  assert.deepEqual(only.labels, ["run 'train' (cell 4) #2 · loss"]);
+  assert.deepEqual(only.data, [[0], [2]]);
+  assert.deepEqual(only.colors, [0]);
 });

@@ -73,8 +73,11 @@ class Event:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def to_text(self) -> str:
+    def to_text(self, mark: str = "") -> str:
+        """One line: time, kind, ``mark`` if given ("earlier kernel · "), then what else the event holds."""
         parts = [clock(self.time), f"{self.kind:<12}"]
+        if mark:
+            parts.append(mark.rstrip(" ·"))
         if self.slices_before is not None or self.slices_after is not None:
             parts.append(f"slices {_slices(self.slices_before)} -> {_slices(self.slices_after)}")
         if self.step is not None:
@@ -108,6 +111,11 @@ class EventLog:
         self._lock = threading.Lock()
         self._seq = 0
         self._subscribers: Subscribers[Event] = Subscribers()
+        self._kept: Subscribers[Event] = Subscribers()
+        #: Events of earlier kernels of this notebook session, read back after a restart
+        #: (``keep_events``): shown in event tables, apart from this log's own, which
+        #: ``last`` and ``since`` return (a view acting on events never sees them).
+        self.earlier: list[Event] = []
 
     def emit(self, kind: str, **fields: Any) -> Event:
         """Record an event now and notify listeners; returns it."""
@@ -129,11 +137,17 @@ class EventLog:
             if keep:
                 self._events.append(event)
         self._subscribers.notify(event)
+        if keep:
+            self._kept.notify(event)
         return event
 
     def subscribe(self, listener: Callable[[Event], None]) -> Callable[[], None]:
         """Call ``listener`` for each new event; returns an unsubscribe function."""
         return self._subscribers.subscribe(listener)
+
+    def subscribe_kept(self, listener: Callable[[Event], None]) -> Callable[[], None]:
+        """Call ``listener`` for each new event the log keeps (not those only published)."""
+        return self._kept.subscribe(listener)
 
     def last(self, n: int | None = None, kind: str | None = None) -> list[Event]:
         """The last ``n`` events (all: None), of ``kind`` only if given, oldest first.
@@ -196,15 +210,32 @@ class EventTable:
     ``kind`` given: every event of that kind on its own row. ``last``: the newest rows shown.
     """
 
-    def __init__(self, events: list[Event], kind: str | None = None, last: int | None = None):
+    def __init__(
+        self,
+        events: list[Event],
+        kind: str | None = None,
+        last: int | None = None,
+        earlier: list[Event] | None = None,
+    ):
         self.events = events
-        self.rows = [[e] for e in events] if kind else fold(events)
+        before = earlier or []
+        split = (lambda es: [[e] for e in es]) if kind else fold
+        self.rows = split(before) + split(events)
+        self._earlier_rows = len(self.rows) - len(split(events))
         if last is not None:
-            self.rows = self.rows[-last:] if last > 0 else []
+            shown = min(max(last, 0), len(self.rows))
+            self._earlier_rows = max(0, self._earlier_rows - (len(self.rows) - shown))
+            self.rows = self.rows[len(self.rows) - shown :]
         self._empty = f"no {kind} events yet" if kind else "no events yet"
 
+    def _marks(self) -> list[str]:
+        """Each row's mark: "earlier kernel · " on the rows an earlier kernel of the session logged."""
+        return [EARLIER if i < self._earlier_rows else "" for i in range(len(self.rows))]
+
     def __repr__(self) -> str:
-        return "\n".join(row_text(r) for r in self.rows) if self.rows else self._empty
+        if not self.rows:
+            return self._empty
+        return "\n".join(row_text(r, mark) for r, mark in zip(self.rows, self._marks(), strict=True))
 
     def _repr_html_(self) -> str:
         if not self.rows:
@@ -216,8 +247,8 @@ class EventTable:
         # column each for slices, step, bytes and duration left the detail ~130 px.
         body = "".join(
             f'<tr><td style="{short}">{html.escape(c[0])}</td><td style="{short}">{html.escape(c[1])}</td>'
-            f'<td style="{left}">{html.escape(_details(c))}</td></tr>'
-            for c in (_row(r) for r in self.rows)
+            f'<td style="{left}">{html.escape(mark + _details(c))}</td></tr>'
+            for c, mark in zip((_row(r) for r in self.rows), self._marks(), strict=True)
         )
         head = "".join(f'<th style="{left}">{h}</th>' for h in ("time", "kind", "details"))
         # JupyterLab lays tables out fixed and right-aligned, which cut the detail column off.
@@ -254,12 +285,16 @@ def _span(values: list[str]) -> str:
     return shown[0] if len(set(shown)) == 1 else f"{shown[0]}–{shown[-1]}"
 
 
-def row_text(row: list[Event]) -> str:
-    """One row (an event, or a folded run of them) as a line of text."""
+#: How an event table marks a row an earlier kernel of the session logged (read back after a restart).
+EARLIER = "earlier kernel · "
+
+
+def row_text(row: list[Event], mark: str = "") -> str:
+    """One row (an event, or a folded run of them) as a line of text, ``mark`` before its details."""
     if len(row) == 1:
-        return row[0].to_text()
+        return row[0].to_text(mark)
     c = _row(row)
-    parts = [c[0], f"{c[1]:<12}"]
+    parts = [c[0], f"{c[1]:<12}", mark.rstrip(" ·")] if mark else [c[0], f"{c[1]:<12}"]
     if c[2]:
         parts.append(f"slices {c[2]}")
     if c[3]:

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar, cast, runtime_checkable
 
-from pathways_kernel.core import lost_clients, meshes, text
+from pathways_kernel.core import lost_clients, meshes, sessionlog, text
 from pathways_kernel.core.backend import Backend, reads_data_loss
 from pathways_kernel.core.display import TextDisplay
 from pathways_kernel.core.errors import BackendError, NotSupportedError, PathwaysError
@@ -333,6 +333,7 @@ def _start(backend: Backend) -> Session:
     backend.events = events
     backend.activate()
     s = Session(backend, events)
+    sessionlog.keep_events(events)  # kept across a kernel restart; the earlier kernels' read back
     with _current_lock:
         carried = list(_host_state)
         _host_state.clear()

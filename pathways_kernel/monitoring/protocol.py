@@ -73,7 +73,7 @@ CLOSE_REASONS = ("stale", "evicted", "shutdown")
 PING_INTERVAL_S = 15
 STALE_AFTER_S = 60
 #: Fields of one training metric point (``metric_points``), as ``metric_log.Point`` names them.
-METRIC_POINT_FIELDS = ("seq", "run", "step", "time", "elapsed_s", "name", "value", "cell")
+METRIC_POINT_FIELDS = ("seq", "run", "step", "time", "elapsed_s", "name", "value", "cell", "earlier")
 #: Newest metric points a new subscription catches up with (the rest are in ``pw.metrics()``).
 MAX_REPLAY_POINTS = 20_000
 #: Newest phase spans (``pw.phase``) a new subscription catches up with (``training/phases.py`` keeps as many).
@@ -386,6 +386,8 @@ def encode_metric_points(points: Sequence[Any], replay: bool) -> Message:
                 "value": value if math.isfinite(value) else None,
                 # The cell the run started in, so views name it "run 'train' (cell 4)".
                 "cell": int(cell) if cell is not None else None,
+                # Logged by an earlier kernel of this session (read back after a restart).
+                "earlier": bool(f.get("earlier", False)),
             }
         )
     return {"v": VERSION, "type": "metric_points", "replay": bool(replay), "points": rows}, []

@@ -14,8 +14,11 @@ newest one that is (``latest``). ``flush()`` (``pw.metrics()``, a run's
 summary) waits for the rest.
 
 Points go to the session's ``MetricLog`` (the newest ``MAX_POINTS``) and, as
-batches, to its listeners: the TensorBoard writer, and the monitor (each
-point's ``to_dict()``: run, step, time, elapsed_s, name, value, cell).
+batches, to its listeners: the session log's ``metrics.jsonl`` (``core/sessionlog.py``),
+the TensorBoard writer, and the monitor (each point's ``to_dict()``: run, step,
+time, elapsed_s, name, value, cell, earlier). A restarted kernel reads the
+earlier kernels' points back from that file (``earlier``: True) before any of
+its own, and numbers its runs after theirs.
 """
 
 from __future__ import annotations
@@ -23,12 +26,14 @@ from __future__ import annotations
 import collections
 import dataclasses
 import numbers
+import sys
 import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from pathways_kernel.core import sessionlog
 from pathways_kernel.core.sessions import session as current_session
 from pathways_kernel.core.subscribers import Subscribers
 from pathways_kernel.core.threads import ExitStop
@@ -39,6 +44,8 @@ if TYPE_CHECKING:
 
 #: Points one session keeps (the oldest drop off).
 MAX_POINTS = 200_000
+#: The session log's file of points (``core/sessionlog.py``), read back after a kernel restart.
+FILE = "metrics.jsonl"
 #: Seconds between the reader's looks at values still being computed.
 POLL_S = 0.1
 #: The reader thread ends after this long with nothing to read (the next value starts it again).
@@ -59,6 +66,7 @@ class Point:
     name: str
     value: float
     cell: int | None = None  # the notebook cell (``In [n]``) the run started in, if any
+    earlier: bool = False  # logged by an earlier kernel of this session (read back after a restart)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -94,6 +102,41 @@ class MetricLog:
         self._latest: weakref.WeakKeyDictionary[Any, dict[str, float]] = weakref.WeakKeyDictionary()
         self._subscribers: Subscribers[list[Point]] = Subscribers()
         self._closed = False
+        #: Why some of the earlier kernels' points could not be read back, in one line ("" if none).
+        self.reload_note = ""
+        self._file = sessionlog.session_file(FILE) if session is not None else None
+        if self._file is not None:
+            self._reload(self._file)
+            self._subscribers.subscribe(self._keep)
+
+    # -- the session's file (kept across a kernel restart) --------------------
+    def _reload(self, file: sessionlog.JsonLines) -> None:
+        """The points earlier kernels of this session logged, before any of this one's;
+        this kernel's runs are numbered after theirs ("train #3" after their "train #2")."""
+        records, self.reload_note = file.read()
+        points = []
+        for r in records[-MAX_POINTS:]:
+            name, _, number = str(r.get("run")).rpartition(" #")
+            if number.isdigit():  # this kernel's earlier sessions (a reconnect) number runs too
+                self._runs_named[name] = max(self._runs_named[name], int(number))
+            if not sessionlog.earlier(r):
+                continue
+            try:
+                cell = r.get("cell")
+                fields = (str(r["run"]), int(r["step"]), float(r["time"]), float(r["elapsed_s"]), str(r["name"]))
+                value, cell = float(r["value"]), int(cell) if cell is not None else None
+            except (KeyError, TypeError, ValueError):
+                continue
+            self._seq += 1
+            points.append(Point(self._seq, *fields, value, cell, earlier=True))
+        self._points.extend(points)
+        if self.reload_note:
+            print(self.reload_note, file=sys.stderr)
+
+    def _keep(self, points: list[Point]) -> None:
+        file = self._file
+        if file is not None:
+            file.append({k: v for k, v in p.__dict__.items() if k not in ("seq", "earlier")} for p in points)
 
     # -- recording (on the run's thread: queue and return) --------------------
     def log(self, account: Any, metrics: Mapping[str, Any]) -> None:
@@ -158,6 +201,8 @@ class MetricLog:
         """Stop the reader thread (values still queued stay unread)."""
         self._closed = True
         self._work.set()
+        if self._file is not None:
+            self._file.close()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5)

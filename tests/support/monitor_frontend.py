@@ -315,6 +315,7 @@ def decode_metric_points(data: dict[str, Any], buffers: Sequence[Any]) -> dict[s
             "name": _str(o, "name"),
             "value": None if _nullable(o, "value") is None else _number(o, "value"),
             "cell": None if _nullable(o, "cell") is None else _int(o, "cell"),
+            "earlier": _bool(o, "earlier"),
         }
         for o in _list_of_dicts(data, "points")
     ]

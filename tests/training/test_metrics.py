@@ -95,7 +95,7 @@ def test_new_points_reach_the_logs_listeners_as_they_are_read(session):
         unsubscribe()
     mine = [p.to_dict() for p in got if p.run.startswith("listened #")]
     assert [(p["step"], p["name"]) for p in mine] == [(0, "loss"), (0, "acc"), (1, "loss"), (1, "acc")]
-    assert set(mine[0]) == {"seq", "run", "step", "time", "elapsed_s", "name", "value", "cell"}
+    assert set(mine[0]) == {"seq", "run", "step", "time", "elapsed_s", "name", "value", "cell", "earlier"}
 
 
 def read_events(path: Path) -> list:

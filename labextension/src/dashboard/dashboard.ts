@@ -25,6 +25,8 @@ import { goodputColumns, stepTimeColumns } from '../model/goodputseries';
 import { Change, MonitorModel } from '../model/monitormodel';
 import { StepChart } from './metricchart';
 import { PhaseLaneChart } from './phaselane';
+import { RunPicker } from './runpicker';
+import { RunSelection } from '../model/runselection';
 import { DEFAULT_SMOOTHING, MetricSeries, StepColumns, XAxis } from '../model/metricseries';
 import { GoodputIntervalsMessage, MAX_CHIP_HISTORY, MonitorEvent } from '../protocol/messages';
 import { KernelView, MonitorSession, SessionState, stateMessage } from '../protocol/session';
@@ -61,6 +63,9 @@ export class PathwaysDashboard extends Widget {
   readonly data = new DashboardModel();
   /** Training metrics (pw.log, an elastic run's loss) per name and run, against step. */
   readonly metrics = new MetricSeries();
+  /** The runs the metric charts overlay (the user's picks, else the newest). */
+  readonly runs = new RunSelection();
+  private _runPicker: RunPicker;
   private _smoothing = DEFAULT_SMOOTHING;
   private _xAxis: XAxis = 'step';
   private _metricCharts = new Map<string, StepChart>();
@@ -236,7 +241,7 @@ export class PathwaysDashboard extends Widget {
     this._metricSection.hidden = true;
     const metricBar = div('jp-PathwaysDashboard-metricBar');
     const metricTitle = document.createElement('h3');
-    metricTitle.textContent = 'Training metrics (per step, each run a line)';
+    metricTitle.textContent = 'Training metrics (per step, a line per run picked)';
     const smoothing = document.createElement('label');
     smoothing.className = 'jp-PathwaysDashboard-smoothing';
     smoothing.textContent = 'Smoothing ';
@@ -268,7 +273,8 @@ export class PathwaysDashboard extends Widget {
     xLabel.append(xSelect);
     metricBar.append(metricTitle, smoothing, xLabel);
     this._metricGrid = div('jp-PathwaysDashboard-grid');
-    this._metricSection.append(metricBar, this._metricGrid);
+    this._runPicker = new RunPicker(this.runs, () => this._schedule());
+    this._metricSection.append(metricBar, this._runPicker.node, this._metricGrid);
 
     this._goodputSection = document.createElement('section');
     this._goodputSection.className = 'jp-PathwaysDashboard-goodput';
@@ -561,6 +567,9 @@ export class PathwaysDashboard extends Widget {
     const names = this.metrics.names();
     this._metricSection.hidden = names.length === 0;
     const axis = this._xAxis;
+    const runs = this.metrics.allRuns();
+    const shown = this.runs.shown(runs);
+    this._runPicker.render(runs, shown);
     for (const name of names) {
       let chart = this._metricCharts.get(name);
       if (!chart) {
@@ -574,10 +583,13 @@ export class PathwaysDashboard extends Widget {
           axis === 'step' ? this.metrics.stepOf(name, event) : this.metrics.wallOf(name, event);
         return step === null ? [] : [{ step, event }];
       });
-      const key = `${this.metrics.version}|${this._smoothing}|${axis}`;
+      const key = `${this.metrics.version}|${this.runs.version}|${this._smoothing}|${axis}`;
       let cached = this._metricColumns.get(name);
       if (cached?.key !== key) {
-        cached = { key, columns: this.metrics.columns(name, this._smoothing, axis) };
+        cached = {
+          key,
+          columns: this.metrics.columns(name, this._smoothing, axis, run => shown.has(run))
+        };
         this._metricColumns.set(name, cached);
       }
       const [w, h] = this._size(chart.node, width);

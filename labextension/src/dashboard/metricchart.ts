@@ -1,6 +1,6 @@
 /**
  * One training metric against step or wall time since the run started
- * (uPlot): each run a line (the session's runs overlaid), the events of the
+ * (uPlot): each run picked a line (the session's runs overlaid), the events of the
  * time they ran (slice loss, reshard, restore) as markers on the same axis,
  * a live legend as the readout. Focusable: the arrow keys move the readout
  * from point to point (Home/End: first/last), as the panel's chip grid does.
@@ -62,7 +62,7 @@ export class StepChart extends PlotChart {
     axis: XAxis = 'step',
     height = CHART_HEIGHT
   ): void {
-    const key = `${columns.labels.join('\u0000')}|${axis}|${themeKey()}`;
+    const key = `${columns.labels.join('\u0000')}|${columns.colors?.join(',')}|${axis}|${themeKey()}`;
     const build = () => {
       this._axis = axis;
       return this._build(columns, width);
@@ -93,7 +93,8 @@ export class StepChart extends PlotChart {
           },
           ...columns.labels.map((label, i): uPlot.Series => ({
             label,
-            stroke: color(SERIES_VARS[i % SERIES_VARS.length], text),
+            // The run's colour by its place among the runs shown, as its swatch in the run picker.
+            stroke: color(SERIES_VARS[(columns.colors?.[i] ?? i) % SERIES_VARS.length], text),
             width: 1.5,
             spanGaps: true,
             points: { show: false },

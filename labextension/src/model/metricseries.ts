@@ -14,6 +14,8 @@ export const DEFAULT_SMOOTHING = 0.6;
 interface RunSeries {
   /** The notebook cell the run started in (null: outside a cell). */
   cell: number | null;
+  /** Logged by an earlier kernel of this session (read back after a restart). */
+  earlier: boolean;
   steps: number[];
   times: number[];
   elapsed: number[];
@@ -27,18 +29,35 @@ export type XAxis = 'step' | 'wall';
 export interface StepColumns {
   labels: string[];
   data: (number | null)[][];
+  /** Each column's run's place among the session's runs shown (the run picker's swatches read the same). */
+  colors?: number[];
+}
+
+/** One run of the session, whatever metrics it logged: what the run picker lists. */
+export interface RunInfo {
+  /** The kernel's key, "train #2". */
+  run: string;
+  /** How it reads: "run 'train' (cell 4)", "#2" added when another run of that name started in that cell. */
+  title: string;
+  cell: number | null;
+  earlier: boolean;
+  /** Wall time of its first point. */
+  started: number;
 }
 
 export class MetricSeries {
   /** Bumped on every change, so views rebuild their columns only when needed. */
   version = 0;
   private _byName = new Map<string, Map<string, RunSeries>>();
+  /** Every run in the order first seen, whatever its metric. */
+  private _runs = new Map<string, { cell: number | null; earlier: boolean; started: number }>();
   private _lastSeq = 0;
 
   /** Apply one `metric_points` message: a replay replaces everything, live points append. */
   add(message: MetricPointsMessage): void {
     if (message.replay) {
       this._byName.clear();
+      this._runs.clear();
       this._lastSeq = 0;
     }
     for (const p of message.points) {
@@ -53,6 +72,7 @@ export class MetricSeries {
 
   clear(): void {
     this._byName.clear();
+    this._runs.clear();
     this._lastSeq = 0;
     this.version++;
   }
@@ -67,15 +87,39 @@ export class MetricSeries {
     return [...(this._byName.get(name)?.keys() ?? [])];
   }
 
+  /** Every run of the session in the order first seen (the order they started), whatever it logged. */
+  allRuns(): RunInfo[] {
+    const all = [...this._runs.entries()];
+    return all.map(([run, r]) => {
+      const { base, number } = splitRun(run);
+      const twins = all.filter(([key, o]) => splitRun(key).base === base && o.cell === r.cell);
+      const where = r.cell === null ? '' : ` (cell ${r.cell})`;
+      const which = number && (r.cell === null || twins.length > 1) ? ` #${number}` : '';
+      return { run, title: `run '${base}'${where}${which}`, ...r };
+    });
+  }
+
   /**
    * `name` per run against step (or, `axis` 'wall', seconds since each run
    * started, so runs overlay from their starts), each run's values smoothed
    * with `weight` (TensorBoard's debiased EMA; 0: raw), on the union of the
-   * runs' x values.
+   * runs' x values; only the runs `shown` keeps (all: none given).
    */
-  columns(name: string, weight: number, axis: XAxis = 'step'): StepColumns {
-    const runs = this._byName.get(name) ?? new Map<string, RunSeries>();
+  columns(
+    name: string,
+    weight: number,
+    axis: XAxis = 'step',
+    shown?: (run: string) => boolean
+  ): StepColumns {
+    // Colours by place among the runs shown, so the (strongest) first ones go to what is drawn.
+    const order = [...this._runs.keys()].filter(run => !shown || shown(run));
+    const runs = new Map(
+      [...(this._byName.get(name) ?? new Map<string, RunSeries>())].filter(
+        ([run]) => !shown || shown(run)
+      )
+    );
     const labels = [...runs.keys()].map(run => this.label(name, run));
+    const colors = [...runs.keys()].map(run => order.indexOf(run));
     const xs = (r: RunSeries) => (axis === 'step' ? r.steps : r.elapsed);
     const x = [...new Set([...runs.values()].flatMap(xs))].sort((a, b) => a - b);
     const at = new Map(x.map((s, i) => [s, i]));
@@ -88,7 +132,7 @@ export class MetricSeries {
       });
       data.push(column);
     }
-    return { labels, data };
+    return { labels, data, colors };
   }
 
   /**
@@ -104,7 +148,8 @@ export class MetricSeries {
     );
     const where = cell === null ? '' : ` (cell ${cell})`;
     const which = number && (cell === null || twins.length > 1) ? ` #${number}` : '';
-    return `run '${base}'${where}${which} · ${name}`;
+    const before = runs?.get(run)?.earlier ? ' · earlier kernel' : '';
+    return `run '${base}'${where}${which}${before} · ${name}`;
   }
 
   /**
@@ -159,8 +204,11 @@ export class MetricSeries {
     }
     let run = runs.get(p.run);
     if (!run) {
-      run = { cell: p.cell, steps: [], times: [], elapsed: [], values: [] };
+      run = { cell: p.cell, earlier: p.earlier, steps: [], times: [], elapsed: [], values: [] };
       runs.set(p.run, run);
+    }
+    if (!this._runs.has(p.run)) {
+      this._runs.set(p.run, { cell: p.cell, earlier: p.earlier, started: p.time });
     }
     run.steps.push(p.step);
     run.times.push(p.time);

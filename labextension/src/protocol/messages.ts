@@ -227,6 +227,8 @@ export interface MetricPoint {
   value: number | null;
   /** The notebook cell (`In [n]`) the run started in; null outside a cell. */
   cell: number | null;
+  /** Logged by an earlier kernel of this session, read back after a restart. */
+  earlier: boolean;
 }
 
 /** Training metric points, oldest first; `replay`: the session's so far, replacing what was held. */
@@ -355,7 +357,8 @@ export function decodeMessage(data: unknown, buffers: readonly Buffer[] = []): K
             elapsed_s: number(o.elapsed_s, `${at}.elapsed_s`),
             name: string(o.name, `${at}.name`),
             value: nullable(o.value, v => number(v, `${at}.value`)),
-            cell: nullable(o.cell, v => integer(v, `${at}.cell`, -Infinity))
+            cell: nullable(o.cell, v => integer(v, `${at}.cell`, -Infinity)),
+            earlier: boolean(o.earlier, `${at}.earlier`)
           };
         })
       };
