@@ -145,8 +145,14 @@ def test_open_in_xprof_shows_the_captured_run_and_its_trace(page, server):
     assert xprof.locator("mat-sidenav.mat-drawer-opened").count() == 0
     viewer = xprof.locator("iframe[src*='trace_viewer_index.html']")
     assert viewer.bounding_box()["width"] > 900, viewer.bounding_box()
-    track = xprof.frame_locator("iframe[src*='trace_viewer_index.html']").locator("tr-ui-b-heading").first
-    assert track.is_visible()
+    # Its processes unfolded (Expand All): the threads' rows under each process, where XLA's ops run.
+    trace_frame = next(f for f in page.frames if "trace_viewer_index.html" in f.url)
+    trace_frame.wait_for_function(
+        # A plain loop: the trace viewer's web components polyfill makes its node lists unspreadable.
+        "() => { const ps = document.getElementsByClassName('process-track-base');"
+        " for (let i = 0; i < ps.length; i++) { if (!ps[i].expanded) return false; } return ps.length > 0; }",
+        timeout=10_000,
+    )
     for _ in range(180):  # 90 s
         if any(status == 200 for status in trace_data):
             break
