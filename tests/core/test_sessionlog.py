@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import time
+from pathlib import Path
 
 from pathways_kernel.core import sessionlog
 from pathways_kernel.core.sessionlog import JsonLines
@@ -40,3 +43,26 @@ def test_reading_back_is_bounded_to_the_newest_bytes(tmp_path):
 def test_no_file_reads_as_nothing_and_outside_a_kernel_nothing_is_kept(tmp_path):
     assert JsonLines(tmp_path / "none.jsonl").read() == ([], "")
     assert sessionlog.session_dir() is None
+
+
+def test_old_and_surplus_session_directories_are_pruned_but_not_ours_nor_foreign_ones(tmp_path, monkeypatch):
+    now = time.time()
+
+    def session(name: str, days_old: float, files=("metrics.jsonl",)) -> Path:
+        directory = tmp_path / name
+        directory.mkdir()
+        for f in files:
+            (directory / f).write_text("{}\n")
+        for path in [*directory.iterdir(), directory]:
+            os.utime(path, (now - days_old * 86400, now - days_old * 86400))
+        return directory
+
+    own = session("kernel-own", 90)  # a long-idle session restarted now: ours, never pruned
+    stale = session("kernel-stale", sessionlog.KEEP_DAYS + 1, ("metrics.jsonl", "events.jsonl"))
+    foreign = session("not-a-session", 400, ("notes.txt",))  # something else: left alone
+    monkeypatch.setattr(sessionlog, "KEEP_SESSIONS", 3)
+    recent = [session(f"kernel-{i}", i, ()) for i in range(4)]  # newest first: 0, 1, 2, 3 days old
+    removed = sessionlog.prune(tmp_path, own, now)
+    assert sorted(removed) == sorted([stale, recent[2], recent[3]])
+    assert own.exists() and foreign.exists() and recent[0].exists() and recent[1].exists()
+    assert sessionlog.prune(tmp_path / "missing", own, now) == []
