@@ -12,6 +12,7 @@ import contextlib
 import os
 import sys
 import threading
+import time
 from typing import Any
 
 from ipykernel.ipkernel import IPythonKernel
@@ -38,6 +39,7 @@ class PathwaysKernel(IPythonKernel):
 
         label = default_start_label()
         if label is None:
+            _PATHWAYSUTILS_READY.set()  # initialized in the backend's activate, as without a kernel
             _activate(self.log)  # configure JAX for the backend now, before the first cell
         else:
             # The local server (started before the imports) comes up beside the kernel, which answers
@@ -63,7 +65,7 @@ class PathwaysKernel(IPythonKernel):
         cell_id: str | None = None,
     ) -> dict[str, Any]:
         """Runs the cell once the backend has started (at kernel start the local server may not be up yet)."""
-        if not _wait_for_start(silent):
+        if not _wait_for_start(silent) or not _wait_for_profiling(code, silent):
             sys.stderr.write(f"KeyboardInterrupt: {_INTERRUPTED}\n")
             return {
                 "status": "error",
@@ -111,17 +113,25 @@ class PathwaysKernel(IPythonKernel):
 
 
 _INTERRUPTED = "interrupted while the local Pathways server was starting: the cell did not run (run it again)"
+#: Set once pathwaysutils' profiling hooks are in (or were not deferred): a cell naming the profiler waits for it.
+_PATHWAYSUTILS_READY = threading.Event()
+#: Seconds a cell that names the profiler waits for pathwaysutils after the start (its import: 1-2 s, more under load).
+_PATHWAYSUTILS_WAIT_S = 120.0
 #: Seconds between the updates of the line under a cell that waits for the backend's start.
 _WAIT_TICK_S = 1.0
 
 
 def _activate(log: Any) -> None:
     """Starts the session's default backend; a failure is one line before the next cell, not a dead kernel."""
+    from pathways_kernel.backends import proxy
     from pathways_kernel.core import startup
     from pathways_kernel.core.sessions import session
     from pathways_kernel.server import launch
 
     error: str | None = "the start was cut short"
+    deferred = not _PATHWAYSUTILS_READY.is_set()
+    if deferred:
+        proxy.defer_pathwaysutils()
     try:
         session()
         error = None
@@ -140,6 +150,18 @@ def _activate(log: Any) -> None:
     finally:
         startup.finish(error)
         launch.discard_early()  # the server started before the imports, if the session did not take it
+    if not deferred:
+        return
+    # After the first cell may run: pathwaysutils' import (orbax, FastAPI) and its profiling hooks.
+    try:
+        if error is None:
+            proxy.initialize_pathwaysutils()
+        else:
+            proxy.defer_pathwaysutils(False)  # a later connect initializes it, as without a kernel
+    except Exception:
+        log.exception("pathways: initializing pathwaysutils failed")
+    finally:
+        _PATHWAYSUTILS_READY.set()
 
 
 def _wait_for_start(silent: bool) -> bool:
@@ -163,6 +185,35 @@ def _wait_for_start(silent: bool) -> bool:
                 "text/plain": f"waiting for the local Pathways server to start ({progress.elapsed_s:.0f} s)... "
                 f"{progress.step} ({progress.done}/{len(progress.steps)})"
             }
+            if display_id is None:
+                display_id = display(line, raw=True, display_id=True).display_id
+            else:
+                update_display(line, raw=True, display_id=display_id)
+    except KeyboardInterrupt:
+        return False
+    finally:
+        if display_id is not None:
+            clear_output()
+    return True
+
+
+def _wait_for_profiling(code: str, silent: bool) -> bool:
+    """A cell that names the profiler (``jax.profiler``, ``%%pathways profile``, ``pw.profile``) waits,
+    at most ``_PATHWAYSUTILS_WAIT_S``, for pathwaysutils' profiling hooks that the start deferred.
+
+    Returns False when interrupted.
+    """
+    if _PATHWAYSUTILS_READY.is_set() or "profil" not in code.lower():
+        return True
+    from IPython.display import clear_output, display, update_display
+
+    started = time.monotonic()
+    display_id = None
+    try:
+        while not _PATHWAYSUTILS_READY.wait(_WAIT_TICK_S) and time.monotonic() - started < _PATHWAYSUTILS_WAIT_S:
+            if silent:
+                continue
+            line = {"text/plain": f"waiting for pathwaysutils' profiling hooks ({time.monotonic() - started:.0f} s)..."}
             if display_id is None:
                 display_id = display(line, raw=True, display_id=True).display_id
             else:

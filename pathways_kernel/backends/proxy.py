@@ -29,7 +29,7 @@ import atexit
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from pathways_kernel.backends import preflight as preflight_lib
@@ -114,7 +114,8 @@ class ProxyBackend(Backend):
             os.environ.pop(INSECURE_ENV, None)
         jax.config.update("jax_platforms", "proxy")
         jax.config.update("jax_backend_target", self.address.url)
-        _initialize_pathwaysutils()
+        if not _defer_pathwaysutils:
+            _initialize_pathwaysutils()
         _register_factory(self)
         try:
             # Connect now, so a failure shows here and not in the user's next cell.
@@ -245,6 +246,37 @@ def clear_jax() -> None:
 
 
 _pathwaysutils_initialized = False
+_pathwaysutils_lock = threading.Lock()
+_pathwaysutils_hooks: list[Callable[[], None]] = []
+_defer_pathwaysutils = False
+
+
+def defer_pathwaysutils(defer: bool = True) -> None:
+    """The next ``activate`` connects without initializing pathwaysutils; its caller calls
+    ``initialize_pathwaysutils`` once the session is up.
+
+    A kernel's start does this: importing pathwaysutils (orbax, FastAPI) took ~1-2 s of every
+    start before the first cell could run, for profiling hooks a first cell rarely needs (the
+    kernel holds a cell that names the profiler until they are in, ``kernel.py``).
+    """
+    global _defer_pathwaysutils
+    _defer_pathwaysutils = defer and not _pathwaysutils_initialized
+
+
+def initialize_pathwaysutils() -> None:
+    """Initialize pathwaysutils now, if it was deferred, and run what waited for it."""
+    global _defer_pathwaysutils
+    _defer_pathwaysutils = False
+    _initialize_pathwaysutils()
+
+
+def after_pathwaysutils(hook: Callable[[], None]) -> None:
+    """Call ``hook`` once pathwaysutils is initialized: now if it is, else right after."""
+    with _pathwaysutils_lock:
+        if not _pathwaysutils_initialized:
+            _pathwaysutils_hooks.append(hook)
+            return
+    hook()
 
 
 def _initialize_pathwaysutils() -> None:
@@ -254,12 +286,35 @@ def _initialize_pathwaysutils() -> None:
     ``jax_platforms`` says ``proxy``, so it is called here, after that is set.
     """
     global _pathwaysutils_initialized
-    if _pathwaysutils_initialized:
-        return
-    import pathwaysutils
+    with _pathwaysutils_lock:
+        if _pathwaysutils_initialized:
+            return
+        import jax
+        import pathwaysutils
 
-    pathwaysutils.initialize()
-    _pathwaysutils_initialized = True
+        # A deferred initialize must not undo a compile cache turned on since (the kernelspec's).
+        # jax.config's options are attributes JAX adds at run time, unseen by mypy.
+        cache = jax.config.jax_compilation_cache_dir and jax.config.jax_enable_compilation_cache  # type: ignore[attr-defined]
+        if jaxcompat.backends_initialized():
+            # Deferred past the connect: this backend's factory (``_register_factory``) made the
+            # client, and JAX refuses a factory for a platform already up: the rest as it is.
+            from pathwaysutils import proxy_backend
+
+            register = proxy_backend.register_backend_factory
+            proxy_backend.register_backend_factory = lambda: None
+            try:
+                pathwaysutils.initialize()
+            finally:
+                proxy_backend.register_backend_factory = register
+        else:
+            pathwaysutils.initialize()
+        if cache:
+            jax.config.update("jax_enable_compilation_cache", True)
+        _pathwaysutils_initialized = True
+        hooks = list(_pathwaysutils_hooks)
+        _pathwaysutils_hooks.clear()
+    for hook in hooks:
+        hook()
 
 
 def _register_factory(backend: ProxyBackend) -> None:

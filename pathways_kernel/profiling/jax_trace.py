@@ -23,10 +23,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pathways_kernel.backends import proxy
 from pathways_kernel.backends.local_server import LocalServerBackend
 from pathways_kernel.core import sessions
 from pathways_kernel.core.errors import PathwaysError
-from pathways_kernel.server.plugins import SERVER_TRACE
+from pathways_kernel.server.names import SERVER_TRACE
 
 #: Where jax.profiler and the Pathways workers put one run under a log dir.
 RUNS_DIR = "plugins/profile"
@@ -63,7 +64,8 @@ def install() -> None:
 
 def _follow(session: sessions.Session) -> None:
     if isinstance(session.backend, LocalServerBackend):
-        install()  # after the backend's activate, which initialized pathwaysutils
+        # Once pathwaysutils is initialized: by the backend's activate, or after a kernel's start.
+        proxy.after_pathwaysutils(install)
 
 
 def start_trace(
@@ -147,4 +149,4 @@ def wait_for(server_trace: Path) -> None:
 
 sessions.on_start(_follow)
 if on_local_server():
-    install()
+    proxy.after_pathwaysutils(install)

@@ -130,3 +130,16 @@ def test_once_started_cells_run_without_the_line_and_new_comms_get_no_progress(g
     topology = _collect(kernel, seen, lambda m: is_comm_msg(m, comm_id, "topology"), 60)
     assert topology is not None
     assert not [m for m in seen if _starting(m, comm_id) is not None]
+
+
+def test_pathwaysutils_profiling_hooks_are_in_once_a_cell_names_the_profiler(gated):
+    # The start defers pathwaysutils' import (orbax, FastAPI) past the first cell; a cell that
+    # names the profiler waits for its hooks, so jax.profiler traces the local server too.
+    kernel, gate, seen, frontend = gated
+    gate.touch()
+    reply = kernel.run(
+        "from pathwaysutils import profiling\n"
+        "from pathways_kernel.profiling import jax_trace\n"
+        "print(profiling.start_trace is jax_trace.start_trace, jax.config.jax_enable_compilation_cache)"
+    )
+    assert reply.status == "ok" and reply.text.split()[-2:] == ["True", "False"], reply
