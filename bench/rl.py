@@ -17,11 +17,16 @@ The trainer lives on slice 0 (device 0), the rollout on slice 1 (device 1).
   * overlap: a training loop (30 steps) on slice 0 and a rollout phase (one generation) on
     slice 1 in two threads at once,
     against the longer of the two alone (on disjoint slices they should not wait for each other);
-  * a tiny op on slice 1 while a long program (~1 s) runs on slice 0, over that program's time.
+  * a tiny op on slice 1 while a long program (~1 s) runs on slice 0, over that program's time;
+  * RL goodput under losses: a small GRPO loop on ``local:4x1`` (a process of its own, ``pw``), the
+    trainer a ``pw.elastic`` loop on slices 0-1, the rollout a ``pw.elastic_map`` on slices 2-3, for two
+    minutes with three slice losses (rollout, trainer, rollout; each repaired 8 s later): the
+    ledger's goodput (productive over wall time) of that run, and of a fault-free one for reference.
 
 The machine is shared: the sides alternate, twice, and each keeps its best figure; the load
 average is printed. Ratios last: sync time server/in-process (goal <= 1.5), rollout tokens/s
-server/in-process (goal >= 0.5), overlap both/longer alone on the server (goal <= 1.3).
+server/in-process (goal >= 0.5), overlap both/longer alone on the server (goal <= 1.3), and last RL
+goodput under 3 losses in 2 minutes (goal >= 0.85). ``--rl-goodput`` measures only that one.
 """
 
 from __future__ import annotations
@@ -191,8 +196,111 @@ def measure(target: str | None) -> dict:
     }
 
 
-def run(env: dict[str, str], target: str | None) -> dict:
-    command = [sys.executable, __file__, "--child", *([target] if target else [])]
+# -- RL goodput under slice losses: pw.elastic (trainer) + pw.elastic_map (rollout) on local:4x1 ----------
+RL_SPEC, TRAINER, ROLLOUT = "local:4x1", [0, 1], [2, 3]
+RL_FAULT_FREE_S, RL_FAULTS_S = 30.0, 120.0
+#: (seconds into the run, slice): each lost, then repaired RL_REPAIR_S later; 3 losses in 2 minutes, both roles.
+RL_LOSSES, RL_REPAIR_S = ((20.0, 3), (55.0, 1), (90.0, 2)), 8.0
+RL_VOCAB, RL_WIDTH, RL_PROMPT, RL_NEW, RL_GROUP, RL_PROMPTS, RL_TARGET = 64, 128, 4, 16, 8, 8, 7
+
+
+def rl_goodput() -> dict:
+    """A GRPO loop's goodput (the ledger's: productive time over wall time) fault-free, then for two minutes
+    with three slice losses (two of the rollout's, one of the trainer's), each repaired 8 s later."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import pathways_kernel as pw
+    from pathways_kernel.training.goodput import ledger
+
+    pw.connect(RL_SPEC)
+    rng = np.random.default_rng(0)
+    init = {
+        "embed": rng.normal(size=(RL_VOCAB, RL_WIDTH)).astype(np.float32) * 0.3,
+        "out": rng.normal(size=(RL_WIDTH, RL_VOCAB)).astype(np.float32) / RL_WIDTH**0.5,
+    }
+
+    def logits(params, tokens):
+        return jnp.tanh(params["embed"][tokens]) @ params["out"]
+
+    @jax.jit
+    def generate(params, prompts, seeds):
+        def one(prompt, seed):
+            def step(carry, _):
+                token, key = carry
+                key, sub = jax.random.split(key)
+                nxt = jax.random.categorical(sub, logits(params, token)).astype(jnp.int32)
+                return (nxt, key), nxt
+
+            _, new = jax.lax.scan(step, (prompt[-1], jax.random.key(seed)), None, length=RL_NEW)
+            return jnp.concatenate([prompt, new])
+
+        return jax.vmap(one)(prompts, seeds)
+
+    @jax.jit
+    def update(state, sequences, advantages):
+        def loss(params):
+            logp = jax.nn.log_softmax(logits(params, sequences[:, :-1]))
+            taken = jnp.take_along_axis(logp, sequences[:, 1:, None], axis=-1)[..., 0][:, RL_PROMPT - 1 :]
+            return -jnp.mean(advantages[:, None] * taken)
+
+        grads = jax.grad(loss)(state["params"])
+        return {"params": jax.tree.map(lambda p, g: p - 0.1 * g, state["params"], grads)}
+
+    def rollout(params, batch, mesh):
+        return generate(params, batch[:, :RL_PROMPT], batch[:, RL_PROMPT])
+
+    def grpo(state, step, mesh):
+        r = np.random.default_rng(step)
+        prompts = np.repeat(r.integers(0, RL_VOCAB, size=(RL_PROMPTS, RL_PROMPT)), RL_GROUP, axis=0)
+        seeds = step * RL_PROMPTS * RL_GROUP + np.arange(RL_PROMPTS * RL_GROUP)
+        requests = np.concatenate([prompts, seeds[:, None]], axis=1).astype(np.int32)
+        sequences = pw.elastic_map(rollout, requests, state["params"], batch_size=16, slices=ROLLOUT)
+        rewards = (sequences[:, RL_PROMPT:] == RL_TARGET).mean(axis=1).astype(np.float32)
+        grouped = rewards.reshape(RL_PROMPTS, RL_GROUP)
+        advantages = ((grouped - grouped.mean(1, keepdims=True)) / (grouped.std(1, keepdims=True) + 1e-6)).reshape(-1)
+        return update(state, *jax.device_put((sequences, advantages), NamedSharding(mesh, P())))
+
+    def run(name: str, steps: int, losses=()) -> tuple[float, int, float]:
+        train = pw.elastic(grpo, snapshot_every=5, slices=TRAINER, name=name)
+        state = jax.device_put({"params": init}, NamedSharding(train._mesh(pw.session()), P()))
+        start = time.perf_counter()
+        timers = [threading.Timer(at, pw.fail_slice, (i,)) for at, i in losses]
+        timers += [threading.Timer(at + RL_REPAIR_S, pw.repair_slice, (i,)) for at, i in losses]
+        for timer in timers:
+            timer.start()
+        jax.block_until_ready(train(state, steps=steps, progress=False))
+        wall = time.perf_counter() - start
+        for timer in timers:
+            timer.join()
+        account = ledger().find(name)
+        assert account is not None
+        return account.goodput, steps, wall
+
+    run("rl-warm-up", 10)  # compiles, on both trainer meshes' sizes after the first loss (its own)
+    # Fault-free for RL_FAULT_FREE_S: the step rate, then as many steps as fill RL_FAULTS_S.
+    probe_goodput, probe_steps, probe_wall = run("rl-fault-free", 40)
+    steps = max(40, int(probe_steps / probe_wall * RL_FAULT_FREE_S))
+    free_goodput, _, free_wall = run("rl-fault-free", steps)
+    faults_steps = int(steps / free_wall * RL_FAULTS_S)
+    faults_goodput, _, faults_wall = run("rl-faults", faults_steps, RL_LOSSES)
+    losses = [e for e in pw.session().events.last(2000) if e.kind in ("slice_down",)]
+    return {
+        "rl_free_goodput": free_goodput,
+        "rl_free_wall_s": free_wall,
+        "rl_steps": faults_steps,
+        "rl_faults_goodput": faults_goodput,
+        "rl_faults_wall_s": faults_wall,
+        "rl_losses": len(losses),
+        "rl_steps_per_s_ratio": (faults_steps / faults_wall) / (steps / free_wall),
+    }
+
+
+def run(env: dict[str, str], target: str | None, mode: str = "--child") -> dict:
+    command = [sys.executable, __file__, mode, *([target] if target else [])]
     out = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if out.returncode or not lines:
@@ -212,11 +320,25 @@ def best(runs: list[dict]) -> dict:
     return figures
 
 
+def report_rl_goodput(base: dict[str, str]) -> None:
+    rl = run(base, None, "--rl-goodput-child")
+    print(
+        f"GRPO on {RL_SPEC} (trainer {TRAINER}, rollout {ROLLOUT}): fault-free goodput {rl['rl_free_goodput']:.2f} "
+        f"over {rl['rl_free_wall_s']:.0f} s; with {rl['rl_losses']} losses {rl['rl_steps']} steps in "
+        f"{rl['rl_faults_wall_s']:.0f} s, steps/s {rl['rl_steps_per_s_ratio']:.2f} of the fault-free run's; "
+        f"load average {rl['load']:.1f}"
+    )
+    print(f"RL goodput under 3 losses in 2 minutes: {rl['rl_faults_goodput']:.2f} (goal >= 0.85)")
+
+
 def main() -> None:
     from pathways_kernel.server import launch
 
     print(f"load average at start: {os.getloadavg()[0]:.1f} (2-core machine, shared)", flush=True)
     base = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
+    if sys.argv[1:2] == ["--rl-goodput"]:
+        report_rl_goodput(base)
+        return
     server = launch.start(2, 1)
     try:
         sides = {
@@ -260,10 +382,13 @@ def main() -> None:
     print(
         f"tiny op on slice 1 during a long program on slice 0, over that program's time, server: {tiny:.2f} (goal <= 0.05)"
     )
+    report_rl_goodput(base)
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--child"]:
+    if sys.argv[1:2] == ["--rl-goodput-child"]:
+        print(json.dumps(rl_goodput()), flush=True)
+    elif sys.argv[1:2] == ["--child"]:
         target = sys.argv[2] if len(sys.argv) > 2 else None
         if target is not None:
             import pathwaysutils
