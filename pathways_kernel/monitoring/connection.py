@@ -257,7 +257,9 @@ class Connection:
                     raise
                 time.sleep(0.1)
         topology = hub.layout.topology
-        replay = [protocol.encode_event(event) for event in hub.session.events.last(REPLAY_EVENTS)]
+        # The log's events and the step rates published so far (never logged), in their order.
+        logged = [*hub.session.events.last(REPLAY_EVENTS), *hub.recent_step_events()]
+        replay = [protocol.encode_event(event) for event in sorted(logged, key=lambda e: e.seq)]
         intervals = _goodput_intervals(hub.session)
         if intervals is not None:
             replay.append(intervals)

@@ -264,6 +264,10 @@ class TelemetryHub:
             if sub in self._subs:
                 self._subs.remove(sub)
 
+    def recent_step_events(self) -> list[Event]:
+        """The newest ``steps`` events (``step_rate.StepRate.recent``), oldest first: a new view's catch-up."""
+        return list(self._step_rate.recent)
+
     @property
     def subscribers(self) -> int:
         return len(self._subs)

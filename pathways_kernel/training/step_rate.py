@@ -21,11 +21,16 @@ snapshots, a recovery) was then in neither chart's reading of the live one,
 which read <= 300 ms where the intervals read > 2,000 ms (issue #31 item 4).
 The first interval starts with the run (its compile is in it, as in the
 goodput intervals). A rollback (steps redone after a loss) makes the count go
-back; the next interval starts from there.
+back; the next interval starts from there. The newest ``MAX_RECENT`` events are
+kept here (``recent``) for a view that subscribes mid-run or after it: it is
+replayed them with the log's events, else it charted no step time for the run
+so far (a dashboard opened while a cell ran showed its loss and goodput, and no
+step time, issue #31 item 4).
 """
 
 from __future__ import annotations
 
+import collections
 import time
 import weakref
 from typing import TYPE_CHECKING
@@ -33,10 +38,13 @@ from typing import TYPE_CHECKING
 from pathways_kernel.training import goodput
 
 if TYPE_CHECKING:
+    from pathways_kernel.core.eventlog import Event
     from pathways_kernel.core.sessions import Session
 
 #: Shortest interval a ``steps`` event covers (s): at most one per run per second.
 PERIOD_S = 1.0
+#: ``steps`` events kept for views that subscribe later (15 minutes of two runs).
+MAX_RECENT = 1800
 
 
 class StepRate:
@@ -47,6 +55,8 @@ class StepRate:
         self.period_s = period_s
         # Per run: (perf_counter, steps kept) at the start of its interval.
         self._since: weakref.WeakKeyDictionary[goodput.Account, tuple[float, int]] = weakref.WeakKeyDictionary()
+        #: The newest ``steps`` events, oldest first (appended on the telemetry thread only).
+        self.recent: collections.deque[Event] = collections.deque(maxlen=MAX_RECENT)
 
     def poll(self) -> None:
         """Emit a ``steps`` event for each run whose interval is over and that advanced in it."""
@@ -66,12 +76,13 @@ class StepRate:
                 continue
             self._since[account] = (now, steps)
             done = steps - steps_before
-            self._session.events.publish(
+            event = self._session.events.publish(
                 "steps",
                 step=steps,
                 duration_s=(now - started) / done,
                 detail=f"{account.kind} '{account.name}': {done / (now - started):.4g} steps/s",
             )
+            self.recent.append(event)
 
 
-__all__ = ["PERIOD_S", "StepRate"]
+__all__ = ["MAX_RECENT", "PERIOD_S", "StepRate"]

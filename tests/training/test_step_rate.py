@@ -71,3 +71,32 @@ def test_live_step_time_is_wall_time_per_step_as_the_goodput_intervals_read_it(l
         rate = float(re.search(r": ([0-9.e+]+) steps/s$", e.detail).group(1))
         assert e.duration_s * rate == pytest.approx(1.0, rel=0.01), e.to_text()  # step time is 1 / throughput
         assert 0.7 * mean <= e.duration_s <= 1.5 * mean, (e.to_text(), mean)
+
+
+def test_a_view_that_opens_after_a_loop_ran_is_replayed_its_step_rate():
+    """Issue #31 item 4: a dashboard opened while an elastic cell ran on local:2x4 showed the run's loss and
+    goodput (both replayed) and no step time at all: steps events are published, never logged, so a view
+    that subscribed mid-run (or again) had none from before it."""
+    from comm_frontend import Frontend, is_comm_msg
+    from kernels import Kernel
+
+    k = Kernel()
+    try:
+        frontend = Frontend(k)
+        panel = frontend.open()  # the panel's comm: the kernel's telemetry runs while it is open
+        assert frontend.wait_for(lambda m: is_comm_msg(m, panel, "topology"), timeout=60) is not None
+        reply = k.run("import time\nfor _ in pw.steps(range(60), name='before'):\n    time.sleep(0.05)\nprint('ran')")
+        assert "ran" in reply.text, reply.error
+        comm = frontend.open()  # the dashboard, opened after the loop ran
+        assert frontend.wait_for(lambda m: is_comm_msg(m, comm, "topology"), timeout=60) is not None
+
+        def is_steps(m):
+            return is_comm_msg(m, comm, "event") and m["content"]["data"]["event"]["kind"] == "steps"
+
+        assert frontend.wait_for(is_steps, timeout=20) is not None, "no step rate replayed"
+        frontend.wait_for(lambda m: is_comm_msg(m, comm, "metrics"), timeout=20)  # the replay is sent before metrics
+        steps = [m["content"]["data"]["event"] for m in frontend.inbox if is_steps(m)]
+        assert steps and all("steps 'before'" in e["detail"] for e in steps), steps
+        assert steps[-1]["step"] <= 60 and steps[-1]["duration_s"] >= 0.05
+    finally:
+        k.km.shutdown_kernel(now=True)
