@@ -201,9 +201,14 @@ def test_panel_lists_the_capture_and_its_button_opens_the_latest(page, server):
 def test_xprof_opens_as_a_tab_of_the_notebook_with_room_for_the_trace(page, server):
     """As a document opens: a tab beside the notebook's, over the main area, sidebars folded to make room."""
     page.set_viewport_size({"width": 1024, "height": 700})
-    page.evaluate("window.jupyterapp.commands.execute('pathways:open-monitor')")
-    page.locator("#pathways-monitor").wait_for()
-    # The panel's button runs this command (test above); a click at this size raced the panel's relayout.
+    # Both sidebars open (the file browser and the Pathways panel): the notebook's area is ~450 px.
+    page.evaluate("window.jupyterapp.shell.activateById('filebrowser'); window.jupyterapp.shell.expandRight()")
+    page.wait_for_function(
+        "() => !window.jupyterapp.shell.leftCollapsed && !window.jupyterapp.shell.rightCollapsed"
+        " && document.getElementById('jp-main-dock-panel').getBoundingClientRect().width < 700",
+        timeout=10_000,
+    )
+    # What the panel's button runs (test above).
     page.evaluate("window.jupyterapp.commands.execute('pathways:open-xprof')")
     tab = page.locator(TAB)
     tab.wait_for()

@@ -67,6 +67,7 @@ export class XprofView extends Widget {
     this._started = Date.now();
     this._what = what;
     this.node.dataset.state = 'loading';
+    this._frame.removeAttribute('src'); // an earlier run's page, until this one's is known
     this._tick();
     window.clearInterval(this._timer);
     this._timer = window.setInterval(() => this._tick(), 1000);
@@ -95,9 +96,16 @@ export class XprofView extends Widget {
   private _tick(): void {
     const seconds = Math.round((Date.now() - this._started) / 1000);
     if (seconds > XPROF_BOUND_S) {
-      this.fail(
-        `${this._what} took over ${XPROF_BOUND_S} s for run ${this._run}: close this tab and open it again, or see the Jupyter server's log.`
-      );
+      window.clearInterval(this._timer);
+      if (!this._frame.src) {
+        this.fail(
+          `${this._what} took over ${XPROF_BOUND_S} s for run ${this._run}: see the Jupyter server's log, then close this tab and open it again.`
+        );
+        return;
+      }
+      // Shown as it is, under one line: XProf may have drawn in a way this tab does not recognise.
+      this.node.dataset.state = 'late';
+      this._status.textContent = `XProf has not reported run ${this._run} drawn after ${XPROF_BOUND_S} s: shown as it is; if it stays blank, close this tab and open it again.`;
       return;
     }
     this._status.textContent = `${this._what} (run ${this._run})… ${seconds} s`;
