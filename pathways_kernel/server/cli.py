@@ -144,13 +144,16 @@ def serve(args: argparse.Namespace) -> int:
     shapes = args.slices
     logging.basicConfig(level=os.environ.get("PATHWAYS_LOCAL_LOG", "WARNING"), format="pathways-local: %(message)s")
     # Each step of the start is a line, so that a kernel waiting for it can say where it is (launch.start).
-    print(f"{PROCESS_LINE}{os.getpid()}", flush=True)
+    if args.progress:
+        print(f"{PROCESS_LINE}{os.getpid()}", flush=True)
     # Before JAX starts: the server's devices are CPU devices, whatever the caller's environment says.
     os.environ["JAX_PLATFORMS"] = "cpu"
     import jax
 
     jax.config.update("jax_num_cpu_devices", sum(s.chips for s in shapes))
-    print(f"{DEVICES_LINE}{len(jax.devices())}", flush=True)  # starts the backend
+    devices = len(jax.devices())  # starts the backend
+    if args.progress:
+        print(f"{DEVICES_LINE}{devices}", flush=True)
     from concurrent import futures
 
     import grpc
@@ -330,6 +333,11 @@ def parser() -> argparse.ArgumentParser:
         default=os.environ.get(METRICS_PORT_ENV) or None,  # argparse converts a string default with _port
         help="also serve libtpu's runtime metrics (duty cycle, HBM; read-only) on localhost:PORT for tpu-info "
         f"(8431 is libtpu's; default ${METRICS_PORT_ENV}); any user of this machine can read them there",
+    )
+    serve_cmd.add_argument(
+        "--progress",
+        action="store_true",
+        help="also print each step of the start as a line (process up, devices ready), for a launcher that shows them",
     )
     for name, text in (("fail", "lose a slice"), ("repair", "bring a lost slice back, empty")):
         cmd = commands.add_parser(name, help=text)

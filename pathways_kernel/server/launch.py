@@ -235,7 +235,7 @@ def _take_early(slices: int | str | None, chips: int | None, env: dict[str, str]
 
 def _serve_command(slices: int | str, chips: int) -> list[str]:
     body = slices if isinstance(slices, str) else f"{slices}x{chips}"  # a spec: v5p:2x2x1*2,v6e:2x2
-    return [sys.executable, "-m", "pathways_kernel.server", "serve", "--slices", body]
+    return [sys.executable, "-m", "pathways_kernel.server", "serve", "--slices", body, "--progress"]
 
 
 def _spawn(command: list[str], env: dict[str, str] | None, stdout: Output, stderr: Output) -> subprocess.Popen[str]:
