@@ -77,6 +77,8 @@ def shown(reply) -> list[str]:
 def kernel(slurm):
     k = Kernel("pathways", env=kernel_env(slurm), backend=KERNEL_BACKEND)
     k.km.shutdown_wait_time = 60.0
+    # The kernel's own start first (its local server): the tests time what Slurm does from their cells on.
+    assert k.run("pass").status == "ok"
     yield k
     if k.km.is_alive():
         k.shutdown()

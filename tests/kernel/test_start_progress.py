@@ -122,7 +122,7 @@ def test_a_cell_run_while_the_server_starts_waits_under_a_line_then_runs(gated):
 def test_once_started_cells_run_without_the_line_and_new_comms_get_no_progress(gated):
     kernel, gate, seen, frontend = gated
     gate.touch()
-    reply = kernel.run("print(len(jax.devices()))")
+    reply = kernel.run("import jax; print(len(jax.devices()))")
     assert reply.status == "ok" and reply.text == "8\n", reply
     assert not [m for m in reply.messages if m["msg_type"] in ("display_data", "clear_output")]
     comm_id = frontend.open()
@@ -138,6 +138,7 @@ def test_pathwaysutils_profiling_hooks_are_in_once_a_cell_names_the_profiler(gat
     kernel, gate, seen, frontend = gated
     gate.touch()
     reply = kernel.run(
+        "import jax\n"
         "from pathwaysutils import profiling\n"
         "from pathways_kernel.profiling import jax_trace\n"
         "print(profiling.start_trace is jax_trace.start_trace, jax.config.jax_enable_compilation_cache)"

@@ -66,8 +66,16 @@ class Kernel:
         messages: list[dict[str, Any]] = []
         reply = self.kc.execute_interactive(code, output_hook=messages.append, timeout=timeout, allow_stdin=False)
         text, errors, data = [], [], []
+        clear_next = False
         for msg in messages:
             kind, content = msg["header"]["msg_type"], msg["content"]
+            # What a frontend shows: clear_output empties the cell's output (with wait, at the next).
+            if kind == "clear_output" or (clear_next and kind in ("stream", "execute_result", "display_data", "error")):
+                clear_next = kind == "clear_output" and content.get("wait", False)
+                if not clear_next:
+                    text, errors, data = [], [], []
+                if kind == "clear_output":
+                    continue
             if kind == "stream":
                 text.append(content["text"])
                 if content["name"] == "stderr":
