@@ -76,3 +76,16 @@ def local_session():
     yield s
     for sl in s.topology.down_slices:
         repair_slice(sl.index)
+
+
+@pytest.fixture(autouse=True)
+def each_test_is_a_cell():
+    """In a kernel a cell's end ends the bare loops it started (a `for batch in loader` left by
+    `break`); between in-process tests, the test's end does, or a later test's runs would log into
+    an earlier test's loop (``accounting.end_cell_loops``, the kernel's post_run_cell)."""
+    yield
+    import sys
+
+    accounting = sys.modules.get("pathways_kernel.training.accounting")
+    if accounting is not None:
+        accounting.end_cell_loops()
