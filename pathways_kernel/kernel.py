@@ -13,6 +13,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ipykernel.ipkernel import IPythonKernel
@@ -174,27 +175,17 @@ def _wait_for_start(silent: bool) -> bool:
 
     if not startup.starting():
         return True
-    from IPython.display import clear_output, display, update_display
 
-    display_id = None
-    try:
-        while (progress := startup.wait(_WAIT_TICK_S)) is not None and progress.state == startup.STARTING:
-            if silent:
-                continue
-            line = {
-                "text/plain": f"waiting for the local Pathways server to start ({progress.elapsed_s:.0f} s)... "
-                f"{progress.step} ({progress.done}/{len(progress.steps)})"
-            }
-            if display_id is None:
-                display_id = display(line, raw=True, display_id=True).display_id
-            else:
-                update_display(line, raw=True, display_id=display_id)
-    except KeyboardInterrupt:
-        return False
-    finally:
-        if display_id is not None:
-            clear_output()
-    return True
+    def line() -> str | None:
+        progress = startup.wait(_WAIT_TICK_S)
+        if progress is None or progress.state != startup.STARTING:
+            return None
+        return (
+            f"waiting for the local Pathways server to start ({progress.elapsed_s:.0f} s)... "
+            f"{progress.step} ({progress.done}/{len(progress.steps)})"
+        )
+
+    return _wait_under_a_line(line, silent)
 
 
 def _wait_for_profiling(code: str, silent: bool) -> bool:
@@ -205,19 +196,30 @@ def _wait_for_profiling(code: str, silent: bool) -> bool:
     """
     if _PATHWAYSUTILS_READY.is_set() or "profil" not in code.lower():
         return True
+    started = time.monotonic()
+
+    def line() -> str | None:
+        if _PATHWAYSUTILS_READY.wait(_WAIT_TICK_S) or time.monotonic() - started >= _PATHWAYSUTILS_WAIT_S:
+            return None
+        return f"waiting for pathwaysutils' profiling hooks ({time.monotonic() - started:.0f} s)..."
+
+    return _wait_under_a_line(line, silent)
+
+
+def _wait_under_a_line(line: Callable[[], str | None], silent: bool) -> bool:
+    """Calls ``line`` (it waits up to a tick) until it returns None, showing each text it returns as
+    one line under the cell, updated in place and cleared at the end. Returns False when interrupted."""
     from IPython.display import clear_output, display, update_display
 
-    started = time.monotonic()
     display_id = None
     try:
-        while not _PATHWAYSUTILS_READY.wait(_WAIT_TICK_S) and time.monotonic() - started < _PATHWAYSUTILS_WAIT_S:
+        while (text := line()) is not None:
             if silent:
                 continue
-            line = {"text/plain": f"waiting for pathwaysutils' profiling hooks ({time.monotonic() - started:.0f} s)..."}
             if display_id is None:
-                display_id = display(line, raw=True, display_id=True).display_id
+                display_id = display({"text/plain": text}, raw=True, display_id=True).display_id
             else:
-                update_display(line, raw=True, display_id=display_id)
+                update_display({"text/plain": text}, raw=True, display_id=display_id)
     except KeyboardInterrupt:
         return False
     finally:
