@@ -143,11 +143,8 @@ def persist(
 
 def _persist(transfer: Transfer, snapshot: Any, location: Location, snapshot_id: str) -> SnapshotInfo:
     target = location.child(snapshot_id)
-    try:
-        with errors_as("persist", target):
-            return _upload(transfer, snapshot, location, target, snapshot_id)
-    finally:
-        transfer.checked()
+    with errors_as("persist", target):
+        return _upload(transfer, snapshot, location, target, snapshot_id)
 
 
 def _upload(transfer: Transfer, snapshot: Any, location: Location, target: Location, snapshot_id: str) -> SnapshotInfo:

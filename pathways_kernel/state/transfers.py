@@ -27,7 +27,17 @@ if TYPE_CHECKING:
 
 # Two workers: a restore can run while a persist is still uploading. The
 # workers mostly wait on tensorstore futures, so more would not be faster.
-_EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="pathways-storage")
+_WORKERS = 2
+_EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="pathways-storage")
+#: Transfers started and not yet ended (queued or running): past ``_WORKERS``, a new one queues.
+_active = 0
+_active_lock = threading.Lock()
+
+
+def _ended() -> None:
+    global _active
+    with _active_lock:
+        _active -= 1
 
 
 class TransferStarts(Subscribers["Transfer"]):
@@ -56,6 +66,9 @@ class Transfer:
         self._lock = threading.Lock()
         self._future: concurrent.futures.Future[Any] | None = None
         self._checked = threading.Event()
+        #: What the job raised, set before ``_checked`` wakes a waiter (the future is done later).
+        self._failure: BaseException | None = None
+        self._queued = False
         self._running = threading.Event()
 
     # -- worker side ----------------------------------------------------------
@@ -68,7 +81,16 @@ class Transfer:
         self._checked.set()
 
     def start(self, job: Callable[[Transfer], Any]) -> Transfer:
-        self._future = _EXECUTOR.submit(self._run, job)
+        global _active
+        with _active_lock:
+            # Behind as many transfers as there are workers: its checks run when it starts.
+            self._queued = _active >= _WORKERS
+            _active += 1
+        try:
+            self._future = _EXECUTOR.submit(self._run, job)
+        except BaseException:
+            _ended()
+            raise
         if (running := sessions.current()) is not None:
             running.component(TransferStarts).notify(self)
         return self
@@ -80,8 +102,11 @@ class Transfer:
         try:
             result = job(self)
         except BaseException as exc:
+            self._failure = exc
             self._finish(start, f"FAILED: {one_line(exc)}")
             raise
+        finally:
+            _ended()
         self._finish(start, f"({self.throughput()})")
         return result
 
@@ -105,13 +130,13 @@ class Transfer:
         as one line, while the bulk upload continues in the background. A
         transfer queued behind others is not waited for: its checks run
         when it starts, and their failure shows in its progress and events.
+        A job signals ``checked()`` only once its checks passed; a failure
+        is recorded before waiters wake, however loaded the machine.
         """
-        if self._running.wait(0.05):
+        if not self._queued:
             self._checked.wait(timeout)
-        if self.done():
-            exc = self.exception()
-            if exc is not None:
-                raise exc
+        if self._failure is not None:
+            raise self._failure
 
     def done(self) -> bool:
         return self._future is not None and self._future.done()
