@@ -96,6 +96,7 @@ def autosnapshot(shell: InteractiveShell, args: argparse.Namespace, cell: str | 
     "--max-retries", type=whole_number, default=DEFAULT_MAX_RETRIES, help="consecutive slice losses before giving up"
 )
 @argument("--axes", type=name_list, default=None, help="mesh axes (default: data,model; data spans slices)")
+@argument("--kind", default=None, help="run on the slices of this TPU kind only, e.g. v5p (slices of several kinds)")
 @argument("--no-progress", action="store_true", help="no progress display under the cell")
 def elastic(shell: InteractiveShell, args: argparse.Namespace, cell: str | None) -> object:
     """Run the cell as an elastic training step: survives slice loss, scales back up."""
@@ -133,7 +134,15 @@ def elastic(shell: InteractiveShell, args: argparse.Namespace, cell: str | None)
             )
         return {n: ns[n] for n in names}
 
-    loop = Elastic(body, snapshot_every, max_retries, args.axes, name=",".join(names), state_label=", ".join(names))
+    loop = Elastic(
+        body,
+        snapshot_every,
+        max_retries,
+        args.axes,
+        name=",".join(names),
+        state_label=", ".join(names),
+        kind=args.kind,
+    )
     try:
         ns.update(loop.run({n: ns[n] for n in names}, steps, start, progress=not args.no_progress))
     finally:

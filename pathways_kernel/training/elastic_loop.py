@@ -152,6 +152,7 @@ class Elastic:
         prepare: Callable[[Mesh], object] | None = None,
         state_label: str | None = None,
         slices: Sequence[int] | None = None,
+        kind: str | None = None,
     ):
         snapshot_every = check_count(snapshot_every, "snapshot_every", 1)
         if max_retries is not None:
@@ -164,6 +165,10 @@ class Elastic:
         self.axes: tuple[str, ...] | None = tuple(axes) if axes else None
         #: The slices the loop may use (``None``: all): an RL loop's training slices.
         self.slices: frozenset[int] | None = _check_slices(slices)
+        #: The kind of chips the loop runs on (``None``: the slices' one kind), e.g. ``"v5p"``.
+        self.kind: str | None = kind
+        #: The slices this run may use: ``slices`` of ``kind`` (``None``: all).
+        self._allowed: frozenset[int] | None = self.slices
         self.name: str = name or getattr(step_fn, "__name__", "elastic")
         #: What the state is called in messages (the magic's --state variables).
         self.state_label: str = state_label or f"the state of '{self.name}'"
@@ -188,6 +193,7 @@ class Elastic:
         steps, start = check_steps(steps, start)
         began = time.perf_counter()
         s = session()
+        self._allowed = self._slices_of_kind(s)
         watch = _SliceWatch(s)
         run = next(_RUNS)
         report = RunReport(self.name, run)
@@ -346,15 +352,27 @@ class Elastic:
         threading.Thread(target=work, name=f"pathways-elastic-prepare-{self.name}", daemon=True).start()
 
     # -- the slices it may use ----------------------------------------------------
+    def _slices_of_kind(self, s: Session) -> frozenset[int] | None:
+        """``slices`` of ``kind`` (up or not: a repaired one rejoins); a kind no slice has is one line."""
+        if self.kind is None:
+            return self.slices
+        of_kind = {sl.index for sl in meshes.of_kind(s.topology.slices, self.kind)}
+        allowed = of_kind if self.slices is None else of_kind & self.slices
+        if not allowed:
+            raise PathwaysError(
+                f"elastic '{self.name}': none of slices {sorted(self.slices or ())} is of kind {self.kind}"
+            )
+        return frozenset(allowed)
+
     def _up(self, s: Session) -> tuple[int, ...]:
-        return tuple(i for i in up_slices(s) if self.slices is None or i in self.slices)
+        return tuple(i for i in up_slices(s) if self._allowed is None or i in self._allowed)
 
     def _mesh(self, s: Session) -> Mesh:
         """The mesh of the live slices the loop may use."""
-        if self.slices is None:
+        if self._allowed is None:
             mesh: Mesh = s.mesh(self.axes)
         else:
-            mesh = meshes.build([sl for sl in s.topology.up_slices if sl.index in self.slices], self.axes)
+            mesh = meshes.build([sl for sl in s.topology.up_slices if sl.index in self._allowed], self.axes)
         return mesh
 
     # -- boundaries -----------------------------------------------------------
@@ -559,6 +577,7 @@ def elastic(
     wait_s: float = ...,
     prepare: Callable[[Mesh], object] | None = ...,
     slices: Sequence[int] | None = ...,
+    kind: str | None = ...,
 ) -> Elastic: ...
 @overload
 def elastic(
@@ -571,6 +590,7 @@ def elastic(
     wait_s: float = ...,
     prepare: Callable[[Mesh], object] | None = ...,
     slices: Sequence[int] | None = ...,
+    kind: str | None = ...,
 ) -> Callable[[StepFn], Elastic]: ...
 def elastic(
     fn: StepFn | None = None,
@@ -582,6 +602,7 @@ def elastic(
     wait_s: float = DEFAULT_WAIT_S,
     prepare: Callable[[Mesh], object] | None = None,
     slices: Sequence[int] | None = None,
+    kind: str | None = None,
 ) -> Elastic | Callable[[StepFn], Elastic]:
     """Make ``fn(state, step, mesh) -> state`` an elastic training loop.
 
@@ -607,10 +628,12 @@ def elastic(
       slices: the slices the loop may use (default all): an RL loop's
         training slices, with ``pw.elastic_map(..., slices=...)`` rolling out
         on the others. A loss or a repair of another slice does not touch it.
+      kind: run on the slices of this kind of chips only (``"v5p"``, or a device kind,
+        ``"TPU v5"``), as ``pw.mesh(kind=...)``: on slices of several kinds a program runs on one.
     """
 
     def wrap(f: StepFn) -> Elastic:
-        return Elastic(f, snapshot_every, max_retries, axes, name, wait_s, prepare, slices=slices)
+        return Elastic(f, snapshot_every, max_retries, axes, name, wait_s, prepare, slices=slices, kind=kind)
 
     return wrap(fn) if fn is not None else wrap
 

@@ -137,6 +137,25 @@ def test_a_kernel_on_slices_of_two_kinds_groups_them_and_builds_a_mesh_per_kind(
         assert mixed.status == "error"
         assert "the live slices are of 2 kinds (TPU v5p on slice 0,1, TPU v6 lite on slice 2)" in mixed.error
         assert len(mixed.error.strip().splitlines()) == 1, mixed.error
+        # Elastic runs per kind: on the v5p slices only, a v5p slice lost mid-run; the v6e slice is never used.
+        spans = k.run("%%pathways elastic --steps 2 --state w\nw = w + 1")
+        assert spans.status == "error" and "the live slices are of 2 kinds" in spans.error, spans.error
+        assert len(spans.error.strip().splitlines()) == 1, spans.error
+        run = k.run(
+            "%%pathways elastic --kind v5p --steps 6 --state w --snapshot-every 2\n"
+            "w = w + 1\n"
+            "if step == 3: pw.fail_slice(1)\n"
+            "assert {d.device_kind for d in mesh.devices.flat} == {'TPU v5p'}",
+            timeout=240,
+        )
+        try:
+            assert run.status == "ok", run.error
+            assert "6 steps" in run.text and "1 recovery, " in run.text, run.text
+            # Back from the snapshot of step 2 onto slice 0 (devices 0-3): every step counted once.
+            kept = k.run("print(float(w[0, 0]), sorted(d.id for d in w.sharding.device_set))")
+            assert kept.text.strip() == "6.0 [0, 1, 2, 3]", kept.text + kept.error
+        finally:
+            k.run("pw.repair_slice(1)")
     finally:
         k.shutdown()
 
