@@ -71,9 +71,7 @@ def server(tmp_path_factory):
 
 @pytest.fixture
 def page(server, tmp_path_factory):
-    with labtools.browser(tmp_path_factory.mktemp("chromium")) as context:
-        page = context.new_page()
-        page.set_default_timeout(60_000)
+    with labtools.page_of(tmp_path_factory) as page:
         yield page
 
 

@@ -181,3 +181,15 @@ def browser(user_data_dir: Path) -> Iterator[Any]:
             yield context
         finally:
             context.close()
+
+
+@contextlib.contextmanager
+def page_of(tmp_path_factory: Any, viewport: tuple[int, int] | None = None) -> Iterator[Any]:
+    """One page of a fresh Chromium (a profile of its own), waiting up to 60 s for what it is
+    asked; at ``viewport`` (width, height) if given, else the browser's 1400x900."""
+    with browser(tmp_path_factory.mktemp("chromium")) as context:
+        page = context.new_page()
+        page.set_default_timeout(60_000)
+        if viewport is not None:
+            page.set_viewport_size({"width": viewport[0], "height": viewport[1]})
+        yield page
