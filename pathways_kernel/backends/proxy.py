@@ -44,6 +44,8 @@ INSECURE_ENV = "IFRT_PROXY_USE_INSECURE_GRPC_CREDENTIALS"
 CONNECT_TIMEOUT_ENV = "PATHWAYS_PROXY_CONNECTION_TIMEOUT_SECS"
 #: Seconds after a client connect attempt during which it may still call back.
 _LATE_CALLBACK_S = 1.5
+#: Seconds a connect waits for the client's "Connected" callback (it lands within milliseconds).
+_CONNECTED_CALLBACK_S = 0.5
 
 
 def parse_spec(spec: str) -> preflight_lib.Target:
@@ -79,6 +81,8 @@ class ProxyBackend(Backend):
         self._previous: tuple[Any, Any, str | None] | None = None
         #: JAX's client for this backend while it is active: its arrays are lost once it closes.
         self.client: Any = None
+        #: Set by the client's own "Connected to IFRT proxy server" callback (on its thread).
+        self._connected = threading.Event()
 
     @classmethod
     def from_spec(cls, spec: str, timeout: float | None = None, insecure: bool | None = None) -> ProxyBackend:
@@ -120,6 +124,9 @@ class ProxyBackend(Backend):
         try:
             # Connect now, so a failure shows here and not in the user's next cell.
             self.client = jax.devices()[0].client
+            # The client says "Connected" on its own thread just after it returns: waited for
+            # (briefly), its line comes before the session's `connect` event, not after it.
+            self._connected.wait(_CONNECTED_CALLBACK_S)
         except Exception as exc:  # the client raises RuntimeError/JaxRuntimeError
             self._restore()
             raise BackendError(
@@ -156,6 +163,8 @@ class ProxyBackend(Backend):
         _EXIT_GUARD.touch()
         if self.events is not None:
             self.events.emit("connection_update", detail=_strip_timestamp(message))
+        if "Connected to IFRT proxy server" in message:
+            self._connected.set()
 
     def _on_disconnect(self, status: Any) -> None:
         _EXIT_GUARD.touch()
