@@ -41,6 +41,36 @@ export class TimeWindow {
     this.zoomed = null;
     this._changed();
   }
+
+  /** A chart's uPlot cursor and hooks on this window: drag to zoom, double-click to go back to
+   * the live window; ``read`` follows the cursor. Every time chart shares them. */
+  interaction(read: (u: uPlot) => void): Pick<uPlot.Options, 'cursor' | 'hooks'> {
+    return {
+      cursor: {
+        drag: { x: true, y: false, setScale: false },
+        bind: {
+          dblclick: () => () => {
+            this.reset();
+            return null;
+          }
+        }
+      },
+      hooks: {
+        setSelect: [
+          u => {
+            if (u.select.width > 2) {
+              this.zoom(
+                u.posToVal(u.select.left, 'x'),
+                u.posToVal(u.select.left + u.select.width, 'x')
+              );
+            }
+            u.setSelect({ left: 0, top: 0, width: 0, height: 0 }, false);
+          }
+        ],
+        setCursor: [read]
+      }
+    };
+  }
 }
 
 export interface ChartOptions {
@@ -162,29 +192,7 @@ export class TimeChart extends PlotChart {
         }
       ],
       legend: { show: true, live: true },
-      cursor: {
-        drag: { x: true, y: false, setScale: false },
-        bind: {
-          dblclick: () => () => {
-            this._window.reset();
-            return null;
-          }
-        }
-      },
-      hooks: {
-        setSelect: [
-          u => {
-            if (u.select.width > 2) {
-              this._window.zoom(
-                u.posToVal(u.select.left, 'x'),
-                u.posToVal(u.select.left + u.select.width, 'x')
-              );
-            }
-            u.setSelect({ left: 0, top: 0, width: 0, height: 0 }, false);
-          }
-        ],
-        setCursor: [u => this._readEvent(u)]
-      }
+      ...this._window.interaction(u => this._readEvent(u))
     };
     return new uPlot(opts, columns.data as uPlot.AlignedData, this.plotNode);
   }

@@ -111,29 +111,7 @@ export class PhaseLaneChart extends PlotChart {
         }
       ],
       legend: { show: true, live: true },
-      cursor: {
-        drag: { x: true, y: false, setScale: false },
-        bind: {
-          dblclick: () => () => {
-            this._window.reset();
-            return null;
-          }
-        }
-      },
-      hooks: {
-        setSelect: [
-          u => {
-            if (u.select.width > 2) {
-              this._window.zoom(
-                u.posToVal(u.select.left, 'x'),
-                u.posToVal(u.select.left + u.select.width, 'x')
-              );
-            }
-            u.setSelect({ left: 0, top: 0, width: 0, height: 0 }, false);
-          }
-        ],
-        setCursor: [u => this._read(u)]
-      }
+      ...this._window.interaction(u => this._read(u))
     };
     return new uPlot(opts, columns.data as uPlot.AlignedData, this.plotNode);
   }
