@@ -265,8 +265,8 @@ def defer_pathwaysutils(defer: bool = True) -> None:
     ``initialize_pathwaysutils`` once the session is up.
 
     A kernel's start does this: importing pathwaysutils (orbax, FastAPI) took ~1-2 s of every
-    start before the first cell could run, for profiling hooks a first cell rarely needs (the
-    kernel holds a cell that names the profiler until they are in, ``kernel.py``).
+    start before the first cell could run, for profiling hooks a first cell rarely needs (until
+    they are in, the kernel holds ``jax.profiler``'s calls, ``profiling/hold.py``).
     """
     global _defer_pathwaysutils
     _defer_pathwaysutils = defer and not _pathwaysutils_initialized

@@ -12,6 +12,10 @@ patched, and why:
 * ``pathwaysutils.elastic.manager.Manager.elastic_retry`` and
   ``pathwaysutils.elastic.elastic.wait_for_slices``: wrapped so that the
   attempts of one retried job are one goodput run (``training/goodput_jobs.py``).
+* ``pathwaysutils.profiling._original_start_trace`` and ``_original_stop_trace``:
+  its references to JAX's functions, taken when the module is imported. A kernel's
+  start holds ``jax.profiler`` until pathwaysutils is in (``profiling/hold.py``); an
+  import meanwhile would take the held functions, so it is given JAX's.
 
 Importing pathwaysutils costs ~0.7 s (it brings orbax), so nothing here
 imports it: a patch of a module not imported yet is put in by an import hook
@@ -34,6 +38,7 @@ from typing import Any
 
 ELASTIC = "pathwaysutils.elastic.elastic"
 MANAGER = "pathwaysutils.elastic.manager"
+PROFILING = "pathwaysutils.profiling"
 
 _lock = threading.RLock()
 #: Patches started whose module is not imported yet, by module name.
@@ -144,3 +149,9 @@ def slice_groups(slice_map: Callable[[], Mapping[Any, int]]) -> Patch:
         return get_slice_to_devices
 
     return Patch(ELASTIC, "get_slice_to_devices", wrap)
+
+
+def profiler_originals(unwrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> list[Patch]:
+    """pathwaysutils' references to JAX's ``start_trace`` and ``stop_trace``, each replaced by
+    ``unwrap(reference)``. Not started; a stop once applied puts the references it took back."""
+    return [Patch(PROFILING, "_original_start_trace", unwrap), Patch(PROFILING, "_original_stop_trace", unwrap)]
