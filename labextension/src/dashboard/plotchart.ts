@@ -14,16 +14,21 @@ import { MARKER_KINDS } from '../model/dashboardmodel';
 /** CSS px of a chart's plot in the dashboard (a chart in its own tab takes the tab's height). */
 export const CHART_HEIGHT = 170;
 
-/** Series colours: JupyterLab theme variables only, cycled. */
+/**
+ * Series colours: JupyterLab theme variables only, cycled. Seven hues that stay
+ * apart and readable on the background in the light and dark themes
+ * (test/palette.test.ts): not the accent colours (the success colours' greens)
+ * nor the pale *-color3 ones (nearly white lines in the light theme); purple
+ * and olive are the editor's themed syntax colours, which every theme sets.
+ */
 export const SERIES_VARS = [
   '--jp-brand-color1',
   '--jp-warn-color1',
   '--jp-success-color1',
-  '--jp-accent-color1',
-  '--jp-brand-color3',
-  '--jp-warn-color3',
-  '--jp-success-color3',
-  '--jp-accent-color3'
+  '--jp-mirror-editor-operator-color',
+  '--jp-error-color1',
+  '--jp-info-color1',
+  '--jp-mirror-editor-bracket-color'
 ];
 
 /** How a chart names itself to assistive technology. */
