@@ -294,7 +294,7 @@ def best(runs: list[dict]) -> dict:
 
 def baseline_server(revision: str, directory: str):
     """A server run from the package as it was at git ``revision``, and the revision's short name."""
-    from pathways_kernel.server import launch
+    from pathways_kernel.backends import server_client
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     name = subprocess.run(
@@ -306,7 +306,7 @@ def baseline_server(revision: str, directory: str):
     subprocess.run(["tar", "-x", "-C", directory], input=archive, check=True)
     # python -m looks in the working directory first, then PYTHONPATH, then the installed package.
     with contextlib.chdir(directory):
-        return launch.start(2, 4, env={"PYTHONPATH": directory}), name
+        return server_client.start(2, 4, env={"PYTHONPATH": directory}), name
 
 
 def script(name: str, *args: str, timeout: float = 1800) -> list[str]:
@@ -333,7 +333,7 @@ def main() -> None:
         "--big-mib", type=int, default=512, help="the big array's MiB (512; 3072 is issue 27's case: needs ~8 GiB free)"
     )
     args = parser.parse_args()
-    from pathways_kernel.server import launch
+    from pathways_kernel.backends import server_client
 
     print(f"load average at start: {os.getloadavg()[0]:.1f} (2-core machine, shared)", flush=True)
     base = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
@@ -344,9 +344,9 @@ def main() -> None:
             if args.baseline:
                 server, name = baseline_server(args.baseline, directory)
                 servers.append(server)
-                sides[f"server@{name}"] = launch.client_env(server.target, connect_timeout_s=60)
-            servers.append(launch.start(2, 4))
-            sides["local server"] = launch.client_env(servers[-1].target, connect_timeout_s=60)
+                sides[f"server@{name}"] = server_client.client_env(server.target, connect_timeout_s=60)
+            servers.append(server_client.start(2, 4))
+            sides["local server"] = server_client.client_env(servers[-1].target, connect_timeout_s=60)
             runs: dict[str, list[dict]] = {side: [] for side in sides}
             floors = []
             for _ in range(2):

@@ -72,9 +72,9 @@ def measure(target: str | None) -> dict:
     def client_bytes() -> int:
         if target is None:
             return 0
-        from pathways_kernel.server import control
+        from pathways_kernel.backends import server_client
 
-        counts = control.status(target)["counts"]
+        counts = server_client.status(target)["counts"]
         return counts.get("host_bytes_from_client", 0) + counts.get("host_bytes_to_client", 0)
 
     jax.block_until_ready(sync())
@@ -332,18 +332,18 @@ def report_rl_goodput(base: dict[str, str]) -> None:
 
 
 def main() -> None:
-    from pathways_kernel.server import launch
+    from pathways_kernel.backends import server_client
 
     print(f"load average at start: {os.getloadavg()[0]:.1f} (2-core machine, shared)", flush=True)
     base = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
     if sys.argv[1:2] == ["--rl-goodput"]:
         report_rl_goodput(base)
         return
-    server = launch.start(2, 1)
+    server = server_client.start(2, 1)
     try:
         sides = {
             "in-process": ({**base, "JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "2"}, None),
-            "local server": (launch.client_env(server.target, connect_timeout_s=60), server.target),
+            "local server": (server_client.client_env(server.target, connect_timeout_s=60), server.target),
         }
         runs: dict[str, list[dict]] = {side: [] for side in sides}
         for _ in range(2):

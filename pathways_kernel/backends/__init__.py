@@ -168,16 +168,16 @@ def start_server_early() -> None:
     """Starts the local Pathways server of the default spec (``local:SxC``), without waiting for it.
 
     The kernel calls it before its own imports (JAX, IPython), so that the server starts beside
-    them; the session's ``local:SxC`` backend adopts it (``launch.start``). Any other spec, or a
+    them; the session's ``local:SxC`` backend adopts it (``server_client.start``). Any other spec, or a
     malformed one (the session says why in one line), starts nothing.
     """
     local = _default_local()
     if local is None:
         return
     slices, chips = local
-    from pathways_kernel.server import launch
+    from pathways_kernel.backends import server_client
 
-    launch.start_early(slices, chips, launch.kernel_env())
+    server_client.start_early(slices, chips, server_client.kernel_env())
 
 
 __all__ = [

@@ -3,7 +3,7 @@
 Jupyter's interrupt stops the cell's Python at once, but a loop that never read its results has
 handed the server many executions, and the next cell's first request would wait behind all of
 them (44.9 s seen for a tiny op). Once a cell ends with ``KeyboardInterrupt`` the kernel tells
-the server (``control.cancel``): what it has not started is dropped, its outputs read as
+the server (``server_client.cancel``): what it has not started is dropped, its outputs read as
 CANCELLED. What XLA already runs cannot be stopped; the kernel says in one line how much that is.
 """
 
@@ -23,14 +23,14 @@ log = logging.getLogger("pathways_kernel")
 def cancel_queued() -> int | None:
     """Drops what the session's local server has not started; returns the most executions still
     running on one device, or None if the session has no local server (or it is gone)."""
-    from pathways_kernel.server import control
+    from pathways_kernel.backends import server_client
 
     current = sessions.current()
     backend = current.backend if current is not None else None
     if not isinstance(backend, LocalServerBackend) or backend.server is None or backend.gone() is not None:
         return None
     try:
-        running: int = control.cancel(backend.server.target)["running"]
+        running: int = server_client.cancel(backend.server.target)["running"]
     except PathwaysError as error:
         log.warning("pathways: cancelling the interrupted cell's work failed: %s", one_line(error))
         return None

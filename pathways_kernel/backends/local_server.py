@@ -1,6 +1,6 @@
 """The local backend, the default: ``local:SxC`` (also ``local-server:SxC``, ``--server``).
 
-The session starts ``pathways-local serve`` as a child (``server/launch.py``:
+The session starts ``pathways-local serve`` as a child (``backends/server_client.py``:
 a Unix socket in a 0700 directory) and connects to it exactly as a GKE user
 connects to Pathways: ``JAX_PLATFORMS=proxy``, pathwaysutils, JAX's own IFRT
 proxy client, after a pre-flight check of the server's ``GetVersion`` (all of
@@ -8,7 +8,7 @@ it ``ProxyBackend``'s). The devices carry ``slice_index`` and ``coords`` from
 the server, so the topology, pathwaysutils and MaxText-style code read them
 directly, with no patch in this process's JAX.
 
-Slices are lost where Pathways loses them, on the server (``control.fail``):
+Slices are lost where Pathways loses them, on the server (``server_client.fail``):
 ``pw.fail_slice`` and everything routed through the fault injector
 (``%pathways fail``, chaos, the monitor) reach the server through
 ``lose_slice``/``restore_slice`` here, instead of swapping buffers in process.
@@ -94,7 +94,7 @@ class LocalServerBackend(InjectedFaults, ProxyBackend):
         self.chips_per_slice = chips_per_slice
         #: Slices of TPU generations, as the server's --slices names them (``v5p:2x2x1*2,v6e:2x2``), or None.
         self.kinds = kinds
-        self.server: Any = None  # launch.LocalServer while started
+        self.server: Any = None  # server_client.LocalServer while started
         # id -> array, for arrays the server dropped (jax arrays are not hashable).
         self._lost: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
         self._closing = False
@@ -142,12 +142,12 @@ class LocalServerBackend(InjectedFaults, ProxyBackend):
         return self.report
 
     def activate(self) -> None:
-        from pathways_kernel.server import launch
+        from pathways_kernel.backends import server_client
 
         jaxcompat.set_cpp_min_log_level(3)
         # The server the kernel started before its imports (``start_server_early``), if it is this one.
-        self.server = launch.start(
-            self.kinds or self.num_slices, self.chips_per_slice, env=launch.kernel_env(), on_step=startup.advance
+        self.server = server_client.start(
+            self.kinds or self.num_slices, self.chips_per_slice, env=server_client.kernel_env(), on_step=startup.advance
         )
         self._exit_stop.arm()
         self._pidfd = _open_pidfd(self.server.pid)
@@ -249,13 +249,13 @@ class LocalServerBackend(InjectedFaults, ProxyBackend):
         """Loses slice ``index`` on the server; returns (arrays lost here, their bytes)."""
         import jax
 
-        from pathways_kernel.server import control
+        from pathways_kernel.backends import server_client
 
         self.check()
         with COPIES.lock:
             if COPIES:
                 self._reads_reach_server(index)
-            control.fail(self.server.target, index)
+            server_client.fail(self.server.target, index)
         lost = [
             array
             for array in jax.live_arrays()
@@ -292,10 +292,10 @@ class LocalServerBackend(InjectedFaults, ProxyBackend):
 
     def restore_slice(self, index: int) -> None:
         """Brings slice ``index`` back on the server, empty."""
-        from pathways_kernel.server import control
+        from pathways_kernel.backends import server_client
 
         self.check()
-        control.repair(self.server.target, index)
+        server_client.repair(self.server.target, index)
 
     def is_lost(self, array: Any, wait: bool = True) -> bool:
         """Whether reading ``array`` raises the server's ``DATA_LOSS`` (see the module doc)."""
@@ -317,12 +317,14 @@ class LocalServerBackend(InjectedFaults, ProxyBackend):
     def chip_metrics(self) -> ChipMetrics | None:
         """The server's runtime metric service, on its socket: what tpu-info reads of a TPU host."""
         from pathways_kernel.backends.runtime_metrics import RuntimeMetrics
-        from pathways_kernel.server.metric_service import WINDOW_S
+        from pathways_kernel.core.server_protocol import METRIC_WINDOW_S
 
         server = self.server
         if server is None:
             return None
-        return RuntimeMetrics(server.target.removeprefix("grpc://"), WINDOW_S, name="runtime metrics (pathways-local)")
+        return RuntimeMetrics(
+            server.target.removeprefix("grpc://"), METRIC_WINDOW_S, name="runtime metrics (pathways-local)"
+        )
 
 
 #: What JAX's proxy client says, before asking the server, when a program has a host callback

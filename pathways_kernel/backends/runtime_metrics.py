@@ -20,7 +20,7 @@ from tpu_info.proto import tpu_metric_service_pb2 as pb
 
 from pathways_kernel.core.backend import ChipMetrics, ChipReadings
 from pathways_kernel.core.errors import BackendError
-from pathways_kernel.server.metric_service import DUTY_CYCLE, HBM_TOTAL, HBM_USAGE, SERVICE
+from pathways_kernel.core.server_protocol import DUTY_CYCLE, HBM_TOTAL, HBM_USAGE, METRIC_SERVICE
 
 #: Seconds one call may take: the hub samples a few times a second and must not stall on a dead server.
 _TIMEOUT_S = 1.0
@@ -39,7 +39,7 @@ class RuntimeMetrics(ChipMetrics):
         else:
             self._channel = grpc.secure_channel(target, grpc.local_channel_credentials())
         self._get = self._channel.unary_unary(
-            f"/{SERVICE}/GetRuntimeMetric",
+            f"/{METRIC_SERVICE}/GetRuntimeMetric",
             request_serializer=pb.MetricRequest.SerializeToString,
             response_deserializer=pb.MetricResponse.FromString,
         )

@@ -38,10 +38,10 @@ from pathways_kernel.core.backend import Backend
 from pathways_kernel.core.display import TextDisplay
 from pathways_kernel.core.errors import PathwaysError, StorageError
 from pathways_kernel.core.eventlog import format_bytes
+from pathways_kernel.core.server_protocol import SERVER_TRACE
 from pathways_kernel.core.sessions import session
 from pathways_kernel.profiling import jax_trace  # jax.profiler.trace(DIR) on local: (installs itself)
 from pathways_kernel.profiling import summary as summary_lib
-from pathways_kernel.server.plugins import SERVER_TRACE
 
 if TYPE_CHECKING:
     from jax.profiler import ProfileOptions

@@ -27,7 +27,7 @@ from pathways_kernel.backends import proxy
 from pathways_kernel.backends.local_server import LocalServerBackend
 from pathways_kernel.core import sessions
 from pathways_kernel.core.errors import PathwaysError
-from pathways_kernel.server.names import SERVER_TRACE
+from pathways_kernel.core.server_protocol import SERVER_TRACE
 
 #: Where jax.profiler and the Pathways workers put one run under a log dir.
 RUNS_DIR = "plugins/profile"

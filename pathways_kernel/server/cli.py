@@ -25,6 +25,15 @@ import sys
 from typing import TYPE_CHECKING, NoReturn
 
 from pathways_kernel.core import parsing
+from pathways_kernel.core.errors import PathwaysError
+from pathways_kernel.core.server_protocol import (
+    DEVICES_LINE,
+    METRICS_LINE,
+    PARENT_ENV,
+    PROCESS_LINE,
+    SERVING_LINE,
+    control_call,
+)
 from pathways_kernel.core.text import shown
 
 if TYPE_CHECKING:
@@ -134,16 +143,11 @@ def _private_socket(path: str) -> str:
     return path
 
 
-#: The server's first line: its process runs (the pid follows); then JAX's import and its devices.
-PROCESS_LINE = "pathways-local: process up, pid "
-#: Its devices exist (their count follows); then it binds its socket and says ``serving`` (launch.FIRST_LINE).
-DEVICES_LINE = "pathways-local: devices ready: "
-
-
 def serve(args: argparse.Namespace) -> int:
     shapes = args.slices
     logging.basicConfig(level=os.environ.get("PATHWAYS_LOCAL_LOG", "WARNING"), format="pathways-local: %(message)s")
-    # Each step of the start is a line, so that a kernel waiting for it can say where it is (launch.start).
+    # Each step of the start is a line (core/server_protocol.py), so that a kernel waiting for it can
+    # say where it is (backends/server_client.py's start).
     if args.progress:
         print(f"{PROCESS_LINE}{os.getpid()}", flush=True)
     # Before JAX starts: the server's devices are CPU devices, whatever the caller's environment says.
@@ -215,7 +219,7 @@ def serve(args: argparse.Namespace) -> int:
     # of the collector, a full collection (heap.Reclaimer's, after big arrays go) takes ~0 ms, not 60-120.
     gc.freeze()
     loop.run_until_complete(grpc_server.start())
-    print(f"pathways-local: serving {_serving(shapes)} on {target}", flush=True)
+    print(f"{SERVING_LINE}{_serving(shapes)} on {target}", flush=True)
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
@@ -268,16 +272,13 @@ def _serve_metrics(metrics: grpc.GenericRpcHandler, port: int, loop: asyncio.Abs
         return False
     loop.run_until_complete(server.start())
     _metrics_servers.append(server)  # held while the process serves
-    print(f"pathways-local: runtime metrics (tpu-info) on localhost:{bound}", flush=True)
+    print(f"{METRICS_LINE}localhost:{bound}", flush=True)
     return True
 
 
 _metrics_servers: list[object] = []
 #: The default of ``--metrics-port``: set it where a kernel starts the server (``local:``) to read its chips with tpu-info.
 METRICS_PORT_ENV = "PATHWAYS_LOCAL_METRICS_PORT"
-
-#: Set by a kernel that starts the server (``backends/local_server.py``): its pid.
-PARENT_ENV = "PATHWAYS_LOCAL_PARENT_PID"
 
 
 async def _orphaned(parent: int, stop: asyncio.Event) -> None:
@@ -288,14 +289,10 @@ async def _orphaned(parent: int, stop: asyncio.Event) -> None:
 
 
 def _control(args: argparse.Namespace) -> int:
-    from pathways_kernel.core.errors import PathwaysError
-    from pathways_kernel.server import control
-
+    # As the kernel calls them (backends/server_client.py): fail, repair and status, 30 s each.
+    body = {} if args.command == "status" else {"slice": args.slice}
     try:
-        if args.command == "status":
-            result = control.status(args.server)
-        else:
-            result = getattr(control, args.command)(args.server, args.slice)
+        result = control_call(args.server, args.command.capitalize(), body, 30.0)
     except PathwaysError as error:
         print(f"pathways-local: {error}", file=sys.stderr)
         return 1

@@ -2,7 +2,9 @@
 work its clients queued (an interrupted cell).
 
 It is served on the server's own address (so whoever may reach the server, and
-no one else, may fail its slices), as ``pathways_local.Control`` with JSON bodies.
+no one else, may fail its slices), as ``pathways_local.Control`` with JSON bodies. Its
+clients call it through ``core/server_protocol.py``'s ``control_call``: the kernel
+(``backends/server_client.py``) and ``pathways-local fail|repair|status``.
 """
 
 from __future__ import annotations
@@ -13,13 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from pathways_kernel.core.errors import BackendError
+from pathways_kernel.core.server_protocol import CONTROL_SERVICE
 from pathways_kernel.server.errors import ServerError, abort
 
 if TYPE_CHECKING:
     from pathways_kernel.server.service import Server
-
-SERVICE = "pathways_local.Control"
 
 
 def handlers(server: Server) -> grpc.GenericRpcHandler:
@@ -39,7 +39,7 @@ def handlers(server: Server) -> grpc.GenericRpcHandler:
         return server.status()
 
     return grpc.method_handlers_generic_handler(
-        SERVICE,
+        CONTROL_SERVICE,
         {
             "Fail": call(lambda body: {"lost_arrays": server.fail_slice(int(body["slice"])), **server.status()}),
             "Repair": call(repair),
@@ -47,39 +47,3 @@ def handlers(server: Server) -> grpc.GenericRpcHandler:
             "Cancel": call(lambda body: server.cancel()),
         },
     )
-
-
-def _address(target: str) -> str:
-    return target.removeprefix("grpc://")
-
-
-def _call(target: str, method: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
-    with grpc.insecure_channel(_address(target)) as channel:
-        rpc = channel.unary_unary(f"/{SERVICE}/{method}")
-        try:
-            result: dict[str, Any] = json.loads(rpc(json.dumps(body).encode(), timeout=timeout))
-            return result
-        except grpc.RpcError as error:
-            detail = error.details() if hasattr(error, "details") else str(error)
-            raise BackendError(f"local Pathways server at {target}: {method.lower()} failed: {detail}") from None
-
-
-def fail(target: str, slice_index: int, timeout: float = 30.0) -> dict[str, Any]:
-    """Loses slice ``slice_index`` on the server at ``target``; returns its status."""
-    return _call(target, "Fail", {"slice": slice_index}, timeout)
-
-
-def repair(target: str, slice_index: int, timeout: float = 30.0) -> dict[str, Any]:
-    """Brings slice ``slice_index`` back (empty); returns the server's status."""
-    return _call(target, "Repair", {"slice": slice_index}, timeout)
-
-
-def cancel(target: str, timeout: float = 5.0) -> dict[str, Any]:
-    """Drops the executions the server has not started (the client was interrupted); returns
-    ``running``, the most executions still running on one device."""
-    return _call(target, "Cancel", {}, timeout)
-
-
-def status(target: str, timeout: float = 30.0) -> dict[str, Any]:
-    """The server's slices, which are down, and bytes held on each device."""
-    return _call(target, "Status", {}, timeout)

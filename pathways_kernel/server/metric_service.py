@@ -1,7 +1,7 @@
 """libtpu's runtime metric service, served by the local server: what ``tpu-info`` reads on a TPU
 host (``tpu.monitoring.runtime.RuntimeMetricService``, ``GetRuntimeMetric``), for its chips.
 
-    tpu.runtime.tensorcore.dutycycle.percent   per device: % of the last ``WINDOW_S`` spent executing programs
+    tpu.runtime.tensorcore.dutycycle.percent   per device: % of the last ``METRIC_WINDOW_S`` spent executing programs
     tpu.runtime.hbm.memory.usage.bytes         per device: bytes of the arrays on it
     tpu.runtime.hbm.memory.total.bytes         per device: the HBM of its kind (``HBM_BYTES``)
 
@@ -29,14 +29,10 @@ from typing import Any
 import grpc
 from tpu_info.proto import tpu_metric_service_pb2 as pb
 
+# The service's and metrics' names, and the window, are the kernel's too (its reader: backends/runtime_metrics.py).
+from pathways_kernel.core.server_protocol import DUTY_CYCLE, HBM_TOTAL, HBM_USAGE, METRIC_SERVICE, METRIC_WINDOW_S
 from pathways_kernel.server.errors import abort
 
-SERVICE = "tpu.monitoring.runtime.RuntimeMetricService"
-DUTY_CYCLE = "tpu.runtime.tensorcore.dutycycle.percent"
-HBM_USAGE = "tpu.runtime.hbm.memory.usage.bytes"
-HBM_TOTAL = "tpu.runtime.hbm.memory.total.bytes"
-#: Seconds the duty cycle is measured over (the figure at a read is for the window ending then).
-WINDOW_S = 1.0
 #: How often the busy time is recorded, so the window's start is known to this precision.
 _TICK_S = 0.05
 
@@ -70,7 +66,7 @@ class DeviceActivity:
     the same devices run in that order) and marks the devices idle once none runs there.
     """
 
-    def __init__(self, devices: int, window_s: float = WINDOW_S, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, devices: int, window_s: float = METRIC_WINDOW_S, clock: Callable[[], float] = time.monotonic):
         self.window_s = window_s
         self._clock = clock
         self.devices = devices
@@ -191,7 +187,7 @@ def handlers(
         return response
 
     return grpc.method_handlers_generic_handler(
-        SERVICE,
+        METRIC_SERVICE,
         {
             "GetRuntimeMetric": grpc.unary_unary_rpc_method_handler(
                 get_runtime_metric, pb.MetricRequest.FromString, pb.MetricResponse.SerializeToString

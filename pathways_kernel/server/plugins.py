@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pathways_kernel.server import names
+from pathways_kernel.core.server_protocol import SERVER_TRACE
 from pathways_kernel.server.arrays import ServerArray, Sharding
 from pathways_kernel.server.errors import INVALID_ARGUMENT, UNIMPLEMENTED, ServerError
 from pathways_kernel.server.persistence import READ, SINGLE, WRITE, PersistenceProgram, compile_persistence
@@ -40,8 +40,6 @@ if TYPE_CHECKING:
     from pathways_kernel.server.devices import Topology
 
 PREFIX = b"__serialized_plugin_program "
-# The server's trace file in a run directory (names.py: the kernel reads it without this module's imports).
-SERVER_TRACE = names.SERVER_TRACE
 
 # One trace per process: jax.profiler allows one at a time, as does a Pathways worker.
 _tracing_lock = threading.Lock()

@@ -40,10 +40,10 @@ with open(sys.argv[1], "w", buffering=1) as out:
 HOLD_THE_GIL = """
 import os, subprocess, sys, tempfile, time
 from pathways_kernel.core.sessions import session
-from pathways_kernel.server import launch
+from pathways_kernel.backends import server_client
 log = tempfile.NamedTemporaryFile("r", suffix=".txt")
 client = subprocess.Popen([sys.executable, "-c", SECOND_CLIENT, log.name],
-                          env=launch.client_env(session().backend.server.target), stderr=subprocess.DEVNULL)
+                          env=server_client.client_env(session().backend.server.target), stderr=subprocess.DEVNULL)
 deadline = time.monotonic() + 120  # its JAX import and connect
 while not log.read(5) and client.poll() is None and time.monotonic() < deadline:
     log.seek(0); time.sleep(0.2)

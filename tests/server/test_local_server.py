@@ -19,7 +19,7 @@ import numpy as np
 import proxy_clients
 import pytest
 
-from pathways_kernel.server import launch
+from pathways_kernel.backends import server_client
 
 HERE = os.path.abspath(__file__)
 STEPS = 20
@@ -35,7 +35,7 @@ def run_client(mode: str, target: str, *args: str, timeout: float = 240, env=Non
 
 @pytest.fixture
 def server():
-    started = launch.start(2, 4)
+    started = server_client.start(2, 4)
     yield started
     started.stop()
 
@@ -237,15 +237,13 @@ def elastic_training(target: str, inject=None) -> tuple[dict, list]:
 def client_elastic(target: str) -> dict:
     import time
 
-    from pathways_kernel.server import control
-
     expected, clean_attempts = elastic_training(target)
 
     def inject(step, manager):
         if step == 6:
-            control.fail(target, 1)
+            server_client.fail(target, 1)
         if step == 12 and 1 in manager.inactive_slice_indices:
-            control.repair(target, 1)
+            server_client.repair(target, 1)
             deadline = time.monotonic() + 60  # the Manager's own monitor sees the repair
             while not manager.available_inactive_slices and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -312,15 +310,13 @@ def hand_written_training(target: str, inject=None) -> tuple[dict, list]:
 
 
 def client_hand_written(target: str) -> dict:
-    from pathways_kernel.server import control
-
     expected, clean_attempts = hand_written_training(target)
 
     def inject(step):
         if step == 6:
-            control.fail(target, 1)
+            server_client.fail(target, 1)
         if step == 12:
-            control.repair(target, 1)
+            server_client.repair(target, 1)
 
     final, attempts = hand_written_training(target, inject)
     return {"expected": expected, "clean_attempts": clean_attempts, "final": final, "attempts": attempts}
@@ -590,10 +586,10 @@ def test_transfers_round_trip_and_a_large_copy_does_not_stall_tiny_ops(server):
 def test_pathwaysutils_profile_persistence_and_colocated_python_run_in_the_server(tmp_path, gcs_server, capfd):
     import tensorstore as ts
 
-    server = launch.start(2, 4, env=gcs_server.env)
+    server = server_client.start(2, 4, env=gcs_server.env)
     try:
         bucket = gcs_server.make_bucket("persisted")
-        env = {**launch.client_env(server.target), **gcs_server.env, "ENABLE_PATHWAYS_PERSISTENCE": "1"}
+        env = {**server_client.client_env(server.target), **gcs_server.env, "ENABLE_PATHWAYS_PERSISTENCE": "1"}
         got = run_client("plugins", server.target, str(tmp_path), str(tmp_path / "saved"), bucket + "/run", env=env)
     finally:
         server.stop()

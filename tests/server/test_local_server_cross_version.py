@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from pathways_kernel.server import launch
+from pathways_kernel.backends import server_client
+from pathways_kernel.core import server_protocol
 
 REPO = Path(__file__).resolve().parents[2]
 OTHER = REPO / ".venv" / "bin" / "python"  # the project's own jaxlib
@@ -50,7 +51,7 @@ def basics(python: str, target: str, out: str) -> dict:
         capture_output=True,
         text=True,
         timeout=240,
-        env=launch.client_env(target),
+        env=server_client.client_env(target),
     )
     lines = [line for line in said.stdout.splitlines() if line.startswith("{")]
     assert said.returncode == 0 and lines, said.stderr[-3000:]
@@ -70,14 +71,14 @@ def serve(python: str, socket_path: str) -> tuple[subprocess.Popen[str], str]:
     assert process.stdout is not None
     deadline = time.monotonic() + 120  # waits for its first line, at most 2 min under load
     for line in process.stdout:
-        if line.startswith(launch.FIRST_LINE):
+        if line.startswith(server_protocol.SERVING_LINE):
             return process, line.rsplit(" ", 1)[1].strip()
         assert time.monotonic() < deadline, "the server did not say it serves within 2 min"
     raise AssertionError(f"the server under {python} ended before it served (rc {process.wait(10)})")
 
 
 def test_a_client_of_another_jaxlib_runs_on_this_server(other, tmp_path):
-    server = launch.start(2, 4)
+    server = server_client.start(2, 4)
     try:
         got = basics(other, server.target, str(tmp_path / "params.npz"))
     finally:

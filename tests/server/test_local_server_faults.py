@@ -20,8 +20,9 @@ import grpc
 import pytest
 from waiting import wait_until
 
+from pathways_kernel.backends import server_client
 from pathways_kernel.core.errors import BackendError
-from pathways_kernel.server import launch, protos
+from pathways_kernel.server import protos
 
 HERE = os.path.abspath(__file__)
 CLI = [sys.executable, "-m", "pathways_kernel.server"]
@@ -78,7 +79,7 @@ def client_faults(target: str, marker: str) -> dict:
 
 
 def test_the_server_listens_on_a_socket_only_its_user_can_reach():
-    server = launch.start(1, 2)
+    server = server_client.start(1, 2)
     try:
         assert server.target.startswith("grpc://unix:")
         path = server.target.removeprefix("grpc://unix:")
@@ -107,7 +108,7 @@ def test_the_server_listens_on_a_socket_only_its_user_can_reach():
 
 
 def test_serve_binds_loopback_by_default_and_says_when_a_port_is_taken():
-    server = launch.start(1, 2, host="127.0.0.1")
+    server = server_client.start(1, 2, host="127.0.0.1")
     try:
         assert server.target.startswith("grpc://127.0.0.1:")
         port = server.target.rsplit(":", 1)[1]
@@ -204,7 +205,7 @@ def test_bad_arguments_are_one_line_and_nothing_is_served(arguments, message):
 
 def test_a_server_that_cannot_start_is_one_line_with_its_own_reason():
     with pytest.raises(BackendError) as failed:
-        launch.start(1, 2, host="192.0.2.1")
+        server_client.start(1, 2, host="192.0.2.1")
     assert str(failed.value).startswith(
         "the local Pathways server did not start: pathways-local: cannot listen on 192.0.2.1:0: "
         "Cannot assign requested address;"
@@ -217,11 +218,11 @@ def test_a_socket_path_no_client_could_reach_or_that_is_a_file_is_refused_and_th
     notes = private / "notes.txt"
     notes.write_text("mine")
     with pytest.raises(BackendError) as failed:
-        launch.start(1, 2, socket_path=str(notes))
+        server_client.start(1, 2, socket_path=str(notes))
     assert str(failed.value).endswith(f"{notes} exists and is not a socket; choose another path"), str(failed.value)
     assert notes.read_text() == "mine"
     with pytest.raises(BackendError) as failed:
-        launch.start(1, 2, socket_path=str(private / "Server.sock"))
+        server_client.start(1, 2, socket_path=str(private / "Server.sock"))
     assert "has capitals, and JAX's proxy client lower-cases JAX_BACKEND_TARGET" in str(failed.value)
     assert "\n" not in str(failed.value)
 
@@ -230,7 +231,7 @@ def test_a_socket_path_no_client_could_reach_or_that_is_a_file_is_refused_and_th
 
 
 def test_bad_requests_are_answered_in_one_line_naming_what_is_wrong():
-    server = launch.start(1, 2)
+    server = server_client.start(1, 2)
     try:
         channel = grpc.insecure_channel(server.target.removeprefix("grpc://"))
         service = "/xla.ifrt.proxy.GrpcIfrtService/"
@@ -329,7 +330,7 @@ def test_a_lost_array_is_answered_not_deleted_as_pathways_does():
 
 
 def test_a_rejected_program_and_a_killed_server_are_one_line_each(tmp_path):
-    server = launch.start(1, 2)
+    server = server_client.start(1, 2)
     marker = tmp_path / "stepping"
     client = None
     try:
@@ -338,7 +339,7 @@ def test_a_rejected_program_and_a_killed_server_are_one_line_each(tmp_path):
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env=launch.client_env(server.target),
+            env=server_client.client_env(server.target),
         )
         wait_until(lambda: marker.exists() or client.poll() is not None, 180)
         assert marker.exists(), client.communicate()[1][-2000:]

@@ -76,11 +76,11 @@ def test_the_kernel_runs_jax_s_proxy_client_against_its_own_server(server_kernel
     # Memory figures are the server's own count of bytes on each device, read through its runtime metric service.
     memory = server_kernel.run(
         "from pathways_kernel.monitoring import telemetry\n"
-        "from pathways_kernel.server import control\n"
+        "from pathways_kernel.backends import server_client\n"
         "layout = telemetry.Layout.of(pw.topology())\n"
         "source = telemetry.hub().source\n"
         "sample = source.sample(layout).memory.tolist()\n"
-        "print(source.name, sample == control.status(pw.session().backend.server.target)['bytes_per_device'],"
+        "print(source.name, sample == server_client.status(pw.session().backend.server.target)['bytes_per_device'],"
         " sample[0] > sample[1] > 0)"
     )
     assert memory.text.strip() == "runtime metrics (pathways-local), 1 s True True", memory.text + memory.error

@@ -16,7 +16,7 @@ import numpy as np
 import proxy_clients
 import pytest
 
-from pathways_kernel.server import launch
+from pathways_kernel.backends import server_client
 
 HERE = __file__
 SPEC = "v5p:2x2x1*2,v6e:2x2"
@@ -24,7 +24,7 @@ SPEC = "v5p:2x2x1*2,v6e:2x2"
 
 @pytest.fixture(scope="module")
 def server():
-    started = launch.start(SPEC)
+    started = server_client.start(SPEC)
     yield started
     started.stop()
 
@@ -35,12 +35,10 @@ def client_kinds(target: str) -> dict:
     from jax.sharding import PartitionSpec as P
     from pathwaysutils.experimental import reshard as experimental_reshard
 
-    from pathways_kernel.server import control
-
     devices = jax.devices()
     result: dict = {
         "devices": [[d.id, d.device_kind, d.slice_index, list(d.coords)] for d in devices],
-        "status": {k: v for k, v in control.status(target).items() if k in ("slices", "kinds", "spec")},
+        "status": {k: v for k, v in server_client.status(target).items() if k in ("slices", "kinds", "spec")},
     }
     v5p = Mesh(np.array(devices[:8]).reshape(2, 4), ("data", "model"))  # both v5p slices
     v6e = Mesh(np.array(devices[8:]).reshape(1, 4), ("data", "model"))
@@ -54,12 +52,12 @@ def client_kinds(target: str) -> dict:
         result["spanning"] = "ran"
     except jax.errors.JaxRuntimeError as error:
         result["spanning"] = str(error).splitlines()[0]
-    before = control.status(target)["counts"]
+    before = server_client.status(target)["counts"]
     synced = experimental_reshard.sidechannel_reshard_with_intermediate_sharding(
         x, x.sharding, NamedSharding(v6e, P(None, "model"))
     )
     jax.block_until_ready(synced)
-    after = control.status(target)["counts"]
+    after = server_client.status(target)["counts"]
     result["sync_bytes"] = [
         after.get(k, 0) - before.get(k, 0) for k in ("host_bytes_from_client", "host_bytes_to_client")
     ]

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import proxy_clients
 
-from pathways_kernel.server import launch
+from pathways_kernel.backends import server_client
 
 HERE = __file__
 
@@ -22,20 +22,18 @@ def client_compile_twice(target: str) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from pathways_kernel.server import control
-
     x = np.arange(64.0, dtype=np.float32).reshape(8, 8)
     results, hits = [], []
     for _ in range(2):
         step = jax.jit(lambda a: jnp.tanh(a @ a.T) + 1.0)  # a new function: JAX lowers and compiles it again
         results.append(np.asarray(step(x)).tolist())
-        hits.append(control.status(target)["counts"].get("compile_cache_hits", 0))
+        hits.append(server_client.status(target)["counts"].get("compile_cache_hits", 0))
         jax.clear_caches()
     return {"results": results, "hits": hits}
 
 
 def test_a_program_compiled_again_is_the_one_the_server_compiled_before():
-    server = launch.start(2, 4)
+    server = server_client.start(2, 4)
     try:
         got = proxy_clients.run_client(HERE, server.target, server.target)
     finally:

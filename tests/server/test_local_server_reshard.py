@@ -2,7 +2,7 @@
 
 What an elastic run does once a slice is lost or comes back: move live state onto
 the new mesh. The server counts the bytes that pass through its host-buffer store
-each way (``control.status``): a reshard that the server does itself moves none.
+each way (``server_client.status``): a reshard that the server does itself moves none.
 JAX's ``device_put`` to a sharding of another shape reads the array into the client
 and uploads it again (JAX decides that in the client, before asking the server; the
 test checks that boundary too), so the kernel reshards with ``state.transfers.reshard``,
@@ -19,7 +19,7 @@ import numpy as np
 import proxy_clients
 import pytest
 
-from pathways_kernel.server import launch
+from pathways_kernel.backends import server_client
 
 HERE = __file__
 ROWS, COLS = 512, 4096  # 8 MiB of float32
@@ -27,7 +27,7 @@ ROWS, COLS = 512, 4096  # 8 MiB of float32
 
 @pytest.fixture
 def server():
-    started = launch.start(2, 4)
+    started = server_client.start(2, 4)
     yield started
     started.stop()
 
@@ -39,7 +39,6 @@ def client_reshard(target: str) -> dict:
     from pathwaysutils.elastic import elastic
     from pathwaysutils.experimental import concatenate_by_mesh_axis, split_by_mesh_axis
 
-    from pathways_kernel.server import control
     from pathways_kernel.state import transfers
 
     devices = jax.devices()
@@ -56,12 +55,12 @@ def client_reshard(target: str) -> dict:
     def through_client(name, move, expected=(value,)) -> dict:
         """Runs ``move``, waits for it; the host-buffer bytes each way meanwhile, and whether
         the results (read afterwards) equal ``expected``."""
-        before = control.status(target)["counts"]
+        before = server_client.status(target)["counts"]
         try:
             moved = kept[name] = list(jax.block_until_ready(move()))
         except jax.errors.JaxRuntimeError as error:
             return {"error": str(error).splitlines()[0], "slice_down": elastic.is_error_due_to_slice_down(error)}
-        after = control.status(target)["counts"]
+        after = server_client.status(target)["counts"]
         return {
             "bytes": [after.get(k, 0) - before.get(k, 0) for k in ("host_bytes_from_client", "host_bytes_to_client")],
             "requests": sorted(
@@ -80,7 +79,7 @@ def client_reshard(target: str) -> dict:
         ),
     }
     survivor = split_by_mesh_axis.split_by_mesh_axis(lost, "data")[0]  # concatenating donated the halves
-    control.fail(target, 1)
+    server_client.fail(target, 1)
     # onto the survivors, laid out otherwise (a mesh of another shape)
     result["after_loss"] = through_client(
         "after_loss",
@@ -92,7 +91,7 @@ def client_reshard(target: str) -> dict:
     result["lost"] = through_client("lost", lambda: transfers.reshard([lost], [NamedSharding(slice0, rows)]))
     # The half split off onto slice 0 outlived the loss.
     result["half_on_slice0"] = bool(np.array_equal(np.asarray(survivor), halves[0]))
-    control.repair(target, 1)
+    server_client.repair(target, 1)
     # The slice is back: scale up onto both slices, and a same-shape move onto slice 1.
     result["scale_up"] = through_client("up", lambda: transfers.reshard([live], [NamedSharding(both, rows)]))
     result["same_shape"] = through_client("same", lambda: [jax.device_put(live, NamedSharding(slice1, rows))])

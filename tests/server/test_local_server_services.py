@@ -126,14 +126,14 @@ def test_on_the_server_a_loader_batch_costs_ten_requests_each_slice_making_its_b
     """Each batch cost 17 requests: slice 1's block was made on slice 0's devices and copied over,
     and the blocks were joined by 4 disassembles and 2 assembles; now one join (remap) and no copy."""
     reply = server_kernel.run(
-        "from pathways_kernel.server import control\n"
+        "from pathways_kernel.backends import server_client\n"
         "target = pw.session().backend.server.target\n"
         "def rows(step, shard, num_shards):\n"
         "    x = np.full((8, 16), step * 10 + shard, np.float32)\n"
         "    return {'x': x, 'y': x[:, :1]}\n"
         "def requests():\n"
         "    time.sleep(0.3)\n"
-        "    return {k: v for k, v in control.status(target)['counts'].items() if k.startswith('requests.')}\n"
+        "    return {k: v for k, v in server_client.status(target)['counts'].items() if k.startswith('requests.')}\n"
         "with pw.loader(rows, mesh=pw.mesh(), spec=P('data'), prefetch=0) as batches:\n"
         "    jax.block_until_ready(batches.batch(0))\n"
         "    before = requests()\n"

@@ -15,7 +15,7 @@ import numpy as np
 import proxy_clients
 import pytest
 
-from pathways_kernel.server import launch
+from pathways_kernel.backends import server_client
 
 HERE = __file__
 ROWS, COLS = 256, 2048  # 2 MiB of float32 per parameter
@@ -23,7 +23,7 @@ ROWS, COLS = 256, 2048  # 2 MiB of float32 per parameter
 
 @pytest.fixture(scope="module")
 def server():
-    started = launch.start(2, 4)
+    started = server_client.start(2, 4)
     yield started
     started.stop()
 
@@ -34,8 +34,6 @@ def client_sync(target: str) -> dict:
     from jax.sharding import PartitionSpec as P
     from pathwaysutils.elastic import elastic
     from pathwaysutils.experimental import reshard as experimental_reshard
-
-    from pathways_kernel.server import control
 
     devices = jax.devices()
     trainer = Mesh(np.array(devices[:4]).reshape(4, 1), ("fsdp", "tp"))
@@ -53,9 +51,9 @@ def client_sync(target: str) -> dict:
 
     def sync(move, wanted) -> dict:
         """Runs one weight sync, waits for it; the client's host-buffer bytes each way meanwhile."""
-        before = control.status(target)["counts"]
+        before = server_client.status(target)["counts"]
         moved = jax.block_until_ready(move())
-        after = control.status(target)["counts"]
+        after = server_client.status(target)["counts"]
         leaves, wanted_leaves = jax.tree.leaves(moved), jax.tree.leaves(wanted)
         return {
             "bytes": [after.get(k, 0) - before.get(k, 0) for k in ("host_bytes_from_client", "host_bytes_to_client")],
@@ -112,14 +110,14 @@ def client_sync(target: str) -> dict:
         result["donated"]["source_usable"] = False
     # The rollout's slice is lost: the sync itself fails with the slice-down error an elastic RL
     # loop waits for, and once the slice is back the next sync lands there again.
-    control.fail(target, 1)
+    server_client.fail(target, 1)
     try:
         experimental_reshard.reshard(params["w"], NamedSharding(rollout, P()))
         result["onto_lost"] = "synced"
     except jax.errors.JaxRuntimeError as error:
         result["onto_lost"] = str(error).splitlines()[0]
         result["onto_lost_is_slice_down"] = elastic.is_error_due_to_slice_down(error)
-    control.repair(target, 1)
+    server_client.repair(target, 1)
     after = experimental_reshard.reshard(params["w"], NamedSharding(rollout, P()))
     result["after_repair"] = bool(np.array_equal(np.asarray(after), expected["w"]))
     return result

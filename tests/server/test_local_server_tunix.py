@@ -18,7 +18,7 @@ import sys
 import proxy_clients
 import pytest
 
-from pathways_kernel.server import launch
+from pathways_kernel.backends import server_client
 
 HERE = __file__
 SPEC = "v5p:2x2x1,v6e:2x2"
@@ -33,7 +33,7 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def server():
     # The trainer's slice is a v5p, the rollout's a Trillium v6e (device ids 0-3 and 4-7, as on 2x4).
-    started = launch.start(SPEC)
+    started = server_client.start(SPEC)
     yield started
     started.stop()
 
@@ -49,8 +49,6 @@ def client_grpo(target: str) -> dict:
     from tunix.rl.grpo import grpo_learner as grpo_lib
     from tunix.rl.rollout import base_rollout
     from tunix.tests import test_common as tc
-
-    from pathways_kernel.server import control
 
     devices = sorted(jax.devices(), key=lambda d: d.id)
     trainer_mesh = Mesh(np.array(devices[:4]).reshape(4, 1), ("fsdp", "tp"))  # slice 0
@@ -80,10 +78,10 @@ def client_grpo(target: str) -> dict:
 
     def checked_sync() -> None:
         """Tunix's own sync, then what a user would check: the rollout's weights are the trainer's."""
-        before = control.status(target)["counts"]
+        before = server_client.status(target)["counts"]
         sync()
         rollout = jax.block_until_ready(nnx.state(cluster.rollout.model(), nnx.Param))
-        after = control.status(target)["counts"]
+        after = server_client.status(target)["counts"]
         trainer = nnx.state(cluster.actor_trainer.model, nnx.Param)
         pairs = zip(jax.tree.leaves(rollout), jax.tree.leaves(trainer), strict=True)
         syncs.append({
@@ -116,7 +114,7 @@ def client_grpo(target: str) -> dict:
 
 
 def test_tunix_grpo_with_trainer_on_a_v5p_slice_and_rollout_on_a_v6e_slice_syncs_on_the_server(server):
-    env = launch.client_env(server.target)
+    env = server_client.client_env(server.target)
     env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(TUNIX_DIR), env.get("PYTHONPATH", "")])
     got = proxy_clients.run_client(HERE, server.target, server.target, env=env, timeout=600)
 

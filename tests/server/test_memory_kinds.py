@@ -18,7 +18,7 @@ import sys
 import numpy as np
 import proxy_clients
 
-from pathways_kernel.server import launch
+from pathways_kernel.backends import server_client
 
 HERE = os.path.abspath(__file__)
 EXPECTED = {
@@ -96,7 +96,7 @@ def test_memory_kind_examples_match_in_process_jax():
     )
     assert stock.returncode == 0, stock.stderr[-3000:]
     assert json.loads(stock.stdout.splitlines()[-1]) == EXPECTED
-    server = launch.start(2, 4)
+    server = server_client.start(2, 4)
     try:
         assert proxy_clients.run_client(HERE, server.target) == EXPECTED
     finally:

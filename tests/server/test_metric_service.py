@@ -17,7 +17,9 @@ import grpc
 import pytest
 from tpu_info import metrics as tpu_metrics
 
-from pathways_kernel.server import launch, metric_service
+from pathways_kernel.backends import server_client
+from pathways_kernel.core import server_protocol
+from pathways_kernel.server import metric_service
 
 HERE = os.path.abspath(__file__)
 HELD = 64 << 20  # bytes the client keeps on device 0 (a 4096x4096 float32)
@@ -25,7 +27,7 @@ HELD = 64 << 20  # bytes the client keeps on device 0 (a 4096x4096 float32)
 
 @pytest.fixture(scope="module")
 def server():
-    started = launch.start(2, 4, metrics_port=0)
+    started = server_client.start(2, 4, metrics_port=0)
     yield started
     started.stop()
 
@@ -48,7 +50,7 @@ def test_busy_devices_read_their_duty_cycle_and_arrays(server, tmp_path):
     ready = tmp_path / "ready"
     client = subprocess.Popen(
         [sys.executable, HERE, "busy", str(ready)],
-        env=launch.client_env(server.target),
+        env=server_client.client_env(server.target),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -58,7 +60,7 @@ def test_busy_devices_read_their_duty_cycle_and_arrays(server, tmp_path):
         while not ready.exists():  # the client compiled and started its loop
             assert client.poll() is None and time.monotonic() < deadline, client.communicate()[1][-2000:]
             time.sleep(0.2)
-        time.sleep(metric_service.WINDOW_S)  # a full window of work
+        time.sleep(server_protocol.METRIC_WINDOW_S)  # a full window of work
         busy = usage(server)
     finally:
         client.terminate()
@@ -69,7 +71,7 @@ def test_busy_devices_read_their_duty_cycle_and_arrays(server, tmp_path):
     assert slice0[0].memory_usage >= HELD, busy
     assert all(u.memory_usage == 0 for u in slice1), busy
     # The client is gone: its arrays with it, and a window later no device is busy.
-    time.sleep(metric_service.WINDOW_S + 0.5)
+    time.sleep(server_protocol.METRIC_WINDOW_S + 0.5)
     after = usage(server)
     assert all(u.duty_cycle_pct == 0 and u.memory_usage == 0 for u in after), after
 
@@ -79,19 +81,19 @@ def test_the_server_names_what_it_serves_for_another_metric(server):
 
     with grpc.insecure_channel(server.metrics_address) as channel:
         get = channel.unary_unary(
-            f"/{metric_service.SERVICE}/GetRuntimeMetric",
+            f"/{server_protocol.METRIC_SERVICE}/GetRuntimeMetric",
             request_serializer=pb.MetricRequest.SerializeToString,
             response_deserializer=pb.MetricResponse.FromString,
         )
         with pytest.raises(grpc.RpcError) as raised:
             get(pb.MetricRequest(metric_name="tpu.runtime.hbm.utilization.percent"), timeout=10)
     assert raised.value.code() == grpc.StatusCode.NOT_FOUND
-    assert metric_service.DUTY_CYCLE in raised.value.details()
+    assert server_protocol.DUTY_CYCLE in raised.value.details()
 
 
 def test_a_second_server_on_a_taken_metrics_port_serves_without_it(server):
     port = int(server.metrics_address.rsplit(":", 1)[1])
-    second = launch.start(1, 2, metrics_port=port)
+    second = server_client.start(1, 2, metrics_port=port)
     try:
         assert second.metrics_address is None and second.alive()
         assert "cannot serve runtime metrics on 127.0.0.1" in "\n".join(second.stderr_lines)
@@ -100,7 +102,7 @@ def test_a_second_server_on_a_taken_metrics_port_serves_without_it(server):
 
 
 def test_each_kind_of_chip_has_its_own_hbm():
-    mixed = launch.start("v5p:2x2x1,v6e:2x2", metrics_port=0)
+    mixed = server_client.start("v5p:2x2x1,v6e:2x2", metrics_port=0)
     try:
         totals = [u.total_memory for u in usage(mixed)]
     finally:

@@ -15,7 +15,7 @@ import numpy as np
 import proxy_clients
 from load import cpu_hogs
 
-from pathways_kernel.server import launch
+from pathways_kernel.backends import server_client
 
 HERE = __file__
 STEPS, RUNS = 200, 3
@@ -65,7 +65,7 @@ def test_unblocked_adam_steps_on_both_slices_complete_under_load():
     """3 x 200 Adam steps, none read until its run ends, with two CPU hogs running: before
     the server bounded its executions in flight, XLA aborted it ('Expected 4 threads to join
     the rendezvous, but only 3 of them arrived') and the client saw 'Socket closed'."""
-    server = launch.start(2, 4)
+    server = server_client.start(2, 4)
     try:
         with cpu_hogs():
             got = proxy_clients.run_client(HERE, server.target, str(RUNS), str(STEPS), timeout=600)

@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 
-from pathways_kernel.server import launch
+from pathways_kernel.backends import server_client
 
 
 def _imported_after(code: str) -> list[str]:
@@ -39,6 +39,20 @@ def test_kernel_can_start_the_server_before_its_heavy_imports():
     ]
 
 
+def test_kernel_side_imports_none_of_the_servers_modules():
+    # What starts the server, talks to it and reads its metrics and trace: none of it is the server's
+    # process (.importlinter's kernel-side contract checks every module; this checks what really loads).
+    probe = (
+        "import json, sys\n"
+        "import pathways_kernel.backends.server_client, pathways_kernel.backends.local_server\n"
+        "import pathways_kernel.backends.interrupts, pathways_kernel.backends.runtime_metrics\n"
+        "import pathways_kernel.profiling.capture, pathways_kernel.profiling.jax_trace\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('pathways_kernel.server'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
 def test_public_names_still_come_from_the_package():
     out = subprocess.run(
         [
@@ -56,29 +70,29 @@ def test_public_names_still_come_from_the_package():
 
 
 def test_started_early_server_is_adopted_once():
-    env = launch.kernel_env()
-    launch.start_early(1, 2, env)
-    early = launch._early
+    env = server_client.kernel_env()
+    server_client.start_early(1, 2, env)
+    early = server_client._early
     assert early is not None
-    server = launch.start(1, 2, env=env)
+    server = server_client.start(1, 2, env=env)
     try:
         assert server.pid == early.process.pid  # the same process, not a second server
         assert server.target == f"grpc://unix:{early.socket_path}"
-        assert launch._early is None
+        assert server_client._early is None
     finally:
         server.stop()
     assert not os.path.exists(early.directory)
 
 
 def test_unadopted_early_server_is_stopped():
-    env = launch.kernel_env()
-    launch.start_early(1, 2, env)
-    early = launch._early
+    env = server_client.kernel_env()
+    server_client.start_early(1, 2, env)
+    early = server_client._early
     assert early is not None
-    other = launch.start(1, 1, env=env)  # another shape: a server of its own
+    other = server_client.start(1, 1, env=env)  # another shape: a server of its own
     try:
         assert other.pid != early.process.pid
-        launch.discard_early()
+        server_client.discard_early()
         assert early.process.wait(15) is not None
         assert not os.path.exists(early.directory)
     finally:

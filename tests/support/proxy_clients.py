@@ -10,7 +10,7 @@ import json
 import subprocess
 import sys
 
-from pathways_kernel.server import launch
+from pathways_kernel.backends import server_client
 
 
 def run_client(script: str, target: str, *args: str, timeout: float = 240, env=None, prefix=()) -> dict:
@@ -20,7 +20,7 @@ def run_client(script: str, target: str, *args: str, timeout: float = 240, env=N
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=env or launch.client_env(target),
+        env=env or server_client.client_env(target),
     )
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     said = "\n".join(line for line in out.stderr.splitlines() if line.strip())

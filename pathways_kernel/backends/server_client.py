@@ -1,8 +1,10 @@
-"""Start a local Pathways server as a child process, reachable only by this user.
+"""The kernel's side of the local Pathways server: start it as a child process, reachable only by
+this user, and talk to its control channel. The server's own modules (``pathways_kernel/server/``,
+its process) are never imported here: the two sides share only ``core/server_protocol.py``.
 
     server = start(2, 4)            # grpc://unix:/tmp/pathways-local-XXXX/server.sock
     os.environ["JAX_BACKEND_TARGET"] = server.target
-    control.fail(server.target, 1)
+    fail(server.target, 1)
     server.stop()
 
 The server listens on a Unix domain socket in a fresh 0700 directory, so no
@@ -21,13 +23,17 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, Any
 
 from pathways_kernel.core.errors import BackendError
-
-FIRST_LINE = "pathways-local: serving "
-#: Said before ``FIRST_LINE`` when the runtime metrics are served on a port of their own.
-METRICS_LINE = "pathways-local: runtime metrics (tpu-info) on "
+from pathways_kernel.core.server_protocol import (
+    DEVICES_LINE,
+    METRICS_LINE,
+    PARENT_ENV,
+    PROCESS_LINE,
+    SERVING_LINE,
+    control_call,
+)
 
 
 def client_env(target: str, connect_timeout_s: int = 30) -> dict[str, str]:
@@ -176,8 +182,6 @@ def kernel_env() -> dict[str, str]:
     """What a kernel adds to the environment of the server it starts: the server goes when the kernel
     does (also when it is killed without closing its session), and its devices are CPU devices, also in
     a kernel started with the Pathways variables (``JAX_PLATFORMS=proxy``) it would otherwise inherit."""
-    from pathways_kernel.server.cli import PARENT_ENV
-
     return {PARENT_ENV: str(os.getpid()), "JAX_PLATFORMS": "cpu"}
 
 
@@ -262,7 +266,7 @@ def start(
     on_step: Callable[[str], None] | None = None,
 ) -> LocalServer:
     """Starts ``pathways-local serve`` for ``slices`` x ``chips`` (or the slices ``slices`` names,
-    ``"v5p:2x2x1*2,v6e:2x2"``: ``core/tpu_kinds.py``) and waits for its first line.
+    ``"v5p:2x2x1*2,v6e:2x2"``: ``core/tpu_kinds.py``) and waits until it says it serves.
 
     Without ``host`` it listens on a Unix socket (``socket_path``, or one in a new 0700
     directory). With ``metrics_port`` (0: a free one) it also serves libtpu's runtime metrics
@@ -271,8 +275,6 @@ def start(
     (``core/startup.py``'s ``LOCAL_SERVER_STEPS``). Raises BackendError with the server's own last
     line if it does not start.
     """
-    from pathways_kernel.server.cli import DEVICES_LINE, PROCESS_LINE
-
     step = on_step or (lambda _: None)
     directory = None
     early = _take_early(slices, chips, env) if (socket_path, host, metrics_port) == (None, None, None) else None
@@ -293,7 +295,7 @@ def start(
     else:
         stdout, stderr = Output(), Output()
         server = LocalServer("", _spawn(command, env, stdout, stderr), directory, stdout=stdout, stderr=stderr)
-    # Waits for the server's first line, polling its stdout file, at most ``timeout`` seconds.
+    # Waits for the server's serving line, polling its stdout file, at most ``timeout`` seconds.
     deadline = time.monotonic() + timeout
     while True:
         for line in server.stdout.new_lines():
@@ -303,7 +305,7 @@ def start(
                 step("devices")
             if line.startswith(METRICS_LINE):
                 server.metrics_address = line.rsplit(" ", 1)[1]
-            if line.startswith(FIRST_LINE):
+            if line.startswith(SERVING_LINE):
                 server.target = line.rsplit(" ", 1)[1]
                 step("listening")
         if server.target:
@@ -316,3 +318,25 @@ def start(
             said = next((s for s in reversed(server.stderr_lines) if s.strip()), "no output")
             raise BackendError(f"the local Pathways server did not start: {said}")
         time.sleep(_POLL_S)
+
+
+# -- the control channel: fail, repair and inspect the server's slices, cancel queued work --
+def fail(target: str, slice_index: int, timeout: float = 30.0) -> dict[str, Any]:
+    """Loses slice ``slice_index`` on the server at ``target``; returns its status."""
+    return control_call(target, "Fail", {"slice": slice_index}, timeout)
+
+
+def repair(target: str, slice_index: int, timeout: float = 30.0) -> dict[str, Any]:
+    """Brings slice ``slice_index`` back (empty); returns the server's status."""
+    return control_call(target, "Repair", {"slice": slice_index}, timeout)
+
+
+def cancel(target: str, timeout: float = 5.0) -> dict[str, Any]:
+    """Drops the executions the server has not started (the client was interrupted); returns
+    ``running``, the most executions still running on one device."""
+    return control_call(target, "Cancel", {}, timeout)
+
+
+def status(target: str, timeout: float = 30.0) -> dict[str, Any]:
+    """The server's slices, which are down, and bytes held on each device."""
+    return control_call(target, "Status", {}, timeout)
