@@ -12,14 +12,16 @@ import contextlib
 import os
 import sys
 import threading
-import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ipykernel.ipkernel import IPythonKernel
 
 from pathways_kernel import __version__
 from pathways_kernel.core.errors import PathwaysError, one_line
+
+if TYPE_CHECKING:
+    from pathways_kernel.profiling.hold import ProfilerHold
 
 
 class PathwaysKernel(IPythonKernel):
@@ -66,7 +68,7 @@ class PathwaysKernel(IPythonKernel):
         cell_id: str | None = None,
     ) -> dict[str, Any]:
         """Runs the cell once the backend has started (at kernel start the local server may not be up yet)."""
-        if not _wait_for_start(silent) or not _wait_for_profiling(code, silent):
+        if not _wait_for_start(silent):
             sys.stderr.write(f"KeyboardInterrupt: {_INTERRUPTED}\n")
             return {
                 "status": "error",
@@ -114,9 +116,9 @@ class PathwaysKernel(IPythonKernel):
 
 
 _INTERRUPTED = "interrupted while the local Pathways server was starting: the cell did not run (run it again)"
-#: Set once pathwaysutils' profiling hooks are in (or were not deferred): a cell naming the profiler waits for it.
+#: Set once pathwaysutils' profiling hooks are in (or were not deferred): jax.profiler waits for it.
 _PATHWAYSUTILS_READY = threading.Event()
-#: Seconds a cell that names the profiler waits for pathwaysutils after the start (its import: 1-2 s, more under load).
+#: Seconds a jax.profiler call waits for pathwaysutils after the start (its import: 1-2 s, more under load).
 _PATHWAYSUTILS_WAIT_S = 120.0
 #: Seconds between the updates of the line under a cell that waits for the backend's start.
 _WAIT_TICK_S = 1.0
@@ -130,6 +132,7 @@ def _activate(log: Any) -> None:
 
     error: str | None = "the start was cut short"
     deferred = not _PATHWAYSUTILS_READY.is_set()
+    hold: ProfilerHold | None = None
     if deferred:
         proxy.defer_pathwaysutils()
     try:
@@ -148,6 +151,8 @@ def _activate(log: Any) -> None:
         error = one_line(exc)
         log.exception("pathways: starting the backend failed")
     finally:
+        if deferred and error is None:
+            hold = _hold_the_profiler(log)  # in before the first cell runs
         startup.finish(error)
         server_client.discard_early()  # the server started before the imports, if the session did not take it
     if not deferred:
@@ -162,6 +167,22 @@ def _activate(log: Any) -> None:
         log.exception("pathways: initializing pathwaysutils failed")
     finally:
         _PATHWAYSUTILS_READY.set()
+        if hold is not None:
+            hold.stop()
+
+
+def _hold_the_profiler(log: Any) -> ProfilerHold | None:
+    """Until pathwaysutils is in, a jax.profiler call waits for its hooks (``profiling/hold.py``)."""
+    from pathways_kernel.profiling.hold import ProfilerHold
+
+    hold = ProfilerHold(_PATHWAYSUTILS_READY, _wait_in_any_thread, _PATHWAYSUTILS_WAIT_S)
+    try:
+        hold.start()
+    except Exception:  # a bug: the profiler then runs as it would have without the hold
+        log.exception("pathways: holding jax.profiler for pathwaysutils failed")
+        hold.stop()
+        return None
+    return hold
 
 
 def _wait_for_start(silent: bool) -> bool:
@@ -187,27 +208,17 @@ def _wait_for_start(silent: bool) -> bool:
     return _wait_under_a_line(line, silent)
 
 
-def _wait_for_profiling(code: str, silent: bool) -> bool:
-    """A cell that names the profiler (``jax.profiler``, ``%%pathways profile``, ``pw.profile``) waits,
-    at most ``_PATHWAYSUTILS_WAIT_S``, for pathwaysutils' profiling hooks that the start deferred.
-
-    Returns False when interrupted.
-    """
-    if _PATHWAYSUTILS_READY.is_set() or "profil" not in code.lower():
-        return True
-    started = time.monotonic()
-
-    def line() -> str | None:
-        if _PATHWAYSUTILS_READY.wait(_WAIT_TICK_S) or time.monotonic() - started >= _PATHWAYSUTILS_WAIT_S:
-            return None
-        return f"waiting for pathwaysutils' profiling hooks ({time.monotonic() - started:.0f} s)..."
-
-    return _wait_under_a_line(line, silent)
+def _wait_in_any_thread(line: Callable[[], str | None], done: Callable[[], str]) -> bool:
+    """``_wait_under_a_line`` for a wait inside a running cell, whose output so far stays: the line
+    becomes ``done()`` at the end. Library code may start it on a thread of its own, whose line would
+    land in whichever cell ran last: there it waits without one."""
+    return _wait_under_a_line(line, silent=threading.current_thread() is not threading.main_thread(), done=done)
 
 
-def _wait_under_a_line(line: Callable[[], str | None], silent: bool) -> bool:
+def _wait_under_a_line(line: Callable[[], str | None], silent: bool, done: Callable[[], str] | None = None) -> bool:
     """Calls ``line`` (it waits up to a tick) until it returns None, showing each text it returns as
-    one line under the cell, updated in place and cleared at the end. Returns False when interrupted."""
+    one line under the cell, updated in place and at the end cleared (the cell's output), or with
+    ``done`` made ``done()``. Returns False when interrupted."""
     from IPython.display import clear_output, display, update_display
 
     display_id = None
@@ -222,8 +233,10 @@ def _wait_under_a_line(line: Callable[[], str | None], silent: bool) -> bool:
     except KeyboardInterrupt:
         return False
     finally:
-        if display_id is not None:
+        if display_id is not None and done is None:
             clear_output()
+        elif display_id is not None and done is not None:
+            update_display({"text/plain": done()}, raw=True, display_id=display_id)
     return True
 
 
