@@ -4,6 +4,8 @@ A cell that dispatched a long unblocked loop and was interrupted while it waited
 result left every step queued on the server: the next tiny cell silently waited for all of
 them (44.9 s seen). Now the kernel tells the server, which drops what it has not started
 (those outputs read as CANCELLED) and the interrupted cell says in one line what still runs.
+Before that, the steps the notebook's variables wait for finish (at most 30 s; a second
+interrupt drops them), so a loop's ``params`` stays readable.
 """
 
 from __future__ import annotations
@@ -52,8 +54,8 @@ def said_on_stderr(kernel: Kernel, msg_id: str) -> str:
     return "".join(said)
 
 
-def wait_printed(kernel: Kernel, msg_id: str, marker: str, timeout: float) -> str:
-    """Waits until the cell ``msg_id`` prints ``marker`` on stdout; what it wrote to stderr meanwhile."""
+def wait_printed(kernel: Kernel, msg_id: str, marker: str, timeout: float, stream: str = "stdout") -> str:
+    """Waits until the cell ``msg_id`` prints ``marker`` on ``stream``; what it wrote to stderr meanwhile."""
     said = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -62,7 +64,7 @@ def wait_printed(kernel: Kernel, msg_id: str, marker: str, timeout: float) -> st
             continue
         if msg["content"]["name"] == "stderr":
             said.append(msg["content"]["text"])
-        elif marker in msg["content"]["text"]:
+        if msg["content"]["name"] == stream and marker in msg["content"]["text"]:
             return "".join(said)
     raise AssertionError(f"the cell did not print {marker!r} within {timeout} s")
 
@@ -78,6 +80,9 @@ def test_an_interrupted_loop_leaves_no_queued_work_for_the_next_cell():
             # Interrupt once the loop is dispatched, while the cell waits for its last step:
             # a fixed sleep let a quiet machine run all 400 steps first, leaving nothing to cancel.
             said_before = wait_printed(kernel, msg_id, "dispatched", timeout=120)
+            kernel.km.interrupt_kernel()
+            # The cell first waits for the steps `w` and `out` wait for; a second interrupt drops them.
+            said_before += wait_printed(kernel, msg_id, "interrupt again to drop them", timeout=60, stream="stderr")
             kernel.km.interrupt_kernel()
             interrupted = None
             while interrupted is None:
@@ -99,6 +104,7 @@ def test_an_interrupted_loop_leaves_no_queued_work_for_the_next_cell():
         assert took < 30, f"the cell after the interrupt took {took:.1f} s"
         # The interrupted cell said, in one line, what the next one may still wait for.
         assert "dropped the work this cell had queued" in said, said
+        assert "w, out not computed in time: the steps queued for them were dropped too" in said, said
     finally:
         kernel.shutdown()
 
@@ -125,5 +131,41 @@ def test_an_interrupt_after_donating_steps_that_all_finished_says_nothing_runs()
         said = said_on_stderr(kernel, msg_id)
         assert "executions it had started" not in said, said
         assert kernel.run("print(float(jnp.ones(4).sum()))", timeout=60).status == "ok"
+    finally:
+        kernel.shutdown()
+
+
+PARAMS_LOOP = """
+params = w
+for _ in range(60):
+    params = step(params, x)
+print("dispatched", flush=True)
+time.sleep(120)
+"""
+
+
+def test_an_interrupted_loop_leaves_the_variables_it_bound_readable():
+    """A loop of unread steps binding ``params``, interrupted once dispatched: the kernel dropped
+    every step the server had not started, ``params``'s own among them, so the next cell read
+    CANCELLED. Now the steps the cell's variables wait for finish first (bounded), under one line."""
+    kernel = Kernel("pathways", backend=None)
+    try:
+        reply = kernel.run(
+            LOOP
+            + "expected = w\nfor _ in range(60):\n    expected = step(expected, x)\nexpected = float(expected.sum())",
+            timeout=240,
+        )
+        assert reply.status == "ok", reply.error
+        with cpu_hogs():
+            msg_id = kernel.kc.execute(PARAMS_LOOP)
+            said = wait_printed(kernel, msg_id, "dispatched", timeout=120)
+            kernel.km.interrupt_kernel()
+            said += said_on_stderr(kernel, msg_id)
+            read = kernel.run("print(float(params.sum()) == expected)", timeout=120)
+        assert read.status == "ok", read.error
+        assert read.text.strip() == "True", read.text
+        # Said in one line, if the steps took over a second; nothing was given up.
+        assert "not computed in time" not in said, said
+        print(said)
     finally:
         kernel.shutdown()
