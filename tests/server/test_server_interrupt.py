@@ -166,6 +166,5 @@ def test_an_interrupted_loop_leaves_the_variables_it_bound_readable():
         assert read.text.strip() == "True", read.text
         # Said in one line, if the steps took over a second; nothing was given up.
         assert "not computed in time" not in said, said
-        print(said)
     finally:
         kernel.shutdown()
