@@ -38,7 +38,7 @@ from typing import Any
 
 from pathways_kernel.core.eventlog import Event
 from pathways_kernel.core.sessions import Session
-from pathways_kernel.core.text import count
+from pathways_kernel.core.text import count, plural
 from pathways_kernel.state.progress import _in_kernel
 from pathways_kernel.training import accounting, goodput
 from pathways_kernel.training.metric_log import metric_log
@@ -51,6 +51,8 @@ RATE_WINDOW_S = 5.0
 MAX_PER_CELL = 10
 #: Markers drawn on one bar (the summary counts them all).
 MAX_MARKERS = 50
+#: What a run of each kind counts, where it is not steps: an elastic_map job's are its batches.
+UNITS = {"elastic_map": "batch"}
 
 _per_cell: dict[int, int] = {}
 
@@ -183,18 +185,19 @@ class CellProgress:
             markers = list(self._markers)
             reshards = self._reshards
         head = f"{account.kind} '{account.name.removeprefix(account.kind + ' ')}'"
+        unit = UNITS.get(account.kind, "step")
         if final:
             wall = account.wall_s
-            steps = f"step {done}/{total}" if total else f"step {done}"
+            steps = f"{unit} {done}/{total}" if total else f"{unit} {done}"
             stopped = " (stopped early)" if total and done < total else ""
             # In seconds up to 10 minutes, as the run's own report (an elastic cell's result) gives it.
-            parts = [f"{steps}{stopped}: {count(account.steps, 'step')} in {_duration(wall, seconds_below=600)}"]
+            parts = [f"{steps}{stopped}: {count(account.steps, unit)} in {_duration(wall, seconds_below=600)}"]
             if wall > 0 and executed:
-                parts.append(f"{executed / wall:.3g} steps/s")
+                parts.append(f"{executed / wall:.3g} {plural(unit, 2)}/s")
         else:
             rate = self._rate(now, executed)
-            parts = [f"step {done}/{total}" if total else f"step {done}"]
-            parts.append(f"{rate:.3g} steps/s" if rate else "starting")
+            parts = [f"{unit} {done}/{total}" if total else f"{unit} {done}"]
+            parts.append(f"{rate:.3g} {plural(unit, 2)}/s" if rate else "starting")
             if rate and total and done < total:
                 parts.append(f"ETA {_duration((total - done) / rate)}")
         parts += [f"{name} {value:.4g}" for name, value in values.items()]
@@ -208,7 +211,7 @@ class CellProgress:
         if final:
             parts.append(f"goodput {100 * account.goodput:.1f}%")
         line = f"{head}: " + " · ".join(parts)
-        events = [f"step {step}: {what}" for step, _kind, what in markers]
+        events = [f"{unit} {step}: {what}" for step, _kind, what in markers]
         text = "\n".join([line, *("  " + e for e in events)])
         fraction = min(1.0, done / total) if total else (1.0 if final else 0.0)
         at = (lambda step: min(1.0, step / total)) if total else (lambda step: 1.0)

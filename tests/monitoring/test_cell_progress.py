@@ -63,7 +63,7 @@ class Progress:
             for m in messages
             if kind(m) == "update_display_data" and m["content"]["transient"]["display_id"] == self.display_id
         ]
-        final = [re.search(r": \d+ steps? in ", data["text/plain"]) is not None for _t, data in mine]
+        final = [re.search(r": \d+ (steps?|batch(es)?) in ", data["text/plain"]) is not None for _t, data in mine]
         self.updates = [(t, data["text/html"]) for (t, data), done in zip(mine, final, strict=True) if not done]
         self.finals = [data for (_t, data), done in zip(mine, final, strict=True) if done]
 
@@ -205,6 +205,26 @@ for n, batch in enumerate(pw.steps(loader, progress=False)):
 """)
     assert quiet.status == "ok", quiet.error
     assert Progress(quiet.messages).count == 0
+
+
+def test_an_elastic_map_cell_counts_batches_not_steps(kernel):
+    assert kernel.run(SETUP).status == "ok"
+    reply = kernel.run("""
+import numpy as np
+def double(p, batch, mesh):
+    time.sleep(0.05)
+    return batch * p
+out = pw.elastic_map(double, np.arange(32, dtype=np.float32).reshape(16, 2), np.float32(2.0), batch_size=2)
+""")
+    assert reply.status == "ok", reply.error
+    progress = Progress(reply.messages)
+    assert progress.count == 1
+    line = progress.finals[0]["text/plain"].splitlines()[0]
+    # Its 16 requests in 8 batches, counted as batches wherever the line counts.
+    assert re.match(r"elastic_map 'double': batch 8/8: 8 batches in [0-9.]+ m?s · [0-9.]+ batches/s · ", line), line
+    assert "step" not in line, line
+    live = [html.unescape(page) for _t, page in progress.updates]
+    assert all("step" not in page for page in live), live
 
 
 def test_runs_nested_or_past_the_cap_open_no_more_outputs(kernel):
