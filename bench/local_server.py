@@ -35,13 +35,13 @@ server (goal <= 1.5) and goodput (a) on the server (goal >= 0.90).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import AsyncIterator
 
@@ -292,10 +292,48 @@ def best(runs: list[dict]) -> dict:
     return {key: (max if key.endswith(("_s", "load")) else min)(r[key] for r in runs) for key in runs[0]}
 
 
-def baseline_server(revision: str, directory: str):
-    """A server run from the package as it was at git ``revision``, and the revision's short name."""
-    from pathways_kernel.backends import server_client
+class BaselineServer:
+    """``pathways-local serve --slices 2x4`` run from the package as it was at a git revision,
+    started by its command line alone (``server_client.start`` passes flags that older servers
+    refuse: ``--progress`` came with a6a9649)."""
 
+    def __init__(self, directory: str):
+        os.chmod(directory, 0o700)  # the server refuses a socket directory others may enter
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
+        # python -m looks in the working directory first, then PYTHONPATH, then the installed package.
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "pathways_kernel.server", "serve", "--slices", "2x4"]
+            + ["--socket", os.path.join(directory, "baseline.sock")],
+            cwd=directory,
+            env={**env, "PYTHONPATH": directory, "JAX_PLATFORMS": "cpu"},
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.process.stdout is not None
+        # Waits for its serving line, at most 120 s (then it is killed, which ends the wait).
+        deadline = threading.Timer(120, self.process.kill)
+        deadline.start()
+        for line in self.process.stdout:
+            if line.startswith("pathways-local: serving "):
+                deadline.cancel()
+                self.target = line.rsplit(" ", 1)[1].strip()
+                # Whatever it prints later is read, so that a full pipe never blocks it.
+                threading.Thread(target=self.process.stdout.read, daemon=True).start()
+                return
+        deadline.cancel()
+        raise SystemExit(f"the baseline server ended without serving (exit {self.process.wait()})")
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(30)
+
+
+def baseline_server(revision: str, directory: str) -> tuple[BaselineServer, str]:
+    """A server run from the package as it was at git ``revision``, and the revision's short name."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     name = subprocess.run(
         ["git", "-C", root, "rev-parse", "--short", revision], capture_output=True, text=True, check=True
@@ -304,9 +342,7 @@ def baseline_server(revision: str, directory: str):
         ["git", "-C", root, "archive", revision, "pathways_kernel"], capture_output=True, check=True
     ).stdout
     subprocess.run(["tar", "-x", "-C", directory], input=archive, check=True)
-    # python -m looks in the working directory first, then PYTHONPATH, then the installed package.
-    with contextlib.chdir(directory):
-        return server_client.start(2, 4, env={"PYTHONPATH": directory}), name
+    return BaselineServer(directory), name
 
 
 def script(name: str, *args: str, timeout: float = 1800) -> list[str]:
