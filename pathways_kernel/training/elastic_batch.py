@@ -310,6 +310,14 @@ def elastic_map(
       PathwaysError: bad arguments (one line); nothing runs.
       ElasticError: retries exhausted, or no slice of the job came back in time.
       Exception: anything ``fn`` raises that is not a slice loss.
+
+    Example (docs/rl.md, "Inference on its own", runs it whole)::
+
+        def generate(params, batch, mesh):  # one batch of requests, on one slice's own mesh
+            return greedy(params, batch)  # a jitted generate loop: arrays with one row per request
+
+        tokens = pw.elastic_map(generate, prompts, params, batch_size=8)  # numpy, in request order
+        print(pw.elastic_map.last_run)  # batches and tokens/s per slice, losses, batches redone
     """
     _check(requests, batch_size, wait_s, max_retries)
     began = time.perf_counter()

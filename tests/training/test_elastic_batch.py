@@ -190,3 +190,23 @@ def test_bad_input_is_one_line_and_nothing_runs(args, kwargs, message):
         pw.elastic_map(lambda p, b, m: calls.append(b), *args, **kwargs)
     assert str(info.value) == message or message in str(info.value)
     assert "\n" not in str(info.value) and not calls
+
+
+def test_the_docs_example_runs_and_help_shows_how_to_call_it(capsys):
+    # docs/rl.md's "Inference on its own" block, run as written; help(pw.elastic_map) shows the call and its example.
+    import os
+    import pydoc
+    import re
+
+    docs = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "rl.md")
+    with open(docs, encoding="utf-8") as f:
+        section = f.read().split("## Inference on its own", 1)[1]
+    block = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    namespace: dict = {}
+    exec(compile(block, docs, "exec"), namespace)
+    tokens = namespace["tokens"]
+    assert tokens.shape == (32, 6) and tokens.dtype == np.int32
+    assert "elastic_map 'generate': 32 requests in 4 batches in " in capsys.readouterr().out
+    page = pydoc.render_doc(pw.elastic_map, renderer=pydoc.plaintext)
+    assert "Run ``fn(params, batch, mesh)`` over ``requests`` in batches" in page
+    assert "tokens = pw.elastic_map(generate, prompts, params, batch_size=8)" in page
