@@ -160,11 +160,13 @@ def test_rates_pause_and_idle(session):
         paused.wait(lambda: paused.metrics)
     finally:
         sub.close()
-    # Nobody subscribed: the hub stops sampling.
-    time.sleep(0.4)
+    # Nobody subscribed: the hub drops from its 4 Hz to one sample a second, for the history only
+    # (a fixed 0.8 s window expecting none caught that once-a-second sample on a loaded CI machine).
+    assert hub.sample_hz >= 4
+    time.sleep(1.2)
     seq = hub.latest().seq
-    time.sleep(0.8)
-    assert hub.latest().seq == seq
+    time.sleep(3.0)
+    assert hub.latest().seq - seq <= 4, "still sampling at the subscribers' rate with nobody subscribed"
     with pytest.raises(pw.PathwaysError, match="sample rate"):
         hub.configure(sample_hz=0)
 
