@@ -213,6 +213,9 @@ def test_an_elastic_run_the_server_dies_under_goes_back_to_its_newest_snapshot_o
         again = k.run("%pathways reconnect", timeout=240)
         assert "restored from snapshots onto slices [0,1]: params (" in again.text, again.text + again.error
         back = re.search(r"elastic 'params' is back at step (\d+)", again.text)
-        assert back and 25 <= int(back.group(1)) <= 35, again.text
+        # At least the snapshot before the kill was asked for: the loop runs on past step 30 until
+        # the death is seen (to step 50 on a quiet CI machine), so there is no upper bound; the
+        # value read back below is that step's.
+        assert back and int(back.group(1)) >= 25 and int(back.group(1)) % 5 == 0, again.text
         check = k.run("print(float(params[0]), float(params[7]), pw.is_lost(params))")
         assert check.text.strip() == f"{back.group(1)}.0 {back.group(1)}.0 False", check.text + check.error
