@@ -59,7 +59,7 @@ def begin(
     thread; end it with ``Account.end()``. ``progress``: a notebook may show it.
     ``began``: the ``time.perf_counter()`` the run started at, if earlier."""
     account = Account(name, kind, session or sessions.session(), began)
-    account._session.component(CompileListener)
+    account._session.component(CompileListener).ensure()
     account.first_step, account.stop_step, account.progress = first_step, stop_step, progress
     ledger(account._session).started(account)
     account._session.component(RunStarts).notify(account)
@@ -93,7 +93,7 @@ def loop_next(owner: Any, name: str) -> Account | None:
         if current() is not None:
             return None
         account = Account(name, "loader", sessions.session())
-        account._session.component(CompileListener)
+        account._session.component(CompileListener).ensure()
         ledger(account._session).started(account)
         _loops[owner] = account
         account._session.component(RunStarts).notify(account)
@@ -193,11 +193,25 @@ class CompileListener:
         if account is not None and not account.ended and account._session is self.session:
             account.compiled(duration_secs)
 
-    def close(self) -> None:
+    def ensure(self) -> None:
+        """Listen again if a library dropped every listener (Tunix's ``MetricsLogger.close()``
+        calls ``jax.monitoring.clear_event_listeners()``): at each run's start, so its compiles count."""
         from jax import monitoring
 
         if self._registered:
+            self._unregister()
+            monitoring.register_event_duration_secs_listener(self.on_duration)
+
+    def close(self) -> None:
+        if self._registered:
             self._registered = False
+            self._unregister()
+
+    def _unregister(self) -> None:
+        from jax import monitoring
+
+        # Absent when a library cleared the listeners: JAX asserts it is present (ValueError under -O).
+        with contextlib.suppress(AssertionError, ValueError):
             monitoring.unregister_event_duration_listener(self.on_duration)
 
 

@@ -319,6 +319,41 @@ def test_the_compile_listener_belongs_to_the_session_and_leaves_with_it(proxy_se
     assert list(jax_monitoring.get_event_duration_listeners()) == before
 
 
+def test_compiles_still_count_after_a_library_clears_jax_listeners(local_session):
+    """Tunix's ``MetricsLogger.close()`` calls ``jax.monitoring.clear_event_listeners()``: the next
+    run's compile went uncounted, and the session's close failed on JAX's assert at shutdown."""
+    from jax import monitoring
+    from jax._src import monitoring as jax_monitoring  # read and restored: no public listing
+
+    others = [
+        (monitoring.register_event_listener, list(jax_monitoring.get_event_listeners())),
+        (monitoring.register_event_duration_secs_listener, list(jax_monitoring.get_event_duration_listeners())),
+    ]
+    accounting.begin("before-clear", "test", local_session, progress=False).end()
+    monitoring.clear_event_listeners()
+    try:
+
+        @jax.jit
+        def fresh(x):  # never compiled before this test
+            return jnp.cos(x) * 7 - 2
+
+        def loop():
+            for x in pw.steps([jnp.ones((8, 33))] * 3, name="after-clear"):
+                fresh(x).block_until_ready()
+
+        loop()
+        report = pw.goodput("after-clear")
+        assert report.seconds.get("compile", 0.0) > 0, report.to_text()
+    finally:
+        for register, listeners in others:
+            present_now = {id(c) for c in jax_monitoring.get_event_listeners()} | {
+                id(c) for c in jax_monitoring.get_event_duration_listeners()
+            }
+            for callback in listeners:
+                if id(callback) not in present_now:
+                    register(callback)
+
+
 class CloudLoggingStandIn:
     """Stands in for the library's ``_CloudLogger``: Cloud Logging cannot run here.
     Keeps what it is given, filtered by job name as the library's writer is."""
