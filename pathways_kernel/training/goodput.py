@@ -384,6 +384,8 @@ class Account:
     # -- compiles (jax.monitoring, on this thread) ----------------------------
     def compiled(self, seconds: float) -> None:
         with self._lock:
+            if self._state == "slice_wait":
+                return  # what a wait for slices compiles (pathwaysutils' health probes, each poll) is the wait
             if self._state == "recovery" or (self._recovering and self._state in (PRODUCTIVE, OTHER)):
                 category = "recovery"
             else:

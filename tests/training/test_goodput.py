@@ -496,8 +496,9 @@ def test_the_attempts_of_an_elastic_retry_job_are_one_run_and_the_time_between_t
     adds_up(report, wall)
     # Steps 10 and 11 ran twice (the host copy was of step 10), and step 12 was cut short.
     assert account.steps == 30 and account.steps_redone == 2 and account.recoveries == 1
-    # The wait for slice 1 (repaired 1 s after the loss; compiling the health probes pathwaysutils runs
-    # meanwhile is compile) and the second attempt's re-initialisation.
-    assert report.seconds["slice_wait"] >= 0.1 and report.seconds["recovery"] >= 0.3, report.to_text()
+    # The wait for slice 1 (repaired 1 s after the loss; the health probes pathwaysutils compiles
+    # meanwhile are part of the wait: they counted as compile, leaving 0.08 s of a 1 s wait in one CI
+    # run) and the second attempt's re-initialisation.
+    assert report.seconds["slice_wait"] >= 0.7 and report.seconds["recovery"] >= 0.3, report.to_text()
     # The first attempt's initialisation is the loop's own setup.
     assert present(report.seconds) <= {"slice_wait", "recovery", "redone", "compile", "other"}, report.to_text()
