@@ -91,6 +91,15 @@ def gated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Kernel, Path, list[
         kernel.shutdown()
 
 
+def _idle(cell: str):
+    """A ``_collect`` predicate: the kernel went idle after ``cell``."""
+    return lambda m: (
+        m["msg_type"] == "status"
+        and m["parent_header"].get("msg_id") == cell
+        and m["content"]["execution_state"] == "idle"
+    )
+
+
 def _collect(kernel: Kernel, seen: list[dict[str, Any]], until, timeout: float) -> dict[str, Any] | None:
     """Reads IOPub into ``seen`` until a message satisfies ``until``; None after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
@@ -139,11 +148,7 @@ def test_a_cell_run_while_the_server_starts_waits_under_a_line_then_runs(gated):
     done = _collect(
         kernel,
         seen,
-        lambda m: (
-            m["msg_type"] == "status"
-            and m["parent_header"].get("msg_id") == cell
-            and m["content"]["execution_state"] == "idle"
-        ),
+        _idle(cell),
         120,
     )
     assert done is not None, "the cell did not finish once the server was up"
@@ -201,11 +206,7 @@ def test_a_library_calling_jax_profiler_right_after_the_start_gets_pathwaysutils
     done = _collect(
         kernel,
         seen,
-        lambda m: (
-            m["msg_type"] == "status"
-            and m["parent_header"].get("msg_id") == cell
-            and m["content"]["execution_state"] == "idle"
-        ),
+        _idle(cell),
         120,
     )
     assert done is not None, "the cell did not finish once pathwaysutils was in"
