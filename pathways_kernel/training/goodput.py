@@ -223,16 +223,18 @@ class Account:
         # all along and the wait stalled nothing. (If it is done, when it got
         # done is unknown: all of the wait counts as a stall.)
         started = time.perf_counter()
+        stalled = self.seconds["snapshot_stall"]
         with self.spent("snapshot_stall"):
             yield
         waited = time.perf_counter() - started
+        stalled = self.seconds["snapshot_stall"] - stalled  # what the wait counted (less a compile moved out)
         if had_source:
             # The copy is done and let go of the source: dropping it here frees the
             # old state's buffers, the steps' own cost (a plain loop pays it when it
             # rebinds its state), not the loop's overhead.
             with self.computing():
                 del source
-        busy = waited if had_source and self._output is not None and not _is_ready(self._output) else 0.0
+        busy = stalled if had_source and self._output is not None and not _is_ready(self._output) else 0.0
         if busy > 0:
             with self._lock:
                 self.seconds["snapshot_stall"] -= busy

@@ -160,24 +160,32 @@ class Timeline:
         self.buckets[first : first + len(weights), self._index[category]] += seconds * weights
 
     def _move(self, t0: float, t1: float, source: str, target: str, seconds: float) -> None:
-        """``seconds`` of ``source`` spent in ``[t0, t1]`` were ``target``'s, in proportion to where they lie."""
+        """``seconds`` of ``source`` spent in ``[t0, t1]`` were ``target``'s, in proportion to where they lie.
+
+        What the window lacks (the ledger's clock read a little outside it, a compile
+        reported late moved some out) lay just before it: taken from the nearest earlier
+        buckets first, so no bucket goes negative and the intervals add up to the ledger.
+        """
         if seconds <= 0.0:
             return
         first, last = self._span(t0, t1)
-        rows = self.buckets[first : last + 1]
         src, dst = self._index[source], self._index[target]
-        available = rows[:, src].sum()
-        if available <= 0.0:  # nothing of it left there (a correction of a correction): keep the totals right
+        rows = self.buckets[first : last + 1]
+        available = max(rows[:, src].sum(), 0.0)
+        if available > 0.0:
+            moved = np.clip(rows[:, src], 0.0, None) * min(1.0, seconds / available)
+            rows[:, src] -= moved
+            rows[:, dst] += moved
+            seconds -= moved.sum()
+        if seconds > 1e-12 and first > 0:
+            earlier = np.clip(self.buckets[:first, src][::-1], 0.0, None)
+            take = np.minimum(earlier, np.clip(seconds - (np.cumsum(earlier) - earlier), 0.0, None))[::-1]
+            self.buckets[:first, src] -= take
+            self.buckets[:first, dst] += take
+            seconds -= take.sum()
+        if seconds > 1e-12:  # nothing of it left anywhere (a correction of a correction): keep the totals right
             rows[-1, src] -= seconds
             rows[-1, dst] += seconds
-            return
-        moved = rows[:, src] * min(1.0, seconds / available)
-        rows[:, src] -= moved
-        rows[:, dst] += moved
-        rest = seconds - moved.sum()
-        if rest > 1e-12:
-            rows[-1, src] -= rest
-            rows[-1, dst] += rest
 
     def _steps(self, t: np.ndarray, step: np.ndarray) -> None:
         """Step starts, in order: a step's time runs to the next one's start when that is step + 1."""
