@@ -76,6 +76,7 @@ from pathways_kernel.training.elastic_placement import (
     placement,
     reshard,
     tree_nbytes,
+    tree_slices,
     up_slices,
 )
 from pathways_kernel.training.elastic_run import Rollback, RunReport, check_count, check_steps, restore_hooks
@@ -220,6 +221,10 @@ class Elastic:
 
             retry = ElasticRetryLimit(self.max_retries) if self.max_retries is not None else None
             mesh = self._mesh(s)
+            # The slices the state as given lives on: one lost since the run began, before
+            # the mesh above was built of the survivors, still holds part of it (the first
+            # boundary goes back to the copy made at the start; the step would fail on it).
+            held = set(tree_slices(s, state))
             self._start_prepare(s, mesh)
             step = start
             # The first step waits for that copy: a run can always go back to where it began.
@@ -236,13 +241,13 @@ class Elastic:
                     if recover:
                         mesh, state, step = self._recover(s, watch, mesh, state, step, store, snap_name, report)
                         self._events.recovery_end(step)
-                        recover, resumed_at = False, step
+                        recover, resumed_at, held = False, step, set()
                     if scale_up:
-                        scale_up = False
+                        scale_up, held = False, set()
                         with self._events.phase("scale_up"):
                             mesh, state = self._scale_up(s, watch, mesh, state, step, report)
                     while step < steps:
-                        self._check_boundary(s, watch, mesh)
+                        self._check_boundary(s, watch, mesh, held)
                         self._events.step_begin(step)
                         state = self.step_fn(state, step, mesh)
                         self._events.step_end(step, state)
@@ -267,9 +272,9 @@ class Elastic:
                                 pending = store.snap(state, snap_name, step, run)
                             self._events.snapshot_started(state)
                             report.snapshots += 1
-                    self._check_boundary(s, watch, mesh)
+                    self._check_boundary(s, watch, mesh, held)
                     _block(state, self._events)
-                    self._check_boundary(s, watch, mesh)
+                    self._check_boundary(s, watch, mesh, held)
                     break
                 except ScaleUpSignalError:
                     scale_up = True
@@ -376,11 +381,13 @@ class Elastic:
         return mesh
 
     # -- boundaries -----------------------------------------------------------
-    def _check_boundary(self, s: Session, watch: _SliceWatch, mesh: Mesh) -> None:
+    def _check_boundary(self, s: Session, watch: _SliceWatch, mesh: Mesh, held: set[int]) -> None:
+        """Raise on a slice change since the last boundary; ``held``: slices the state
+        lives on beyond the mesh's (the state as given, until the first recovery)."""
         if not watch.changed.is_set():
             return
         watch.changed.clear()
-        up, current = set(self._up(s)), set(mesh_slices(s, mesh))
+        up, current = set(self._up(s)), set(mesh_slices(s, mesh)) | held
         watch.down.clear()
         lost = (current - up) | (current & watch.lost)
         if lost:

@@ -45,6 +45,12 @@ def devices_of(tree: Any) -> set[int]:
     return ids
 
 
+def tree_slices(s: Session, tree: Any) -> tuple[int, ...]:
+    """The indices of the slices ``tree``'s arrays live on."""
+    ids = devices_of(tree)
+    return tuple(sl.index for sl in s.topology.slices if any(c.device.id in ids for c in sl.chips))
+
+
 def tree_nbytes(tree: Any) -> int:
     """Bytes of ``tree``'s arrays (what a reshard or restore event reports)."""
     import jax

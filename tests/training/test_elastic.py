@@ -207,6 +207,36 @@ def test_on_restore_callbacks_belong_to_the_session_they_were_registered_in():
     assert earlier == [] and current == [r.resumed_at for r in train.last_run.recoveries] and len(current) == 1
 
 
+def test_a_slice_lost_before_the_first_step_goes_back_to_the_state_as_given(monkeypatch):
+    # The loss lands after the run began but before it built its mesh (a kernel's first run
+    # spends seconds importing there): the mesh is the survivors', the state still spans both
+    # slices. The first step failed on it ("incompatible devices"), with no retry.
+    from pathways_kernel.training.elastic_loop import Elastic
+
+    steps = 12
+    data = make_data(steps, seed=5)
+    expected = reference(steps, data)
+    build = Elastic._mesh
+    lost: list[int] = []
+
+    def mesh_after_a_loss(self, s):
+        if not lost:
+            lost.append(1)
+            faults.fail_slice(1)
+        return build(self, s)
+
+    monkeypatch.setattr(Elastic, "_mesh", mesh_after_a_loss)
+    train = pw.elastic(make_step(data), snapshot_every=4, name="lost-at-start")
+    final = train(init_state(pw.session().mesh()), steps=steps)
+    faults.repair_slice(1)
+
+    report = train.last_run
+    assert lost and report.steps == steps and report.retries == 1, report
+    assert [r.resumed_at for r in report.recoveries] == [0]
+    for key in ("w", "b"):
+        np.testing.assert_allclose(np.asarray(final[key]), expected[key], rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.serial  # timing: the retry within 1 s of the loss
 def test_a_loss_is_detected_at_the_next_step_boundary_not_by_polling():
     data = make_data(40)
