@@ -327,7 +327,7 @@ def _install(hooks: shellhooks.ShellHooks) -> PathwaysMagics:
         sidecar,  # noqa: F401
         storage,  # noqa: F401
     )
-    from pathways_kernel.state import healing
+    from pathways_kernel.state import compile_cache, healing
 
     shell = hooks.shell
     PathwaysMagics.pathways.__doc__ = top_level_help()
@@ -340,6 +340,7 @@ def _install(hooks: shellhooks.ShellHooks) -> PathwaysMagics:
     connection.install(shell)  # the notice after a disconnect
     interrupts.install(shell)  # the local server drops what an interrupted cell queued
     goodput.install(shell)  # the notebook's idle time between cells
+    compile_cache.install(shell)  # the cache's hits and misses, after a library cleared JAX's listeners
     hooks.on_close(_follow_sessions())
     return magics
 

@@ -11,6 +11,7 @@ cache is off: Pathways keeps its own, so ``enable`` refuses and says so.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -18,7 +19,7 @@ import tempfile
 import threading
 from typing import Any
 
-from pathways_kernel.core import locations, objectstore, storage_errors
+from pathways_kernel.core import locations, objectstore, shellhooks, storage_errors
 from pathways_kernel.core.display import TextDisplay
 from pathways_kernel.core.errors import NotSupportedError, PathwaysError, StorageError, one_line
 from pathways_kernel.core.sessions import session
@@ -95,15 +96,32 @@ def _on_duration(event: str, duration_secs: float, **kwargs: str | int) -> None:
 
 
 def _listen() -> None:
+    """Listen to JAX's cache events; again if a library dropped every listener since
+    (Tunix's ``MetricsLogger.close()`` calls ``jax.monitoring.clear_event_listeners()``)."""
     global _listening
     with _lock:
-        if _listening:
-            return
         from jax import monitoring
 
+        if _listening:
+            # Absent after a clear: JAX asserts it is present (ValueError under -O).
+            with contextlib.suppress(AssertionError, ValueError):
+                monitoring.unregister_event_listener(_on_event)
+            with contextlib.suppress(AssertionError, ValueError):
+                monitoring.unregister_event_duration_listener(_on_duration)
         monitoring.register_event_listener(_on_event)
         monitoring.register_event_duration_secs_listener(_on_duration)
         _listening = True
+
+
+def _cell_started(*args: Any) -> None:
+    if _status.location is not None:
+        _listen()
+
+
+def install(shell: Any) -> None:
+    """Count the cache's hits and misses again at each cell's start, should a library have
+    dropped JAX's listeners in the cell before (``shellhooks.remove`` undoes it)."""
+    shellhooks.of(shell).register("pre_run_cell", _cell_started)
 
 
 def enable(location: str, min_compile_s: float = DEFAULT_MIN_COMPILE_S) -> CacheStatus:

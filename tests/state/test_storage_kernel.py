@@ -175,6 +175,16 @@ def test_compile_cache_in_bucket_is_warm_in_a_fresh_kernel(gcs_server):
         assert "gs://jaxcache/cache" in reply.text
         assert "cache miss" in ok(cold, code).text
         assert "misses" in ok(cold, "%pathways cache").text
+        # A library dropped every JAX listener (Tunix's MetricsLogger.close() does): the
+        # next cell's compiles still count.
+        ok(cold, "seen = pw.session().events.last(1)[0].seq\njax.monitoring.clear_event_listeners()")
+        reply = ok(
+            cold,
+            "g = jax.jit(lambda x: jnp.sin(x @ x.T).sum())\n"
+            "g(jnp.ones((128, 128))).block_until_ready()\n"
+            "print([e.detail for e in pw.events(kind='compile') if e.seq > seen and 'lambda' in e.detail])",
+        )
+        assert "cache miss" in reply.text, reply.text
     finally:
         cold.shutdown()
     warm = start_kernel(gcs_server, PATHWAYS_COMPILE_CACHE="gs://jaxcache/cache")
