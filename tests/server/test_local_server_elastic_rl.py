@@ -8,19 +8,13 @@ from __future__ import annotations
 import os
 
 import pytest
-from kernels import SERVER, Kernel
+from kernels import SERVER
 
+KERNEL_BACKEND = SERVER
 TRAINING = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "training")
 
 
-@pytest.fixture(scope="module")
-def server_kernel():
-    k = Kernel("pathways", backend=SERVER)
-    yield k
-    k.shutdown()
-
-
-def test_on_the_local_server_a_loss_mid_batch_redoes_only_that_batch_and_equals_a_fault_free_run(server_kernel):
+def test_on_the_local_server_a_loss_mid_batch_redoes_only_that_batch_and_equals_a_fault_free_run(kernel):
     setup = (
         "import threading, time, jax, jax.numpy as jnp, numpy as np\n"
         "params = np.linspace(-1, 1, 64 * 16, dtype=np.float32).reshape(64, 16)\n"
@@ -45,10 +39,10 @@ def test_on_the_local_server_a_loss_mid_batch_redoes_only_that_batch_and_equals_
         "expected = pw.elastic_map(fn, reqs, params, batch_size=3)\n"
         "seen.clear(); FAULTS = True\n"
     )
-    reply = server_kernel.run(setup, timeout=240)
+    reply = kernel.run(setup, timeout=240)
     assert reply.status == "ok", reply.error
     try:
-        reply = server_kernel.run(
+        reply = kernel.run(
             "out = pw.elastic_map(fn, reqs, params, batch_size=3)\n"
             "r = pw.elastic_map.last_run\n"
             "print(np.array_equal(out, expected), r.losses, len(r.redone), r.slices[1].batches, sum(seen.values()))",
@@ -57,36 +51,29 @@ def test_on_the_local_server_a_loss_mid_batch_redoes_only_that_batch_and_equals_
         assert reply.status == "ok", reply.error
         # Equal to the fault-free run; one loss, one batch redone; slice 1 kept its first; 8 batches + 1 redone ran.
         assert reply.text.strip().splitlines()[-1].split() == ["True", "1", "1", "1", "9"], reply.text
-        events = server_kernel.run("%pathways events").text
+        events = kernel.run("%pathways events").text
         assert "slice 1 lost mid-batch, batch" in events and "redone on slices [0]" in events, events
     finally:
-        server_kernel.run("pw.repair_slice(1) if 1 not in [s.index for s in pw.session().topology.up_slices] else None")
+        kernel.run("import rl_jobs\nrl_jobs.repair_if_down(1)")
 
 
 @pytest.mark.parametrize("lost", [0, 1], ids=["trainer", "rollout"])
-def test_on_the_local_server_losing_either_rl_roles_slice_then_repairing_it_equals_a_fault_free_run(
-    server_kernel, lost
-):
+def test_on_the_local_server_losing_either_rl_roles_slice_then_repairing_it_equals_a_fault_free_run(kernel, lost):
     # The trainer (pw.elastic, slices=[0]) and the rollout (pw.elastic_map, slices=[1]) of test_elastic_rl.
     setup = (
-        "import sys, threading, time, numpy as np\n"
-        f"sys.path[:0] = [{os.path.join(os.path.dirname(TRAINING), 'support')!r}, {TRAINING!r}]\n"
+        "import sys, threading, numpy as np, rl_jobs\n"
+        f"sys.path.insert(0, {TRAINING!r})\n"
         "import test_elastic_rl as rl\n"
         "rl.TRAINER, rl.ROLLOUT = [0], [1]\n"
         "if 'expected' not in globals() or not isinstance(expected, tuple):\n"
         "    rewards = {}\n"
         "    expected = (rl.run(rewards=rewards)[0], rewards)\n"
-        "def repair_once_down(i):  # the slice comes back once it is down (it never waits for the loop)\n"
-        "    deadline = time.monotonic() + 120\n"
-        "    while i in [s.index for s in pw.session().topology.up_slices] and time.monotonic() < deadline:\n"
-        "        time.sleep(0.05)\n"
-        "    pw.repair_slice(i)\n"
     )
-    reply = server_kernel.run(setup, timeout=300)
+    reply = kernel.run(setup, timeout=300)
     assert reply.status == "ok", reply.error
     try:
-        reply = server_kernel.run(
-            f"repairer = threading.Thread(target=repair_once_down, args=({lost},)); repairer.start()\n"
+        reply = kernel.run(
+            f"repairer = threading.Thread(target=rl_jobs.repair_once_down, args=({lost},)); repairer.start()\n"
             "rewards, seq = {}, pw.session().events.last(1)[0].seq\n"
             f"final, report = rl.run({{3: [('fail', {lost})]}}, rewards)\n"
             "repairer.join(120)\n"
@@ -103,6 +90,4 @@ def test_on_the_local_server_losing_either_rl_roles_slice_then_repairing_it_equa
         assert (retries, redone) == (("1", "0") if lost == 0 else ("0", "1")), reply.text
         assert last_batches == "4", reply.text  # the last step rolled out on slice 1, repaired
     finally:
-        server_kernel.run(
-            f"pw.repair_slice({lost}) if {lost} not in [s.index for s in pw.session().topology.up_slices] else None"
-        )
+        kernel.run(f"rl_jobs.repair_if_down({lost})")

@@ -17,17 +17,13 @@ import sys
 
 import proxy_clients
 import pytest
+from rl_jobs import AXES, TUNIX_DIR, needs_tunix, toy_cluster
 
 from pathways_kernel.backends import server_client
 
 HERE = __file__
 SPEC = "v5p:2x2x1,v6e:2x2"
-TUNIX_DIR = os.path.join(os.path.dirname(sys.executable), "..", "tunix-0.1.7")
-
-pytestmark = pytest.mark.skipif(
-    not os.path.exists(os.path.join(TUNIX_DIR, ".installed")),
-    reason=f"Tunix 0.1.7 is not installed in {TUNIX_DIR} (make test-py installs it)",
-)
+pytestmark = needs_tunix
 
 
 @pytest.fixture(scope="module")
@@ -41,38 +37,15 @@ def server():
 def client_grpo(target: str) -> dict:
     import jax
     import numpy as np
-    import optax
     from flax import nnx
     from grain import python as grain
     from jax.sharding import Mesh
-    from tunix.rl import rl_cluster as rl_cluster_lib
     from tunix.rl.grpo import grpo_learner as grpo_lib
-    from tunix.rl.rollout import base_rollout
-    from tunix.tests import test_common as tc
 
     devices = sorted(jax.devices(), key=lambda d: d.id)
-    trainer_mesh = Mesh(np.array(devices[:4]).reshape(4, 1), ("fsdp", "tp"))  # slice 0
-    rollout_mesh = Mesh(np.array(devices[4:]).reshape(1, 4), ("fsdp", "tp"))  # slice 1
-    vocab = tc.MockVocab()
-    config = tc.ModelConfig(vocab_size=vocab.GetPieceSize())
-    cluster = rl_cluster_lib.RLCluster(
-        actor=tc.ToyTransformer(config=config, rngs=nnx.Rngs(0)),
-        reference=tc.ToyTransformer(config=config, rngs=nnx.Rngs(0)),
-        tokenizer=vocab,
-        cluster_config=rl_cluster_lib.ClusterConfig(
-            role_to_mesh={
-                rl_cluster_lib.Role.ACTOR: trainer_mesh,
-                rl_cluster_lib.Role.REFERENCE: trainer_mesh,
-                rl_cluster_lib.Role.ROLLOUT: rollout_mesh,
-            },
-            rollout_engine="vanilla",
-            offload_to_cpu=False,
-            training_config=rl_cluster_lib.RLTrainingConfig(
-                actor_optimizer=optax.sgd(1e-2), eval_every_n_steps=10, max_steps=10
-            ),
-            rollout_config=base_rollout.RolloutConfig(max_tokens_to_generate=6, max_prompt_length=32, kv_cache_size=64),
-        ),
-    )
+    trainer_mesh = Mesh(np.array(devices[:4]).reshape(4, 1), AXES)  # slice 0
+    rollout_mesh = Mesh(np.array(devices[4:]).reshape(1, 4), AXES)  # slice 1
+    cluster = toy_cluster(trainer_mesh, rollout_mesh, max_steps=10)
     syncs: list[dict] = []
     sync = cluster.sync_weights
 
@@ -115,7 +88,7 @@ def client_grpo(target: str) -> dict:
 
 def test_tunix_grpo_with_trainer_on_a_v5p_slice_and_rollout_on_a_v6e_slice_syncs_on_the_server(server):
     env = server_client.client_env(server.target)
-    env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(TUNIX_DIR), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([TUNIX_DIR, env.get("PYTHONPATH", "")])
     got = proxy_clients.run_client(HERE, server.target, server.target, env=env, timeout=600)
 
     assert got["should_sync"] is True and got["trained"] is True, got
