@@ -48,6 +48,7 @@ def test_tunix_grpo_as_an_elastic_job_loses_its_rollout_slice_mid_step_and_ends_
     try:
         reply = tunix_job.run(
             f"job.faults, job.resyncs = {{2: {ROLLOUT}}}, 0\n"
+            "job.waiting.clear()\n"
             f"repairer = threading.Thread(target=rl_jobs.repair_once_waited_for, args=(job, {ROLLOUT}))\n"
             "repairer.start()\n"
             "final, report = job.run(start)\n"
