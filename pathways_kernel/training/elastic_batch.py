@@ -346,7 +346,10 @@ def elastic_map(
             woken.set()
 
     outer = accounting.running()
-    account = outer or accounting.begin(name, "elastic_map", s, 0, job.batches, began=began)
+    account = outer
+    if account is None:
+        account = accounting.begin(name, "elastic_map", s, 0, job.batches, began=began)
+        account.slices = frozenset(role)  # its MFU counts the chips of its slices only
     unsubscribe = s.events.subscribe(on_event)
     done, failures, waiting_since = 0, 0, None
     try:

@@ -214,6 +214,7 @@ class Elastic:
         # Where this run's time goes, from its start (and, in a notebook, its progress under the cell),
         # and the loss in each step's output: the run's followers, told its step events.
         account = accounting.begin(self.name, "elastic", s, start, steps, progress, began=began)
+        account.slices = self._allowed  # its MFU counts the chips of its slices only
         self._events = RunEvents(accounting.LedgerFollower(account), LossFollower(metric_log(s), account))
         try:
             # Imported once the state is copied: the first import takes a while.

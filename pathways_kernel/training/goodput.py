@@ -123,6 +123,8 @@ class Account:
         self._open_step: int | None = None
         self._open_productive = 0.0
         self._done: collections.OrderedDict[int, float] = collections.OrderedDict()
+        #: The slices the run may use (``None``: all): its MFU counts their chips only.
+        self.slices: frozenset[int] | None = None
         self._chips: int | None = None
         self._chip_seconds = 0.0
         self._unsubscribe = session.events.subscribe(self._on_event)
@@ -156,7 +158,7 @@ class Account:
         self._log.extend((self._since, now, _INDEX[self._state], own))
         if self._state == PRODUCTIVE and self._open_step is not None:
             self._open_productive += own
-            self._chip_seconds += own * self._chip_count()
+            self._chip_seconds += own * self.chips()
         self._moved.clear()
         self._since = now
 
@@ -378,10 +380,23 @@ class Account:
         if event.kind in ("slice_down", "slice_up", "connect"):
             self._chips = None
 
-    def _chip_count(self) -> int:
+    def devices(self) -> list[Any]:
+        """The live chips the run may use: those of its ``slices`` (all live ones when ``None``)."""
+        live = self._session.live_devices()
+        if self.slices is None:
+            return live
+        ids = {d.id for sl in self._session.topology.slices if sl.index in self.slices for d in sl.devices}
+        return [d for d in live if d.id in ids]
+
+    def chips(self) -> int:
+        """How many chips the run computes on (its MFU's): the live ones of its slices, as of its last step."""
         if self._chips is None:
-            self._chips = len(self._session.live_devices()) or 1
+            self._chips = len(self.devices()) or 1
         return self._chips
+
+    def peak(self) -> tuple[float, str]:
+        """Peak FLOP/s of one of the run's chips, and where the figure comes from."""
+        return peak_flops_per_chip(self._session, self.devices())
 
     # -- compiles (jax.monitoring, on this thread) ----------------------------
     def compiled(self, seconds: float) -> None:
@@ -438,7 +453,7 @@ class Account:
         """Model FLOPs utilization over the productive step time, or None without ``flops``."""
         if not self.flops_per_step or self._chip_seconds <= 0:
             return None
-        peak, _how = peak_flops_per_chip(self._session)
+        peak, _how = self.peak()
         return self.flops_per_step * self.steps / (self._chip_seconds * peak)
 
     def field(self) -> dict[str, Any]:

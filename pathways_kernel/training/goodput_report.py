@@ -11,7 +11,6 @@ from pathways_kernel.core.display import TextDisplay
 from pathways_kernel.core.errors import PathwaysError
 from pathways_kernel.training import goodput_timeline, phases
 from pathways_kernel.training.goodput import CATEGORIES, OTHER, PRODUCTIVE, Account, Ledger, ledger
-from pathways_kernel.training.mfu import peak_flops_per_chip
 
 if TYPE_CHECKING:
     from pathways_kernel.core.sessions import Session
@@ -41,6 +40,8 @@ class RunFigures(TypedDict):
     seconds: dict[str, float]
     summary: str
     mfu: float | None
+    #: The chips its MFU counts: the live ones of the run's slices.
+    chips: int
     peak_how: str
     #: ml-goodput-measurement's own figure of a finished run (``field=True``).
     field: NotRequired[str]
@@ -99,7 +100,7 @@ class Report(TextDisplay):
                     lines.append(f"    {r['header']}")
                 lines.append(f"    {goodput_timeline.step_time_text(r['step_time'])}")
                 if r["mfu"] is not None:
-                    lines.append(f"    MFU {100 * r['mfu']:.2f}% ({r['peak_how']})")
+                    lines.append(f"    MFU {100 * r['mfu']:.2f}% over {r['chips']} chips ({r['peak_how']})")
                 if r.get("field") is not None:
                     lines.append(f"    ml-goodput-measurement: {r['field']}")
                 if r["roles"]:
@@ -131,7 +132,8 @@ def _figures(account: Account, with_field: bool) -> RunFigures:
         "seconds": account.snapshot(),
         "summary": account.summary(),
         "mfu": mfu,
-        "peak_how": peak_flops_per_chip(account._session)[1] if mfu is not None else "",
+        "chips": account.chips(),
+        "peak_how": account.peak()[1] if mfu is not None else "",
         "roles": _roles(account),
     }
     if with_field and account.ended:

@@ -13,6 +13,8 @@ from pathways_kernel.core import runs, tpu_kinds
 from pathways_kernel.core.errors import PathwaysError
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from pathways_kernel.core.sessions import Session
 
 #: Peak dense bf16 FLOP/s per chip by ``device.device_kind``, from Google Cloud's TPU pages
@@ -42,10 +44,11 @@ def flops(fn: Any, *args: Any, **kwargs: Any) -> float:
     return value
 
 
-def peak_flops_per_chip(session: Session) -> tuple[float, str]:
+def peak_flops_per_chip(session: Session, devices: Sequence[Any] | None = None) -> tuple[float, str]:
     """Peak FLOP/s of one chip and where the figure comes from: with slices of several kinds,
-    the mean over the live chips of each kind's peak (so that chip-seconds x it is their sum)."""
-    devices = session.live_devices() or session.devices()
+    the mean over the chips of each kind's peak (so that chip-seconds x it is their sum).
+    ``devices``: the chips a run uses (default the live ones)."""
+    devices = devices or session.live_devices() or session.devices()
     kinds = collections.Counter(str(d.device_kind) for d in devices)
     if kinds and all(kind in PEAK_BF16_FLOPS for kind in kinds):
         if len(kinds) == 1:

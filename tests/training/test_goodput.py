@@ -5,6 +5,7 @@ productive time add up to the wall time measured around the run."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -233,6 +234,29 @@ def test_mfu_on_the_embedded_backend_is_a_fraction_of_the_measured_peak():
     assert per_step == pytest.approx(2 * 8 * 64 * 64, rel=0.1)
     assert 0 < report.mfu <= 1
     assert "measured" in report.to_text()
+
+
+def test_mfu_of_a_run_on_some_slices_counts_only_their_chips():
+    # An RL trainer on slice 0 while the rollout has slice 1: the trainer's MFU is over its 4 chips,
+    # not the session's 8 (it read half its utilization before).
+    slice_0 = jax.sharding.Mesh(np.array(pw.session().topology.slices[0].devices), ("data",))
+    sharding = NamedSharding(slice_0, P())
+
+    def step_fn(st, step, mesh):
+        if step == 0:
+            pw.flops(matmul, W, st)
+        return matmul(W, st)
+
+    train = pw.elastic(step_fn, slices=[0], snapshot_every=5, name="mfu-slice-0")
+    train(jax.device_put(jnp.ones((8, 64)), sharding), steps=10)
+    everywhere = pw.elastic(step_fn, snapshot_every=5, name="mfu-all")
+    everywhere(jax.device_put(jnp.ones((8, 64)), NamedSharding(pw.session().mesh(), P())), steps=10)
+
+    text = pw.goodput().to_text()
+    one = pw.goodput("mfu-slice-0")
+    assert one.mfu is not None and 0 < one.mfu <= 1
+    assert re.search(r"MFU [\d.]+% over 4 chips", one.to_text()), one.to_text()
+    assert re.search(r"MFU [\d.]+% over 8 chips", pw.goodput("mfu-all").to_text()), text
 
 
 def test_a_first_run_does_not_wait_for_the_field_library_and_its_figure_still_covers_the_run():
