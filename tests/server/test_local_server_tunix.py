@@ -17,7 +17,7 @@ import sys
 
 import proxy_clients
 import pytest
-from rl_jobs import AXES, TUNIX_DIR, needs_tunix, toy_cluster
+from rl_jobs import TUNIX_DIR, check_syncs, needs_tunix, slice_meshes, toy_cluster
 
 from pathways_kernel.backends import server_client
 
@@ -39,32 +39,11 @@ def client_grpo(target: str) -> dict:
     import numpy as np
     from flax import nnx
     from grain import python as grain
-    from jax.sharding import Mesh
     from tunix.rl.grpo import grpo_learner as grpo_lib
 
-    devices = sorted(jax.devices(), key=lambda d: d.id)
-    trainer_mesh = Mesh(np.array(devices[:4]).reshape(4, 1), AXES)  # slice 0
-    rollout_mesh = Mesh(np.array(devices[4:]).reshape(1, 4), AXES)  # slice 1
+    trainer_mesh, rollout_mesh = slice_meshes()
     cluster = toy_cluster(trainer_mesh, rollout_mesh, max_steps=10)
-    syncs: list[dict] = []
-    sync = cluster.sync_weights
-
-    def checked_sync() -> None:
-        """Tunix's own sync, then what a user would check: the rollout's weights are the trainer's."""
-        before = server_client.status(target)["counts"]
-        sync()
-        rollout = jax.block_until_ready(nnx.state(cluster.rollout.model(), nnx.Param))
-        after = server_client.status(target)["counts"]
-        trainer = nnx.state(cluster.actor_trainer.model, nnx.Param)
-        pairs = zip(jax.tree.leaves(rollout), jax.tree.leaves(trainer), strict=True)
-        syncs.append({
-            "bytes": [after.get(k, 0) - before.get(k, 0) for k in ("host_bytes_from_client", "host_bytes_to_client")],
-            "equal": all(bool(np.array_equal(np.asarray(r), np.asarray(t))) for r, t in pairs),
-            "rollout_devices": sorted({d.id for leaf in jax.tree.leaves(rollout) for d in leaf.sharding.device_set}),
-            "trainer_devices": sorted({d.id for leaf in jax.tree.leaves(trainer) for d in leaf.sharding.device_set}),
-        })  # fmt: skip
-
-    cluster.sync_weights = checked_sync
+    syncs = check_syncs(cluster, target)
     initial = jax.tree.map(np.asarray, nnx.state(cluster.actor_trainer.model, nnx.Param))
     learner = grpo_lib.GRPOLearner(
         rl_cluster=cluster,
@@ -96,7 +75,7 @@ def test_tunix_grpo_with_trainer_on_a_v5p_slice_and_rollout_on_a_v6e_slice_syncs
     for sync in got["syncs"]:
         assert sync["equal"] is True, got["syncs"]
         assert sync["bytes"] == [0, 0], got["syncs"]
-        assert sync["trainer_devices"] == [0, 1, 2, 3] and sync["rollout_devices"] == [4, 5, 6, 7], sync
+        assert sync["actor_devices"] == [0, 1, 2, 3] and sync["rollout_devices"] == [4, 5, 6, 7], sync
     assert got["kinds"] == {"trainer": ["TPU v5p"], "rollout": ["TPU v6 lite"]}, got
 
 

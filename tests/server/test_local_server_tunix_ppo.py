@@ -19,7 +19,7 @@ import sys
 
 import proxy_clients
 import pytest
-from rl_jobs import AXES, TUNIX_DIR, needs_tunix
+from rl_jobs import TUNIX_DIR, check_syncs, device_ids, needs_tunix, slice_meshes
 
 from pathways_kernel.backends import server_client
 
@@ -76,35 +76,11 @@ def client_ppo(target: str) -> dict:
     import numpy as np
     from flax import nnx
     from grain import python as grain
-    from jax.sharding import Mesh
     from tunix.rl.ppo import ppo_learner as ppo_lib
 
-    devices = sorted(jax.devices(), key=lambda d: d.id)
-    trainer_mesh = Mesh(np.array(devices[:4]).reshape(4, 1), AXES)  # slice 0
-    rollout_mesh = Mesh(np.array(devices[4:]).reshape(1, 4), AXES)  # slice 1
+    trainer_mesh, rollout_mesh = slice_meshes()
     cluster = ppo_cluster(trainer_mesh, rollout_mesh, max_steps=10)
-    syncs: list[dict] = []
-    sync = cluster.sync_weights
-
-    def ids(tree) -> list[int]:
-        return sorted({d.id for leaf in jax.tree.leaves(tree) for d in leaf.sharding.device_set})
-
-    def checked_sync() -> None:
-        """Tunix's own sync, then what a user would check: the rollout's weights are the actor's."""
-        before = server_client.status(target)["counts"]
-        sync()
-        rollout = jax.block_until_ready(nnx.state(cluster.rollout.model(), nnx.Param))
-        after = server_client.status(target)["counts"]
-        actor = nnx.state(cluster.actor_trainer.model, nnx.Param)
-        pairs = zip(jax.tree.leaves(rollout), jax.tree.leaves(actor), strict=True)
-        syncs.append({
-            "bytes": [after.get(k, 0) - before.get(k, 0) for k in ("host_bytes_from_client", "host_bytes_to_client")],
-            "equal": all(bool(np.array_equal(np.asarray(r), np.asarray(a))) for r, a in pairs),
-            "rollout_devices": ids(rollout),
-            "actor_devices": ids(actor),
-        })  # fmt: skip
-
-    cluster.sync_weights = checked_sync
+    syncs = check_syncs(cluster, target)
 
     def params(model):
         return jax.tree.map(np.asarray, nnx.state(model, nnx.Param))
@@ -128,9 +104,9 @@ def client_ppo(target: str) -> dict:
         "steps": [cluster.actor_trainer.train_steps, cluster.critic_trainer.train_steps],
         "trained": [changed(actor0, cluster.actor_trainer.model), changed(critic0, cluster.critic_trainer.model)],
         "devices": {
-            "actor": ids(nnx.state(cluster.actor_trainer.model, nnx.Param)),
-            "critic": ids(nnx.state(cluster.critic_trainer.model, nnx.Param)),
-            "rollout": ids(nnx.state(cluster.rollout.model(), nnx.Param)),
+            "actor": device_ids(nnx.state(cluster.actor_trainer.model, nnx.Param)),
+            "critic": device_ids(nnx.state(cluster.critic_trainer.model, nnx.Param)),
+            "rollout": device_ids(nnx.state(cluster.rollout.model(), nnx.Param)),
         },
     }
 

@@ -1,10 +1,12 @@
 """Shared pieces of the RL tests on the local Pathways server (tests/server/test_local_server_tunix.py,
-test_local_server_tunix_elastic.py, test_local_server_elastic_rl.py).
+test_local_server_tunix_elastic.py, test_local_server_tunix_ppo.py, test_local_server_elastic_rl.py).
 
 - Where Tunix 0.1.7 is installed (beside the venv: ``make test-py`` installs it, ``--target``, ``--no-deps``)
   and ``needs_tunix``, the mark that skips a module without it, saying so.
 - ``toy_cluster``: Tunix's own ``RLCluster`` of its test models (``tunix.tests.test_common``), the actor and
   reference on one mesh and the rollout on another.
+- ``slice_meshes`` / ``check_syncs``: the trainer's and the rollout's meshes on a 2 x 4 server, and Tunix's own
+  ``sync_weights`` wrapped with what each sync test checks (equal weights, bytes through the client, devices).
 - ``TunixElastic``: Tunix's ``RLCluster`` + ``GRPOLearner`` as a ``pw.elastic`` job, the glue a user writes
   (docs/rl.md, "Tunix, elastic"), and the two workarounds a lost trainer slice needs for Tunix 0.1.7's defects.
 - ``repair_once_down`` / ``repair_once_waited_for``: run inside a test's kernel, to bring back a slice it loses.
@@ -66,6 +68,54 @@ def toy_cluster(trainer_mesh, rollout_mesh, *, max_steps: int, **rollout):
             ),
         ),
     )
+
+
+def slice_meshes():
+    """The trainer's mesh on slice 0 (devices 0-3) and the rollout's on slice 1 (4-7) of a 2 x 4 server."""
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh
+
+    devices = sorted(jax.devices(), key=lambda d: d.id)
+    return Mesh(np.array(devices[:4]).reshape(4, 1), AXES), Mesh(np.array(devices[4:]).reshape(1, 4), AXES)
+
+
+def device_ids(tree) -> list[int]:
+    """The ids of the devices ``tree``'s arrays live on."""
+    import jax
+
+    return sorted({d.id for leaf in jax.tree.leaves(tree) for d in leaf.sharding.device_set})
+
+
+def check_syncs(cluster, target: str) -> list[dict]:
+    """Wrap ``cluster``'s own ``sync_weights`` with what a user would check after each sync: the
+    rollout's weights are the actor's, the host bytes that passed through the client (the server's
+    counters), and where each side lives. Returns the list each sync appends to."""
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from pathways_kernel.backends import server_client
+
+    syncs: list[dict] = []
+    sync = cluster.sync_weights
+
+    def checked_sync() -> None:
+        before = server_client.status(target)["counts"]
+        sync()
+        rollout = jax.block_until_ready(nnx.state(cluster.rollout.model(), nnx.Param))
+        after = server_client.status(target)["counts"]
+        actor = nnx.state(cluster.actor_trainer.model, nnx.Param)
+        pairs = zip(jax.tree.leaves(rollout), jax.tree.leaves(actor), strict=True)
+        syncs.append({
+            "bytes": [after.get(k, 0) - before.get(k, 0) for k in ("host_bytes_from_client", "host_bytes_to_client")],
+            "equal": all(bool(np.array_equal(np.asarray(r), np.asarray(a))) for r, a in pairs),
+            "rollout_devices": device_ids(rollout),
+            "actor_devices": device_ids(actor),
+        })  # fmt: skip
+
+    cluster.sync_weights = checked_sync
+    return syncs
 
 
 # -- Workarounds for two defects of Tunix 0.1.7 that a lost trainer slice runs into (docs/rl.md, "Tunix,
